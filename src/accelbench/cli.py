@@ -1,0 +1,83 @@
+"""`accelbench <stage>`: parse arguments, validate params.yaml, call the stage.
+
+Every stage validates the whole params.yaml first, so bad input fails `dvc repro` at its
+first stage, before any download or training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .params import ParamsError, load_params
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="accelbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file")
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+
+    sub.add_parser("check", help="validate params.yaml and exit")
+
+    env = sub.add_parser("env", help="record the machine's hardware and software facts")
+    env.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
+
+    download = sub.add_parser("download", help="fetch and verify the MNIST files")
+    download.add_argument("--out", type=Path, required=True)
+
+    prepare = sub.add_parser("prepare", help="decode and validate the IDX files into arrays")
+    prepare.add_argument("--raw", type=Path, required=True)
+    prepare.add_argument("--out", type=Path, required=True)
+
+    train = sub.add_parser("train", help="train one variant")
+    train.add_argument("variant")
+    train.add_argument("--data", type=Path, required=True, help="prepared data folder")
+    train.add_argument("--model", type=Path, required=True, help="checkpoint to write")
+    train.add_argument("--metrics", type=Path, required=True, help="folder for metrics files")
+    train.add_argument("--quiet", action="store_true", help="no progress output")
+
+    evaluate = sub.add_parser("evaluate", help="evaluate one trained variant")
+    evaluate.add_argument("--model", type=Path, required=True)
+    evaluate.add_argument("--data", type=Path, required=True)
+    evaluate.add_argument("--metrics", type=Path, required=True)
+
+    compare = sub.add_parser("compare", help="write the comparison report")
+    compare.add_argument("--env", type=Path, required=True)
+    compare.add_argument("--metrics", type=Path, required=True)
+    compare.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    root = Path.cwd()
+    from . import data, stages  # heavy imports after argument parsing
+
+    try:
+        params = load_params(args.params)
+        if args.stage == "check":
+            print(f"{args.params}: valid ({', '.join(params.variants)})")
+        elif args.stage == "env":
+            stages.env_stage(args.out)
+        elif args.stage == "download":
+            stages.download_stage(params, args.out)
+        elif args.stage == "prepare":
+            stages.prepare_stage(args.raw, args.out)
+        elif args.stage == "train":
+            outputs = stages.TrainOutputs(model=args.model, metrics_dir=args.metrics)
+            stages.train_stage(root, params, args.variant, args.data, outputs, quiet=args.quiet)
+        elif args.stage == "evaluate":
+            stages.evaluate_stage(root, params, args.model, args.data, args.metrics)
+        elif args.stage == "compare":
+            stages.compare_stage(root, params, args.env, args.metrics, args.out)
+    except (ParamsError, data.DownloadError, data.IdxFormatError, stages.StageError) as exc:
+        print(f"accelbench {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

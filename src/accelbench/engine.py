@@ -1,0 +1,261 @@
+"""Train and evaluate: pure functions that return numbers. No logging, no files, no MLflow.
+
+Honest timing rules, kept here: no host synchronization inside the step loop (losses and
+non-finite counts accumulate on the device); the clock is read, after a synchronize, only
+at epoch boundaries; evaluation runs outside the timed training region.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import statistics
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from .params import TrainParams, VariantParams
+from .timing import DeviceClock
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class BatchSource(Protocol):
+    num_samples: int
+
+    def __len__(self) -> int: ...
+
+    def epoch(self, epoch: int) -> Iterator[Batch]: ...
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int  # 1-based
+    train_loss: float
+    train_time_s: float
+    data_wait_s: float
+    samples: int
+    samples_per_s: float
+    test_loss: float
+    test_accuracy: float
+    nonfinite_steps: int
+    lr: float
+    peak_gpu_mem_mib: float | None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    accuracy: float
+    predictions: torch.Tensor  # int64 CPU
+    targets: torch.Tensor  # int64 CPU
+    time_s: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return len(self.targets) / self.time_s if self.time_s > 0 else math.nan
+
+
+def autocast(variant: VariantParams, device: torch.device) -> contextlib.AbstractContextManager:
+    if variant.precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[variant.precision])
+
+
+def train_flops_per_sample(model: nn.Module, sample_shape: tuple[int, ...] = (1, 28, 28)) -> int:
+    """FLOPs of one forward + backward pass for one sample, counted by PyTorch's FlopCounter."""
+    probe = copy.deepcopy(model).to("cpu").float().train()
+    x = torch.zeros((2, *sample_shape))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(probe(x), torch.zeros(2, dtype=torch.long)).backward()
+    return counter.get_total_flops() // 2
+
+
+def peak_host_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)  # seeds CPU and every CUDA device
+
+
+def configure_backends(variant: VariantParams) -> None:
+    if variant.threads is not None:
+        torch.set_num_threads(variant.threads)
+    if variant.uses_cuda:
+        torch.backends.cudnn.benchmark = variant.cudnn_benchmark
+        torch.backends.cuda.matmul.allow_tf32 = variant.tf32
+        torch.backends.cudnn.allow_tf32 = variant.tf32
+
+
+def make_optimizer(model: nn.Module, train: TrainParams, variant: VariantParams):
+    fused = True if variant.fused_optimizer else None
+    return torch.optim.Adam(model.parameters(), lr=train.lr, fused=fused)
+
+
+def make_scheduler(optimizer, train: TrainParams, steps_per_epoch: int):
+    if train.schedule == "constant":
+        return None
+    return torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=train.lr * train.onecycle_max_lr_factor,
+        total_steps=train.epochs * steps_per_epoch,
+        pct_start=train.onecycle_pct_start,
+        anneal_strategy="cos",
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    batches: BatchSource,
+    variant: VariantParams,
+    device: torch.device,
+) -> EvalResult:
+    """Test loss (summed, then divided by the sample count), accuracy and predictions."""
+    clock = DeviceClock(device)
+    model.eval()
+    loss_sum = torch.zeros((), device=device)
+    predictions, targets = [], []
+    start = clock.now()
+    for images, labels in batches.epoch(0):
+        with autocast(variant, device):
+            logits = model(images)
+        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
+        predictions.append(logits.argmax(dim=1))
+        targets.append(labels)
+    elapsed = clock.now() - start
+    predicted = torch.cat(predictions).cpu()
+    target = torch.cat(targets).cpu()
+    n = len(target)
+    return EvalResult(
+        loss=loss_sum.item() / n,
+        accuracy=(predicted == target).double().mean().item(),
+        predictions=predicted,
+        targets=target,
+        time_s=elapsed,
+    )
+
+
+EpochCallback = Callable[[EpochRecord], None]
+StepCallback = Callable[[int], None]
+
+
+def fit(
+    model: nn.Module,
+    train_batches: BatchSource,
+    test_batches: BatchSource,
+    train: TrainParams,
+    variant: VariantParams,
+    device: torch.device,
+    *,
+    on_epoch: EpochCallback | None = None,
+    on_step: StepCallback | None = None,
+) -> list[EpochRecord]:
+    """Train for `train.epochs` epochs; evaluate on the test set after each (untimed)."""
+    clock = DeviceClock(device)
+    step_model = model
+    if variant.compile != "none":
+        step_model = torch.compile(model, mode=None if variant.compile == "default" else variant.compile)
+    optimizer = make_optimizer(model, train, variant)
+    scheduler = make_scheduler(optimizer, train, len(train_batches))
+    scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
+    records: list[EpochRecord] = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    for epoch in range(train.epochs):
+        step_model.train()
+        loss_sum = torch.zeros((), device=device)
+        nonfinite = torch.zeros((), device=device, dtype=torch.int64)
+        data_wait_s = 0.0
+        samples = 0
+        batches = iter(train_batches.epoch(epoch))
+        start = clock.now()
+        while True:
+            waited_from = time.perf_counter()
+            batch = next(batches, None)
+            data_wait_s += time.perf_counter() - waited_from
+            if batch is None:
+                break
+            images, labels = batch
+            with autocast(variant, device):
+                loss = F.cross_entropy(step_model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            if scheduler is not None:
+                scheduler.step()
+            loss = loss.detach().float()
+            loss_sum += loss * len(labels)
+            nonfinite += (~torch.isfinite(loss)).long()
+            samples += len(labels)
+            if on_step is not None:
+                on_step(len(labels))
+        train_time_s = clock.now() - start
+
+        result = evaluate(step_model, test_batches, variant, device)
+        record = EpochRecord(
+            epoch=epoch + 1,
+            train_loss=loss_sum.item() / samples,
+            train_time_s=train_time_s,
+            data_wait_s=data_wait_s,
+            samples=samples,
+            samples_per_s=samples / train_time_s,
+            test_loss=result.loss,
+            test_accuracy=result.accuracy,
+            nonfinite_steps=int(nonfinite.item()),
+            lr=optimizer.param_groups[0]["lr"],
+            peak_gpu_mem_mib=(
+                torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            ),
+        )
+        records.append(record)
+        if on_epoch is not None:
+            on_epoch(record)
+    return records
+
+
+def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, float | int | None]:
+    """Run-level figures: first epoch apart from the steady state (median of epochs 2..N)."""
+    times = [r.train_time_s for r in records]
+    steady = times[1:]
+    elapsed = 0.0
+    time_to_target = epoch_to_target = None
+    for record in records:
+        elapsed += record.train_time_s
+        if record.test_accuracy >= target_accuracy:
+            time_to_target, epoch_to_target = elapsed, record.epoch
+            break
+    steady_s = statistics.median(steady) if steady else None
+    samples = records[-1].samples
+    gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
+    return {
+        "epochs": len(records),
+        "first_epoch_s": times[0],
+        "steady_epoch_s": steady_s,
+        "total_train_s": sum(times),
+        "steady_samples_per_s": samples / steady_s if steady_s else None,
+        "data_wait_fraction": sum(r.data_wait_s for r in records) / sum(times),
+        "final_train_loss": records[-1].train_loss,
+        "final_test_accuracy": records[-1].test_accuracy,
+        "best_test_accuracy": max(r.test_accuracy for r in records),
+        "time_to_target_s": time_to_target,
+        "epoch_to_target": epoch_to_target,
+        "nonfinite_steps": sum(r.nonfinite_steps for r in records),
+        "peak_gpu_mem_mib": max(gpu_mem) if gpu_mem else None,
+    }

@@ -1,0 +1,170 @@
+"""Typed, validated params.yaml: loaded once at the edge, passed down as small pieces.
+
+Every stage validates the whole file before it does any work, so a typo in a variant
+fails the first stage of `dvc repro` with a message that names the key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+Device = Literal["cpu", "cuda"]
+Precision = Literal["fp32", "fp16", "bf16"]
+BatchSource = Literal["resident", "dataloader"]
+CompileMode = Literal[
+    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]
+Schedule = Literal["constant", "onecycle"]
+
+
+class ParamsError(ValueError):
+    """params.yaml is missing, unreadable or invalid; the message lists every problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(_Strict):
+    mirrors: list[str] = Field(min_length=1)
+    timeout_s: PositiveFloat = 30.0
+    retries: NonNegativeInt = 2
+
+
+class LoaderParams(_Strict):
+    """The tutorials' DataLoader knobs; used only by `batches: dataloader`."""
+
+    num_workers: NonNegativeInt = 4
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: PositiveInt = 2
+
+
+class TrainParams(_Strict):
+    """Shared by every variant: only what a variant names may differ."""
+
+    seed: NonNegativeInt = 0
+    epochs: PositiveInt = 10
+    batch_size: PositiveInt = 512
+    eval_batch_size: PositiveInt = 2048
+    lr: PositiveFloat = 1e-3
+    schedule: Schedule = "constant"
+    onecycle_max_lr_factor: PositiveFloat = 10.0
+    onecycle_pct_start: Annotated[float, Field(gt=0, lt=1)] = 0.25
+    target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99
+    train_subset: NonNegativeInt = 0  # 0 = the whole training set
+    test_subset: NonNegativeInt = 0  # 0 = the whole test set
+    require_gpu: bool = False
+    loader: LoaderParams = LoaderParams()
+
+
+class VariantParams(_Strict):
+    device: Device
+    precision: Precision = "fp32"
+    batches: BatchSource = "resident"
+    threads: PositiveInt | None = None  # CPU intra-op threads; None = torch's default
+    channels_last: bool = False
+    cudnn_benchmark: bool = False
+    tf32: bool = False
+    compile: CompileMode = "none"
+    fused_optimizer: bool = False
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> VariantParams:
+        if self.device == "cpu" and self.precision == "fp16":
+            raise ValueError(
+                "precision 'fp16' needs device 'cuda' (GradScaler fp16 autocast is a GPU "
+                "recipe); on the CPU use 'fp32' or 'bf16'"
+            )
+        if self.device == "cpu" and self.fused_optimizer:
+            raise ValueError("fused_optimizer: true needs device 'cuda'")
+        return self
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+class Params(_Strict):
+    data: DataParams
+    train: TrainParams
+    variants: dict[str, VariantParams] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> Params:
+        for name in self.variants:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(
+                    f"variant name {name!r} must use only letters, digits, '_' and '-' "
+                    "(it becomes a DVC stage name and a file name)"
+                )
+        return self
+
+    def variant(self, name: str) -> VariantParams:
+        if name not in self.variants:
+            raise ParamsError(
+                f"unknown variant {name!r}; params.yaml defines: {', '.join(self.variants)}"
+            )
+        return self.variants[name]
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at `loc` (for listing allowed keys)."""
+    model: type[BaseModel] | None = Params
+    for i, part in enumerate(loc[:-1]):
+        if model is None:
+            return None
+        if model is Params and part == "variants":
+            model = VariantParams if i + 1 < len(loc) - 1 else None
+            continue
+        if model is VariantParams:
+            continue  # the variant's name
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return model
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(error["loc"])
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        owner = _model_at(loc)
+        allowed = ", ".join(owner.model_fields) if owner else "see README"
+        return f"{key}: unknown key (allowed keys here: {allowed})"
+    if error["type"] == "missing":
+        return f"{key}: required key is missing"
+    value = error.get("input")
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{key} = {value!r}: {message}"
+
+
+def parse_params(raw: Any, source: str = "params.yaml") -> Params:
+    """Validate a params mapping; raise ParamsError listing every problem found."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_describe(e) for e in exc.errors()]
+        raise ParamsError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: file not found (run from the repository root)") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    return parse_params(raw, str(path))

@@ -1,0 +1,329 @@
+"""One function per pipeline stage: read inputs, call the core, write outputs.
+
+`cli.py` parses arguments and calls these; tests call them directly. Paths come from
+dvc.yaml (through the command line), never from constants here.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import data, engine, hardware, report
+from .batches import LoaderBatches, ResidentBatches, normalize_images
+from .models import SeedCNN
+from .params import Params, VariantParams
+
+
+class StageError(RuntimeError):
+    """A stage cannot do what it was asked; the message says why and what to do."""
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically: a crash never leaves a half-written metrics file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- env / download / prepare ------------------------------------------------------------
+
+
+def env_stage(out_dir: Path) -> dict[str, dict[str, Any]]:
+    facts = {"cpu": hardware.cpu_facts(), "cuda": hardware.cuda_facts()}
+    for device, payload in facts.items():
+        write_json(out_dir / f"{device}.json", payload)
+    gpu = facts["cuda"]
+    log(f"env: CPU {facts['cpu']['cpu_model']} ({facts['cpu']['logical_cpus']} logical CPUs)")
+    if gpu["cuda_available"]:
+        log(f"env: GPU {', '.join(gpu['gpu_names'])}, driver {gpu['nvidia_driver']}")
+    else:
+        log(f"env: no usable GPU: {gpu['reason']}")
+    return facts
+
+
+def download_stage(params: Params, out_dir: Path) -> list[Path]:
+    mirrors = data.mirrors_with_override(params.data.mirrors)
+    log(f"download: mirrors in order: {', '.join(mirrors)}")
+    paths = data.download_mnist(
+        out_dir, mirrors, timeout_s=params.data.timeout_s, retries=params.data.retries
+    )
+    for path in paths:
+        log(f"download: {path.name} verified")
+    return paths
+
+
+def prepare_stage(raw_dir: Path, out_dir: Path) -> dict[str, int]:
+    counts = data.prepare(raw_dir, out_dir)
+    log(f"prepare: {counts['train']} training and {counts['test']} test images")
+    return counts
+
+
+# --- train --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainOutputs:
+    model: Path
+    metrics_dir: Path
+
+    @property
+    def train_json(self) -> Path:
+        return self.metrics_dir / "train.json"
+
+    @property
+    def epochs_csv(self) -> Path:
+        return self.metrics_dir / "epochs.csv"
+
+
+def resolve_device(name: str, variant: VariantParams, params: Params) -> tuple[torch.device | None, str]:
+    """The device to train on, or (None, reason) when a CUDA variant must be skipped."""
+    if not variant.uses_cuda:
+        return torch.device("cpu"), hardware.cpu_model()
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.cuda.get_device_name(0)
+    reason = hardware.cuda_unavailable_reason()
+    if params.train.require_gpu:
+        raise StageError(
+            f"variant {name!r} needs CUDA but {reason}. Run on a GPU machine, or set "
+            "train.require_gpu: false in params.yaml to record CUDA variants as skipped."
+        )
+    return None, reason
+
+
+def _run_params(name: str, params: Params, variant: VariantParams) -> dict[str, Any]:
+    return {"variant": {"name": name, **variant.model_dump()}, "train": params.train.model_dump()}
+
+
+def _write_epochs_csv(path: Path, records: list[engine.EpochRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [r.as_dict() for r in records]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["epoch"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _skip(name: str, reason: str, params: Params, variant: VariantParams, out: TrainOutputs, root: Path) -> dict:
+    from . import tracking
+
+    log(f"train {name}: skipped: {reason}")
+    with tracking.variant_run(root, name, _run_params(name, params, variant), {"status": "skipped"}) as run_id:
+        tracking.log_metrics({"skipped": 1})
+        import mlflow
+
+        mlflow.set_tag("skip_reason", reason)
+    metrics = {"status": "skipped", "reason": reason, "device": variant.device}
+    write_json(out.train_json, metrics)
+    _write_epochs_csv(out.epochs_csv, [])
+    out.model.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"status": "skipped", "reason": reason, "variant": name, "mlflow_run_id": run_id}, out.model)
+    return metrics
+
+
+def train_stage(
+    root: Path,
+    params: Params,
+    name: str,
+    prepared_dir: Path,
+    out: TrainOutputs,
+    *,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Train one variant; write its checkpoint, metrics JSON and per-epoch CSV."""
+    from . import tracking
+
+    variant = params.variant(name)
+    train = params.train
+    device, device_name = resolve_device(name, variant, params)
+    if device is None:
+        return _skip(name, device_name, params, variant, out, root)
+
+    engine.configure_backends(variant)
+    engine.seed_everything(train.seed)
+    model = SeedCNN()
+    flops_per_sample = engine.train_flops_per_sample(model)
+    memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
+    model = model.to(device, memory_format=memory_format)
+
+    train_split = data.load_split(prepared_dir, "train", train.train_subset)
+    test_split = data.load_split(prepared_dir, "test", train.test_subset)
+    if variant.batches == "resident":
+        train_batches = ResidentBatches(
+            train_split, device, train.batch_size, train.seed, channels_last=variant.channels_last
+        )
+    else:
+        train_batches = LoaderBatches(
+            prepared_dir, len(train_split.labels), device, train.batch_size, train.seed,
+            train.loader, channels_last=variant.channels_last,
+        )
+    test_batches = ResidentBatches(
+        test_split, device, train.eval_batch_size, train.seed, shuffle=False,
+        channels_last=variant.channels_last,
+    )
+
+    tags = {
+        "status": "trained",
+        "device": variant.device,
+        "device_name": device_name,
+        "torch": torch.__version__,
+        "cuda_runtime": str(torch.version.cuda),
+        "precision": variant.precision,
+    }
+    log(
+        f"train {name}: {device_name}, {variant.precision}, {variant.batches} batches, "
+        f"{train_batches.num_samples} samples x {train.epochs} epochs, batch {train.batch_size}"
+    )
+    with tracking.variant_run(root, name, _run_params(name, params, variant), tags) as run_id:
+        progress = report.EpochProgress(name, train.epochs, len(train_batches), quiet=quiet)
+
+        def on_epoch(record: engine.EpochRecord) -> None:
+            progress.epoch_done(record)
+            tracking.log_metrics(record.as_dict(), step=record.epoch)
+
+        records = engine.fit(
+            model, train_batches, test_batches, train, variant, device,
+            on_epoch=on_epoch, on_step=progress.step,
+        )
+        progress.close()
+        summary = engine.summarize(records, train.target_accuracy)
+        steady_s = summary["steady_epoch_s"] or summary["first_epoch_s"]
+        summary.update(
+            status="trained",
+            device=variant.device,
+            device_name=device_name,
+            precision=variant.precision,
+            batches=variant.batches,
+            train_samples=train_batches.num_samples,
+            flops_per_sample=flops_per_sample,
+            steady_tflops=flops_per_sample * train_batches.num_samples / steady_s / 1e12,
+            peak_host_rss_mib=engine.peak_host_rss_mib(),
+        )
+        write_json(out.train_json, summary)
+        _write_epochs_csv(out.epochs_csv, records)
+        out.model.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint = {
+            "status": "trained",
+            "variant": name,
+            "params": _run_params(name, params, variant),
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "mlflow_run_id": run_id,
+        }
+        tmp = out.model.with_name(f".{out.model.name}.tmp")
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, out.model)
+        tracking.log_metrics({k: v for k, v in summary.items() if k != "epochs"})
+        tracking.log_artifact(out.epochs_csv)
+        example = normalize_images(test_split.images[:4], torch.device("cpu")).numpy()
+        tracking.log_model(_cpu_model(checkpoint), example)
+    log(
+        f"train {name}: first epoch {summary['first_epoch_s']:.2f} s, steady "
+        f"{report.fmt_seconds(summary['steady_epoch_s'])}, test accuracy "
+        f"{summary['final_test_accuracy']:.2%}"
+    )
+    return summary
+
+
+def _cpu_model(checkpoint: dict[str, Any]) -> SeedCNN:
+    model = SeedCNN()
+    model.load_state_dict(checkpoint["state_dict"])
+    return model.eval()
+
+
+# --- evaluate -----------------------------------------------------------------------------
+
+
+def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: Path, metrics_dir: Path) -> dict[str, Any]:
+    from sklearn.metrics import classification_report, confusion_matrix
+
+    from . import tracking
+
+    checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
+    name = checkpoint["variant"]
+    eval_json = metrics_dir / "eval.json"
+    confusion_csv = metrics_dir / "confusion.csv"
+    confusion_png = metrics_dir / "confusion.png"
+    if checkpoint["status"] != "trained":
+        payload = {"status": checkpoint["status"], "reason": checkpoint.get("reason")}
+        write_json(eval_json, payload)
+        report.write_confusion_csv(confusion_csv, None)
+        report.placeholder_figure(confusion_png, f"{name}: {checkpoint['status']}\n{checkpoint.get('reason', '')}")
+        log(f"evaluate {name}: {checkpoint['status']}")
+        return payload
+
+    variant = VariantParams.model_validate(
+        {k: v for k, v in checkpoint["params"]["variant"].items() if k != "name"}
+    )
+    device, _ = resolve_device(name, variant, params)
+    if device is None:
+        raise StageError(f"evaluate {name}: the model was trained on CUDA, which is not available here")
+    engine.configure_backends(variant)
+    model = _cpu_model(checkpoint).to(device)
+    test_split = data.load_split(prepared_dir, "test", params.train.test_subset)
+    batches = ResidentBatches(test_split, device, params.train.eval_batch_size, 0, shuffle=False)
+    engine.evaluate(model, batches, variant, device)  # warm-up: kernels, autotuning
+    result = engine.evaluate(model, batches, variant, device)
+    y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
+    per_class = classification_report(y_true, y_pred, output_dict=True, zero_division=0)
+    matrix = confusion_matrix(y_true, y_pred, labels=list(range(10)))
+    payload = {
+        "status": "trained",
+        "test_accuracy": result.accuracy,
+        "test_loss": result.loss,
+        "macro_f1": per_class["macro avg"]["f1-score"],
+        "inference_samples_per_s": result.samples_per_s,
+        "per_class": {
+            str(c): {m: per_class[str(c)][m] for m in ("precision", "recall", "f1-score")}
+            for c in range(10) if str(c) in per_class
+        },
+    }
+    write_json(eval_json, payload)
+    report.write_confusion_csv(confusion_csv, (y_true, y_pred))
+    report.confusion_figure(confusion_png, matrix, f"{name}: confusion matrix (test set)")
+    try:
+        with tracking.resume_run(root, checkpoint["mlflow_run_id"]):
+            tracking.log_metrics({
+                "eval_test_accuracy": result.accuracy,
+                "eval_test_loss": result.loss,
+                "eval_macro_f1": payload["macro_f1"],
+                "inference_samples_per_s": result.samples_per_s,
+            })
+            tracking.log_artifact(confusion_png)
+            tracking.log_artifact(eval_json)
+    except Exception as exc:  # the store may have been reset since training
+        log(f"evaluate {name}: could not add to MLflow run {checkpoint['mlflow_run_id']}: {exc}")
+    log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {payload['macro_f1']:.4f}")
+    return payload
+
+
+# --- compare ------------------------------------------------------------------------------
+
+
+def compare_stage(root: Path, params: Params, env_dir: Path, metrics_dir: Path, out_dir: Path) -> dict[str, Any]:
+    from . import tracking
+
+    env = {d: json.loads((env_dir / f"{d}.json").read_text()) for d in ("cpu", "cuda")}
+    rows = []
+    for name, variant in params.variants.items():
+        train_metrics = json.loads((metrics_dir / name / "train.json").read_text())
+        eval_metrics = json.loads((metrics_dir / name / "eval.json").read_text())
+        epochs = report.read_epochs_csv(metrics_dir / name / "epochs.csv")
+        rows.append(report.Row(name, variant, train_metrics, eval_metrics, epochs))
+    result = report.write_report(out_dir, rows, env, params.train)
+    run_id = tracking.finish_pipeline(root, result.files, result.headline)
+    if run_id:
+        log(f"compare: report logged to MLflow pipeline run {run_id}")
+    log(f"compare: wrote {out_dir / 'comparison.md'}")
+    return result.headline

@@ -1,0 +1,169 @@
+"""Everything MLflow, in one place.
+
+One `dvc repro` = one parent run ("pipeline") holding one child run per variant. Stages are
+separate processes, so the parent is found again by its tags: the newest RUNNING pipeline
+run of this working copy on this host. The compare stage, which runs last, logs the report
+to it and finishes it; a repro that re-runs no training stage opens no run at all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from datetime import datetime
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+EXPERIMENT = "accelbench"
+ROLE_TAG = "accelbench.role"
+WORKDIR_TAG = "accelbench.workdir"
+HOST_TAG = "accelbench.host"
+
+
+def tracking_uri(root: Path) -> str:
+    """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path inside the repo."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
+
+
+def setup(root: Path) -> str:
+    """Point MLflow at the store and the `accelbench` experiment; returns the experiment id."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    mlflow.set_tracking_uri(tracking_uri(root))
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    else:
+        artifacts = None
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            artifacts = (root / "mlartifacts").resolve().as_uri()
+        experiment_id = mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}"""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def git_commit(root: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _identity(root: Path) -> dict[str, str]:
+    return {WORKDIR_TAG: str(root.resolve()), HOST_TAG: socket.gethostname()}
+
+
+def _common_tags(root: Path, role: str) -> dict[str, str]:
+    tags = {ROLE_TAG: role, **_identity(root)}
+    if commit := git_commit(root):
+        tags["mlflow.source.git.commit"] = commit
+    if exp_name := os.environ.get("DVC_EXP_NAME"):
+        tags["dvc.exp_name"] = exp_name
+    return tags
+
+
+def open_pipeline_run_id(root: Path, experiment_id: str) -> str | None:
+    """The newest RUNNING parent run of this working copy on this host, if any."""
+    query = " and ".join(
+        [f"tags.`{ROLE_TAG}` = 'pipeline'", "attributes.status = 'RUNNING'"]
+        + [f"tags.`{key}` = '{value}'" for key, value in _identity(root).items()]
+    )
+    found = MlflowClient().search_runs(
+        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=1
+    )
+    return found[0].info.run_id if found else None
+
+
+def pipeline_run_id(root: Path, experiment_id: str) -> str:
+    """The RUNNING parent run of this working copy, created if there is none."""
+    if run_id := open_pipeline_run_id(root, experiment_id):
+        return run_id
+    name = "pipeline " + datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    run = MlflowClient().create_run(experiment_id, tags=_common_tags(root, "pipeline"), run_name=name)
+    return run.info.run_id
+
+
+@contextmanager
+def variant_run(
+    root: Path,
+    variant: str,
+    params: Mapping[str, Any],
+    tags: Mapping[str, str],
+) -> Iterator[str]:
+    """A child run of the pipeline run for one variant; yields its run id.
+
+    MLflow marks it FAILED if the body raises, FINISHED otherwise.
+    """
+    experiment_id = setup(root)
+    parent = pipeline_run_id(root, experiment_id)
+    all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
+    with mlflow.start_run(run_name=variant, parent_run_id=parent, tags=all_tags) as run:
+        mlflow.log_params({k: "null" if v is None else v for k, v in flatten(params).items()})
+        yield run.info.run_id
+
+
+@contextmanager
+def resume_run(root: Path, run_id: str) -> Iterator[str]:
+    """Re-open a variant's run (the evaluate stage adds to the run that training opened)."""
+    setup(root)
+    with mlflow.start_run(run_id=run_id) as run:
+        yield run.info.run_id
+
+
+def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
+    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def log_artifact(path: Path, artifact_path: str | None = None) -> None:
+    mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_model(model, input_example) -> None:
+    """The trained model with a signature inferred from an input example."""
+    import mlflow.pytorch
+    import torch
+
+    with torch.no_grad():
+        output = model(torch.as_tensor(input_example)).numpy()
+    signature = mlflow.models.infer_signature(input_example, output)
+    mlflow.pytorch.log_model(
+        model,
+        name="model",
+        signature=signature,
+        input_example=input_example,
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+    )
+
+
+def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, float]) -> str | None:
+    """Log the comparison to the open pipeline run and finish it; None if no run is open."""
+    run_id = open_pipeline_run_id(root, setup(root))
+    if run_id is None:
+        return None
+    with mlflow.start_run(run_id=run_id):
+        for path in artifacts:
+            mlflow.log_artifact(str(path))
+        log_metrics(metrics)
+    return run_id
