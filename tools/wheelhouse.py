@@ -42,8 +42,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LOCK = ROOT / "requirements.lock"
 DEFAULT_SKIP_FILE = ROOT / "tools" / "host-packages" / "nvidia-h200.txt"
 DEFAULT_OUT = ROOT / ".whl"
-# Pins in the lock that the pipeline never needs on the target host (dev tooling).
-DEFAULT_EXCLUDE = "ruff"
+# Pins in the lock that the pipeline never needs on the target host: the linter, and the
+# full `mlflow` distribution (its bundled web UI, ~11 MiB) with what only its server needs.
+# `mlflow-skinny` (kept) holds the whole Python API, sqlite store and alembic migrations
+# included: start_run, log_metrics and mlflow.pytorch.log_model against a sqlite:/// URI were
+# checked with exactly this set (pip check clean). Pass --exclude ruff to carry full mlflow.
+DEFAULT_EXCLUDE = (
+    "ruff,mlflow,flask,flask-cors,gunicorn,graphene,graphql-core,graphql-relay,docker,huey,skops"
+)
 # glibc versions whose manylinux tags the target accepts (its glibc is 2.39 or newer; pip
 # matches tags exactly, so every manylinux_2_N in between is listed, plus the legacy aliases).
 MANYLINUX_MIN_MINOR = 17
@@ -127,9 +133,7 @@ def parse_lock(text: str, source: str = "lock") -> list[Pin]:
             )
         m = _PIN_RE.match(req)
         if not m:
-            raise WheelhouseError(
-                f"{source}:{lineno}: not an exact pin 'name==version': {req!r}"
-            )
+            raise WheelhouseError(f"{source}:{lineno}: not an exact pin 'name==version': {req!r}")
         pin = Pin(m["name"], m["version"])
         if pin.key in pins:
             raise WheelhouseError(
@@ -290,9 +294,7 @@ def fetch_all(pins: Sequence[Pin], workdir: Path, opts: Options, jobs: int) -> l
             except OSError as exc:  # pragma: no cover - disk trouble
                 errors.append(f"{pin}: {exc}")
     if errors:
-        raise WheelhouseError(
-            f"{len(errors)} of {len(pins)} pins failed:\n" + "\n".join(errors)
-        )
+        raise WheelhouseError(f"{len(errors)} of {len(pins)} pins failed:\n" + "\n".join(errors))
     return wheels
 
 
@@ -365,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--exclude",
         default=DEFAULT_EXCLUDE,
-        help=f"comma-separated pins not needed on the host (default {DEFAULT_EXCLUDE!r}; "
-        "'' keeps all)",
+        help="comma-separated pins not needed on the host (default: ruff and the full "
+        "mlflow with its server-only deps, mlflow-skinny stays; '' keeps every pin)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="wheelhouse folder")
     p.add_argument("--max-mib", type=float, default=60.0, help="fail above this total size")
@@ -377,9 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="target platform tag, repeatable (default manylinux_2_39..2_17, manylinux2014, "
         "manylinux2010, manylinux1, all x86_64)",
     )
-    p.add_argument(
-        "--find-links", action="append", default=[], help="passed to pip (repeatable)"
-    )
+    p.add_argument("--find-links", action="append", default=[], help="passed to pip (repeatable)")
     p.add_argument("--no-index", action="store_true", help="passed to pip: no package index")
     p.add_argument(
         "--no-build-isolation",

@@ -104,7 +104,9 @@ def _local_dir(mirror: str) -> Path | None:
         return Path(url2pathname(parsed.path))
     if parsed.scheme == "" or len(parsed.scheme) == 1:  # plain path (or a Windows drive)
         return Path(mirror).expanduser()
-    raise ValueError(f"unsupported mirror scheme {parsed.scheme!r} (use http(s)://, file:// or a path)")
+    raise ValueError(
+        f"unsupported mirror scheme {parsed.scheme!r} (use http(s)://, file:// or a path)"
+    )
 
 
 def _fetch(mirror: str, name: str, dest: Path, session: requests.Session, timeout_s: float) -> None:
@@ -246,4 +248,4 @@ def load_split(prepared_dir: Path, split: str, limit: int = 0) -> Split:
     labels = np.load(prepared_dir / f"{split}_labels.npy", mmap_mode="r")
     if limit:
         images, labels = images[:limit], labels[:limit]
-    return Split(images=np.ascontiguousarray(images), labels=np.ascontiguousarray(labels))
+    return Split(images=np.array(images), labels=np.array(labels))  # copy out of the memory map

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import statistics
 import resource
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -112,7 +112,7 @@ def make_scheduler(optimizer, train: TrainParams, steps_per_epoch: int):
     return torch.optim.lr_scheduler.OneCycleLR(
         optimizer,
         max_lr=train.lr * train.onecycle_max_lr_factor,
-        total_steps=train.epochs * steps_per_epoch,
+        total_steps=train.epochs * steps_per_epoch + 1,  # +1: the last step must not wrap
         pct_start=train.onecycle_pct_start,
         anneal_strategy="cos",
     )
@@ -169,7 +169,9 @@ def fit(
     clock = DeviceClock(device)
     step_model = model
     if variant.compile != "none":
-        step_model = torch.compile(model, mode=None if variant.compile == "default" else variant.compile)
+        step_model = torch.compile(
+            model, mode=None if variant.compile == "default" else variant.compile
+        )
     optimizer = make_optimizer(model, train, variant)
     scheduler = make_scheduler(optimizer, train, len(train_batches))
     scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
@@ -198,6 +200,7 @@ def fit(
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             if scheduler is not None:
                 scheduler.step()
             loss = loss.detach().float()
@@ -219,7 +222,7 @@ def fit(
             test_loss=result.loss,
             test_accuracy=result.accuracy,
             nonfinite_steps=int(nonfinite.item()),
-            lr=optimizer.param_groups[0]["lr"],
+            lr=lr,
             peak_gpu_mem_mib=(
                 torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             ),

@@ -130,7 +130,11 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
             continue  # the variant's name
         field = model.model_fields.get(str(part))
         annotation = getattr(field, "annotation", None)
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
     return model
 
 
@@ -151,7 +155,9 @@ def _describe(error: dict[str, Any]) -> str:
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     """Validate a params mapping; raise ParamsError listing every problem found."""
     if not isinstance(raw, dict):
-        raise ParamsError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+        raise ParamsError(
+            f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:

@@ -12,10 +12,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from .params import TrainParams, VariantParams  # noqa: E402
+from .params import TrainParams, VariantParams
 
 # Published figures of the tutorials this project grew from (seed CNN, batch 512).
 TUTORIAL_FIGURES = [
@@ -48,8 +48,11 @@ class EpochProgress:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=self.steps, desc=f"{self.name} epoch {self.epoch + 1}/{self.epochs}",
-                unit="batch", leave=False, file=sys.stderr,
+                total=self.steps,
+                desc=f"{self.name} epoch {self.epoch + 1}/{self.epochs}",
+                unit="batch",
+                leave=False,
+                file=sys.stderr,
             )
         self.bar.update(1)
 
@@ -63,7 +66,8 @@ class EpochProgress:
                 f"{self.name} epoch {record.epoch}/{self.epochs}: train {record.train_time_s:.3f} s "
                 f"({record.samples_per_s:,.0f} samples/s), loss {record.train_loss:.4f}, "
                 f"test accuracy {record.test_accuracy:.2%}",
-                file=sys.stderr, flush=True,
+                file=sys.stderr,
+                flush=True,
             )
 
     def close(self) -> None:
@@ -93,10 +97,22 @@ def confusion_figure(path: Path, matrix: np.ndarray, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 5.2))
     image = ax.imshow(np.log1p(matrix), cmap="Blues")
     for (i, j), count in np.ndenumerate(matrix):
-        ax.text(j, i, str(count), ha="center", va="center", fontsize=7,
-                color="white" if i == j else "black")
-    ax.set(xticks=range(10), yticks=range(10), xlabel="predicted digit", ylabel="actual digit",
-           title=title)
+        ax.text(
+            j,
+            i,
+            str(count),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if i == j else "black",
+        )
+    ax.set(
+        xticks=range(10),
+        yticks=range(10),
+        xlabel="predicted digit",
+        ylabel="actual digit",
+        title=title,
+    )
     fig.colorbar(image, ax=ax, label="log(1 + count)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -156,29 +172,63 @@ def _cell(value: Any, kind: str) -> str:
 
 def _table(rows: list[Row], speedups: dict[str, float | None], target: float) -> list[str]:
     head = [
-        "variant", "status", "device", "precision", "batches", "epochs", "first epoch",
-        "steady epoch (median)", "total train", "samples/s (steady)", "speedup vs cpu",
-        "peak host RSS", "peak GPU mem", "test accuracy", f"time to {target:.1%}",
+        "variant",
+        "status",
+        "device",
+        "precision",
+        "batches",
+        "epochs",
+        "first epoch",
+        "steady epoch (median)",
+        "total train",
+        "samples/s (steady)",
+        "speedup vs cpu",
+        "peak host RSS",
+        "peak GPU mem",
+        "test accuracy",
+        f"time to {target:.1%}",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         t = row.train
         if not row.trained:
-            cells = [row.name, f"skipped: {t.get('reason', '')}", row.variant.device,
-                     row.variant.precision, row.variant.batches] + ["n/a"] * (len(head) - 5)
+            cells = [
+                row.name,
+                t.get("status", "missing"),
+                row.variant.device,
+                row.variant.precision,
+                row.variant.batches,
+            ] + ["n/a"] * (len(head) - 5)
         else:
             reached = t.get("time_to_target_s")
             cells = [
-                row.name, "trained", t.get("device_name", row.variant.device), row.variant.precision,
-                row.variant.batches, str(t["epochs"]), _cell(t["first_epoch_s"], "s"),
-                _cell(t["steady_epoch_s"], "s"), _cell(t["total_train_s"], "s"),
-                _cell(t["steady_samples_per_s"], "int"), _cell(speedups[row.name], "x"),
-                _cell(t.get("peak_host_rss_mib"), "mib"), _cell(t.get("peak_gpu_mem_mib"), "mib"),
+                row.name,
+                "trained",
+                t.get("device_name", row.variant.device),
+                row.variant.precision,
+                row.variant.batches,
+                str(t["epochs"]),
+                _cell(t["first_epoch_s"], "s"),
+                _cell(t["steady_epoch_s"], "s"),
+                _cell(t["total_train_s"], "s"),
+                _cell(t["steady_samples_per_s"], "int"),
+                _cell(speedups[row.name], "x"),
+                _cell(t.get("peak_host_rss_mib"), "mib"),
+                _cell(t.get("peak_gpu_mem_mib"), "mib"),
                 _cell(row.eval.get("test_accuracy", t["final_test_accuracy"]), "pct"),
-                (f"{fmt_seconds(reached)} (epoch {t['epoch_to_target']})" if reached is not None
-                 else "not reached"),
+                (
+                    f"{fmt_seconds(reached)} (epoch {t['epoch_to_target']})"
+                    if reached is not None
+                    else "not reached"
+                ),
             ]
         lines.append("| " + " | ".join(cells) + " |")
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        if not row.trained:
+            reasons.setdefault(row.train.get("reason", "no reason recorded"), []).append(row.name)
+    for reason, names in reasons.items():
+        lines += ["", f"Skipped {', '.join(names)}: {reason}."]
     return lines
 
 
@@ -189,10 +239,15 @@ def _curves_figure(path: Path, rows: list[Row], target: float) -> None:
             continue
         epochs = [e["epoch"] for e in row.epochs]
         loss_ax.plot(epochs, [e["train_loss"] for e in row.epochs], marker="o", label=row.name)
-        acc_ax.plot(epochs, [100 * e["test_accuracy"] for e in row.epochs], marker="o", label=row.name)
-    acc_ax.axhline(100 * target, color="grey", linestyle="--", linewidth=1, label=f"{target:.0%} target")
-    loss_ax.set(xlabel="epoch", ylabel="training loss (cross-entropy)", title="Training loss",
-                yscale="log")
+        acc_ax.plot(
+            epochs, [100 * e["test_accuracy"] for e in row.epochs], marker="o", label=row.name
+        )
+    acc_ax.axhline(
+        100 * target, color="grey", linestyle="--", linewidth=1, label=f"{target:.0%} target"
+    )
+    loss_ax.set(
+        xlabel="epoch", ylabel="training loss (cross-entropy)", title="Training loss", yscale="log"
+    )
     acc_ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
@@ -217,13 +272,26 @@ def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float |
             label = f"{fmt_seconds(bar.get_height())}"
             if speedups.get(row.name):
                 label += f"\n{speedups[row.name]:.1f}×"
-            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                label,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         for ref in TUTORIAL_FIGURES[1::2]:
             ax.axhline(ref["epoch_s"], linestyle=":", color="#d62728", linewidth=1)
-            ax.annotate(f"tutorial: {ref['hardware']} {ref['epoch_s']} s", (len(trained) - 0.5, ref["epoch_s"]),
-                        ha="right", va="bottom", fontsize=7, color="#d62728")
-        ax.set_xticks(x, [f"{r.name}\n{r.train.get('device_name', '')[:28]}" for r in trained], fontsize=8)
+            ax.annotate(
+                f"tutorial: {ref['hardware']} {ref['epoch_s']} s",
+                (len(trained) - 0.5, ref["epoch_s"]),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="#d62728",
+            )
+        ax.set_xticks(
+            x, [f"{r.name}\n{r.train.get('device_name', '')[:28]}" for r in trained], fontsize=8
+        )
         ax.set_yscale("log")
         ax.set_ylabel("training time per epoch (s, log scale)")
         ax.legend(loc="upper right", fontsize=8)
@@ -292,8 +360,10 @@ def write_report(
         "",
         "| source | hardware | epoch | test accuracy |",
         "|---|---|---|---|",
-        *[f"| {f['source']} | {f['hardware']} | {f['epoch_s']} s | {f['accuracy']:.2%} |"
-          for f in TUTORIAL_FIGURES],
+        *[
+            f"| {f['source']} | {f['hardware']} | {f['epoch_s']} s | {f['accuracy']:.2%} |"
+            for f in TUTORIAL_FIGURES
+        ],
         "",
     ]
     (out_dir / "comparison.md").write_text("\n".join(md))

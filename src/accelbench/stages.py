@@ -88,7 +88,9 @@ class TrainOutputs:
         return self.metrics_dir / "epochs.csv"
 
 
-def resolve_device(name: str, variant: VariantParams, params: Params) -> tuple[torch.device | None, str]:
+def resolve_device(
+    name: str, variant: VariantParams, params: Params
+) -> tuple[torch.device | None, str]:
     """The device to train on, or (None, reason) when a CUDA variant must be skipped."""
     if not variant.uses_cuda:
         return torch.device("cpu"), hardware.cpu_model()
@@ -116,11 +118,15 @@ def _write_epochs_csv(path: Path, records: list[engine.EpochRecord]) -> None:
         writer.writerows(rows)
 
 
-def _skip(name: str, reason: str, params: Params, variant: VariantParams, out: TrainOutputs, root: Path) -> dict:
+def _skip(
+    name: str, reason: str, params: Params, variant: VariantParams, out: TrainOutputs, root: Path
+) -> dict:
     from . import tracking
 
     log(f"train {name}: skipped: {reason}")
-    with tracking.variant_run(root, name, _run_params(name, params, variant), {"status": "skipped"}) as run_id:
+    with tracking.variant_run(
+        root, name, _run_params(name, params, variant), {"status": "skipped"}
+    ) as run_id:
         tracking.log_metrics({"skipped": 1})
         import mlflow
 
@@ -129,7 +135,9 @@ def _skip(name: str, reason: str, params: Params, variant: VariantParams, out: T
     write_json(out.train_json, metrics)
     _write_epochs_csv(out.epochs_csv, [])
     out.model.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"status": "skipped", "reason": reason, "variant": name, "mlflow_run_id": run_id}, out.model)
+    torch.save(
+        {"status": "skipped", "reason": reason, "variant": name, "mlflow_run_id": run_id}, out.model
+    )
     return metrics
 
 
@@ -166,11 +174,20 @@ def train_stage(
         )
     else:
         train_batches = LoaderBatches(
-            prepared_dir, len(train_split.labels), device, train.batch_size, train.seed,
-            train.loader, channels_last=variant.channels_last,
+            prepared_dir,
+            len(train_split.labels),
+            device,
+            train.batch_size,
+            train.seed,
+            train.loader,
+            channels_last=variant.channels_last,
         )
     test_batches = ResidentBatches(
-        test_split, device, train.eval_batch_size, train.seed, shuffle=False,
+        test_split,
+        device,
+        train.eval_batch_size,
+        train.seed,
+        shuffle=False,
         channels_last=variant.channels_last,
     )
 
@@ -194,8 +211,14 @@ def train_stage(
             tracking.log_metrics(record.as_dict(), step=record.epoch)
 
         records = engine.fit(
-            model, train_batches, test_batches, train, variant, device,
-            on_epoch=on_epoch, on_step=progress.step,
+            model,
+            train_batches,
+            test_batches,
+            train,
+            variant,
+            device,
+            on_epoch=on_epoch,
+            on_step=progress.step,
         )
         progress.close()
         summary = engine.summarize(records, train.target_accuracy)
@@ -245,7 +268,9 @@ def _cpu_model(checkpoint: dict[str, Any]) -> SeedCNN:
 # --- evaluate -----------------------------------------------------------------------------
 
 
-def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: Path, metrics_dir: Path) -> dict[str, Any]:
+def evaluate_stage(
+    root: Path, params: Params, model_path: Path, prepared_dir: Path, metrics_dir: Path
+) -> dict[str, Any]:
     from sklearn.metrics import classification_report, confusion_matrix
 
     from . import tracking
@@ -259,7 +284,9 @@ def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: P
         payload = {"status": checkpoint["status"], "reason": checkpoint.get("reason")}
         write_json(eval_json, payload)
         report.write_confusion_csv(confusion_csv, None)
-        report.placeholder_figure(confusion_png, f"{name}: {checkpoint['status']}\n{checkpoint.get('reason', '')}")
+        report.placeholder_figure(
+            confusion_png, f"{name}: {checkpoint['status']}\n{checkpoint.get('reason', '')}"
+        )
         log(f"evaluate {name}: {checkpoint['status']}")
         return payload
 
@@ -268,7 +295,9 @@ def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: P
     )
     device, _ = resolve_device(name, variant, params)
     if device is None:
-        raise StageError(f"evaluate {name}: the model was trained on CUDA, which is not available here")
+        raise StageError(
+            f"evaluate {name}: the model was trained on CUDA, which is not available here"
+        )
     engine.configure_backends(variant)
     model = _cpu_model(checkpoint).to(device)
     test_split = data.load_split(prepared_dir, "test", params.train.test_subset)
@@ -286,7 +315,8 @@ def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: P
         "inference_samples_per_s": result.samples_per_s,
         "per_class": {
             str(c): {m: per_class[str(c)][m] for m in ("precision", "recall", "f1-score")}
-            for c in range(10) if str(c) in per_class
+            for c in range(10)
+            if str(c) in per_class
         },
     }
     write_json(eval_json, payload)
@@ -294,12 +324,14 @@ def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: P
     report.confusion_figure(confusion_png, matrix, f"{name}: confusion matrix (test set)")
     try:
         with tracking.resume_run(root, checkpoint["mlflow_run_id"]):
-            tracking.log_metrics({
-                "eval_test_accuracy": result.accuracy,
-                "eval_test_loss": result.loss,
-                "eval_macro_f1": payload["macro_f1"],
-                "inference_samples_per_s": result.samples_per_s,
-            })
+            tracking.log_metrics(
+                {
+                    "eval_test_accuracy": result.accuracy,
+                    "eval_test_loss": result.loss,
+                    "eval_macro_f1": payload["macro_f1"],
+                    "inference_samples_per_s": result.samples_per_s,
+                }
+            )
             tracking.log_artifact(confusion_png)
             tracking.log_artifact(eval_json)
     except Exception as exc:  # the store may have been reset since training
@@ -311,7 +343,9 @@ def evaluate_stage(root: Path, params: Params, model_path: Path, prepared_dir: P
 # --- compare ------------------------------------------------------------------------------
 
 
-def compare_stage(root: Path, params: Params, env_dir: Path, metrics_dir: Path, out_dir: Path) -> dict[str, Any]:
+def compare_stage(
+    root: Path, params: Params, env_dir: Path, metrics_dir: Path, out_dir: Path
+) -> dict[str, Any]:
     from . import tracking
 
     env = {d: json.loads((env_dir / f"{d}.json").read_text()) for d in ("cpu", "cuda")}

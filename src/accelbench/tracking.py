@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from datetime import datetime
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,13 @@ def tracking_uri(root: Path) -> str:
 def setup(root: Path) -> str:
     """Point MLflow at the store and the `accelbench` experiment; returns the experiment id."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
     mlflow.set_tracking_uri(tracking_uri(root))
     experiment = mlflow.get_experiment_by_name(EXPERIMENT)
     if experiment is not None:
         experiment_id = experiment.experiment_id
     else:
-        artifacts = None
-        if not os.environ.get("MLFLOW_TRACKING_URI"):
-            artifacts = (root / "mlartifacts").resolve().as_uri()
+        artifacts = (root / "mlartifacts").resolve().as_uri() if own_store else None
         experiment_id = mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
@@ -99,7 +98,9 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     if run_id := open_pipeline_run_id(root, experiment_id):
         return run_id
     name = "pipeline " + datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    run = MlflowClient().create_run(experiment_id, tags=_common_tags(root, "pipeline"), run_name=name)
+    run = MlflowClient().create_run(
+        experiment_id, tags=_common_tags(root, "pipeline"), run_name=name
+    )
     return run.info.run_id
 
 

@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import gzip
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accelbench import data
+from conftest import idx_bytes
+
+STEM = "train-labels-idx1-ubyte"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    files: dict[str, bytes] = {}
+    lie_about_length: set[str] = set()
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        name = self.path.rsplit("/", 1)[-1]
+        mirror = self.path.strip("/").split("/", 1)[0]
+        body = self.files.get(f"{mirror}/{name}")
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        claimed = len(body) + 1000 if f"{mirror}/{name}" in self.lie_about_length else len(body)
+        self.send_header("Content-Length", str(claimed))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, type[_Handler]]]:
+    handler = type("Handler", (_Handler,), {"files": {}, "lie_about_length": set()})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def payload() -> tuple[bytes, str]:
+    labels = np.arange(100, dtype=np.uint8) % 10
+    raw = idx_bytes(labels, data.LABELS_MAGIC)
+    import hashlib
+
+    return raw, hashlib.sha256(raw).hexdigest()
+
+
+def _only_final_file(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_http_download_verifies_and_accepts_recompressed_copy(server, payload, tmp_path) -> None:
+    url, handler = server
+    raw, sha = payload
+    handler.files[f"good/{STEM}.gz"] = gzip.compress(raw, compresslevel=1)  # not the canonical .gz
+    out = tmp_path / "raw"
+    path = data.download_file(STEM, sha, out, [f"{url}/good"], timeout_s=5, retries=0)
+    assert path == out / f"{STEM}.gz"
+    assert gzip.decompress(path.read_bytes()) == raw
+    assert _only_final_file(out) == [f"{STEM}.gz"]
+
+
+def test_corrupt_then_truncated_then_good_mirror(server, payload, tmp_path) -> None:
+    url, handler = server
+    raw, sha = payload
+    corrupt = bytearray(raw)
+    corrupt[-1] ^= 0xFF
+    handler.files[f"corrupt/{STEM}.gz"] = gzip.compress(bytes(corrupt))
+    handler.files[f"truncated/{STEM}.gz"] = gzip.compress(raw)[:-12]
+    handler.files[f"good/{STEM}.gz"] = gzip.compress(raw)
+    mirrors = [f"{url}/corrupt", f"{url}/truncated", f"{url}/missing", f"{url}/good"]
+    path = data.download_file(STEM, sha, tmp_path, mirrors, timeout_s=5, retries=0)
+    assert gzip.decompress(path.read_bytes()) == raw
+
+
+def test_all_mirrors_fail_leaves_nothing_and_names_each_mirror(server, payload, tmp_path) -> None:
+    url, handler = server
+    raw, sha = payload
+    handler.files[f"short/{STEM}.gz"] = gzip.compress(raw)
+    handler.lie_about_length.add(f"short/{STEM}.gz")  # connection closes before Content-Length
+    handler.files[f"corrupt/{STEM}.gz"] = b"not gzip at all"
+    local = tmp_path / "empty-folder"
+    local.mkdir()
+    mirrors = [f"{url}/short", f"{url}/corrupt", f"{url}/missing", str(local)]
+    out = tmp_path / "raw"
+    with pytest.raises(data.DownloadError) as info:
+        data.download_file(STEM, sha, out, mirrors, timeout_s=5, retries=0)
+    message = str(info.value)
+    for mirror in mirrors:
+        assert mirror in message
+    assert "404" in message
+    assert "not a complete gzip file" in message
+    assert "does not exist" in message
+    assert data.MIRROR_ENV in message
+    assert _only_final_file(out) == []  # no final file, no leftover temporary file
+
+
+def test_existing_good_file_is_not_replaced_by_a_failed_download(server, payload, tmp_path) -> None:
+    url, handler = server
+    raw, sha = payload
+    handler.files[f"corrupt/{STEM}.gz"] = gzip.compress(raw[:-1])
+    with pytest.raises(data.DownloadError):
+        data.download_file(STEM, sha, tmp_path, [f"{url}/corrupt"], timeout_s=5, retries=0)
+    assert not (tmp_path / f"{STEM}.gz").exists()
+
+
+def test_local_folder_and_file_url_mirrors(fake_mnist, tmp_path) -> None:
+    mirror, checksums = fake_mnist
+    for spec in (str(mirror), mirror.as_uri()):
+        out = tmp_path / "out" / spec[:4]
+        stem = "t10k-labels-idx1-ubyte"
+        data.download_file(stem, checksums[stem], out, [spec])
+        assert (out / f"{stem}.gz").is_file()
+
+
+def test_closed_port_fails_fast_with_reason(payload, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    raw, sha = payload
+    with pytest.raises(data.DownloadError, match="ConnectionError"):
+        data.download_file(STEM, sha, tmp_path, [f"http://127.0.0.1:{port}/x"], timeout_s=2, retries=1)
+
+
+def test_environment_mirror_goes_first() -> None:
+    mirrors = ["https://a/", "https://b/"]
+    assert data.mirrors_with_override(mirrors, {}) == mirrors
+    env = {data.MIRROR_ENV: "/srv/mnist"}
+    assert data.mirrors_with_override(mirrors, env) == ["/srv/mnist", *mirrors]
+    env = {data.MIRROR_ENV: "https://b/"}
+    assert data.mirrors_with_override(mirrors, env) == ["https://b/", "https://a/"]
+
+
+def test_unsupported_scheme_is_reported(payload, tmp_path) -> None:
+    raw, sha = payload
+    with pytest.raises(data.DownloadError, match="unsupported mirror scheme 'ftp'"):
+        data.download_file(STEM, sha, tmp_path, ["ftp://example/mnist"])
+
+
+# --- IDX --------------------------------------------------------------------------------
+
+
+def test_parse_good_images_and_labels() -> None:
+    images = np.random.default_rng(0).integers(0, 256, size=(3, 28, 28)).astype(np.uint8)
+    decoded = data.parse_idx(idx_bytes(images, data.IMAGES_MAGIC), data.IMAGES_MAGIC)
+    np.testing.assert_array_equal(decoded, images)
+    labels = np.array([7, 2, 1], dtype=np.uint8)
+    np.testing.assert_array_equal(data.parse_idx(idx_bytes(labels, data.LABELS_MAGIC), data.LABELS_MAGIC), labels)
+
+
+def test_bad_magic() -> None:
+    labels = idx_bytes(np.zeros(5, np.uint8), data.LABELS_MAGIC)
+    with pytest.raises(data.IdxFormatError, match="magic number 2049, expected 2051"):
+        data.parse_idx(labels, data.IMAGES_MAGIC, "x")
+
+
+@pytest.mark.parametrize("cut", [3, 10, 1])
+def test_truncated(cut: int) -> None:
+    buffer = idx_bytes(np.zeros((2, 28, 28), np.uint8), data.IMAGES_MAGIC)
+    with pytest.raises(data.IdxFormatError):
+        data.parse_idx(buffer[: len(buffer) - cut] if cut != 3 else buffer[:3], data.IMAGES_MAGIC)
+
+
+def test_size_mismatch_and_wrong_shape() -> None:
+    buffer = idx_bytes(np.zeros((2, 28, 28), np.uint8), data.IMAGES_MAGIC) + b"\0"
+    with pytest.raises(data.IdxFormatError, match="header's dimensions"):
+        data.parse_idx(buffer, data.IMAGES_MAGIC)
+    small = idx_bytes(np.zeros((2, 14, 14), np.uint8), data.IMAGES_MAGIC)
+    with pytest.raises(data.IdxFormatError, match="expected 28x28"):
+        data.parse_idx(small, data.IMAGES_MAGIC)
+
+
+def test_prepare_writes_arrays_and_torchvision_layout(prepared) -> None:
+    split = data.load_split(prepared, "train")
+    assert split.images.shape == (512, 28, 28) and split.images.dtype == np.uint8
+    assert split.labels.shape == (512,)
+    assert data.load_split(prepared, "test", limit=100).labels.shape == (100,)
+    assert (prepared / "MNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+
+
+def test_prepare_rejects_mismatched_counts(fake_mnist, tmp_path) -> None:
+    mirror, _ = fake_mnist
+    (mirror / "t10k-labels-idx1-ubyte.gz").write_bytes(
+        gzip.compress(idx_bytes(np.zeros(3, np.uint8), data.LABELS_MAGIC))
+    )
+    with pytest.raises(data.IdxFormatError, match="256 images but 3 labels"):
+        data.prepare(mirror, tmp_path / "p")

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelbench import data, engine
+from accelbench.batches import LoaderBatches, ResidentBatches, epoch_permutation
+from accelbench.models import SeedCNN
+from accelbench.params import LoaderParams, TrainParams, VariantParams
+
+CPU = torch.device("cpu")
+FP32 = VariantParams(device="cpu", precision="fp32")
+
+
+def _train(prepared, *, epochs=3, seed=0, variant=FP32, **overrides) -> tuple[SeedCNN, list]:
+    train = TrainParams(epochs=epochs, batch_size=64, seed=seed, lr=2e-3, **overrides)
+    engine.seed_everything(seed)
+    model = SeedCNN()
+    batches = ResidentBatches(data.load_split(prepared, "train"), CPU, train.batch_size, seed)
+    test = ResidentBatches(data.load_split(prepared, "test"), CPU, 256, seed, shuffle=False)
+    return model, engine.fit(model, batches, test, train, variant, CPU)
+
+
+def test_loss_falls_and_accuracy_rises(prepared) -> None:
+    _, records = _train(prepared, epochs=3)
+    assert [r.epoch for r in records] == [1, 2, 3]
+    assert records[-1].train_loss < 0.5 * records[0].train_loss
+    assert records[-1].test_accuracy > 0.9  # the synthetic digits are easy
+    assert all(r.train_time_s > 0 and r.samples == 512 for r in records)
+    assert all(r.nonfinite_steps == 0 for r in records)
+
+
+def test_same_seed_gives_bitwise_identical_weights(prepared) -> None:
+    first, _ = _train(prepared, epochs=2, seed=3)
+    second, _ = _train(prepared, epochs=2, seed=3)
+    other, _ = _train(prepared, epochs=2, seed=4)
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(first.classifier.weight, other.classifier.weight)
+
+
+def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:
+    _, records = _train(prepared, epochs=2, schedule="onecycle")
+    assert records[0].lr != records[1].lr
+    assert records[-1].lr < 0.05 * 2e-3 * 10  # annealed to a few % of the peak rate by the end
+
+
+def test_bf16_autocast_on_cpu_trains(prepared) -> None:
+    _, records = _train(prepared, epochs=1, variant=VariantParams(device="cpu", precision="bf16"))
+    assert records[0].test_accuracy > 0.3
+
+
+def test_resident_source_yields_every_sample_once_in_a_seeded_order(prepared) -> None:
+    split = data.load_split(prepared, "train")
+    source = ResidentBatches(split, CPU, 100, seed=5)
+    labels = torch.cat([y for _, y in source.epoch(0)])
+    images = torch.cat([x for x, _ in source.epoch(0)])
+    assert len(labels) == 512 and len(source) == 6
+    order = epoch_permutation(5, 0, 512)
+    assert torch.equal(labels, torch.as_tensor(split.labels).long()[order])
+    assert sorted(order.tolist()) == list(range(512))
+    # the order is a function of (seed, epoch) alone
+    assert torch.equal(epoch_permutation(5, 0, 512), order)
+    assert not torch.equal(epoch_permutation(5, 1, 512), order)
+    assert not torch.equal(epoch_permutation(6, 0, 512), order)
+    assert images.shape == (512, 1, 28, 28)
+    assert abs(images.mean().item()) < 3  # normalized, not raw 0..255
+
+
+def test_dataloader_source_matches_resident_batches(prepared) -> None:
+    split = data.load_split(prepared, "train")
+    resident = ResidentBatches(split, CPU, 128, seed=1)
+    loader = LoaderBatches(
+        prepared, 512, CPU, 128, 1,
+        LoaderParams(num_workers=0, pin_memory=False, persistent_workers=False),
+    )
+    for epoch in (0, 1):
+        for (xa, ya), (xb, yb) in zip(resident.epoch(epoch), loader.epoch(epoch), strict=True):
+            assert torch.equal(ya, yb)
+            torch.testing.assert_close(xa, xb)
+
+
+def test_flops_per_sample_matches_the_architecture() -> None:
+    forward = 2 * (26 * 26 * 32 * 9 + 24 * 24 * 64 * 32 * 9 + 9216 * 10)
+    flops = engine.train_flops_per_sample(SeedCNN())
+    assert 2.9 * forward < flops < 3.1 * forward  # backward is about twice the forward pass
+
+
+def _record(epoch, time_s, acc) -> engine.EpochRecord:
+    return engine.EpochRecord(epoch, 1.0, time_s, 0.0, 100, 100 / time_s, 1.0, acc, 0, 1e-3, None)
+
+
+def test_summarize_separates_first_epoch_and_finds_time_to_target() -> None:
+    records = [_record(1, 5.0, 0.9), _record(2, 1.0, 0.985), _record(3, 2.0, 0.991), _record(4, 1.5, 0.99)]
+    summary = engine.summarize(records, 0.99)
+    assert summary["first_epoch_s"] == 5.0
+    assert summary["steady_epoch_s"] == 1.5
+    assert summary["total_train_s"] == 9.5
+    assert summary["time_to_target_s"] == 8.0 and summary["epoch_to_target"] == 3
+    assert engine.summarize(records[:2], 0.99)["time_to_target_s"] is None
+    assert engine.summarize(records[:1], 0.99)["steady_epoch_s"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_amp_and_fp32_losses_agree_on_one_batch() -> None:
+    device = torch.device("cuda")
+    engine.seed_everything(0)
+    model = SeedCNN().to(device).eval()
+    x = torch.randn(256, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (256,), device=device)
+    reference = torch.nn.functional.cross_entropy(model(x), y)
+    for precision, tol in (("bf16", 2e-2), ("fp16", 5e-3)):
+        with engine.autocast(VariantParams(device="cuda", precision=precision), device):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        assert abs(loss.item() - reference.item()) / reference.item() < tol

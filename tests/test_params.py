@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accelbench.params import ParamsError, load_params, parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def raw() -> dict:
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def test_repository_params_are_valid() -> None:
+    params = load_params(REPO / "params.yaml")
+    assert {"cpu", "gpu", "amp"} <= set(params.variants)
+    assert params.variants["cpu"].device == "cpu"
+    assert params.variants["gpu"].device == "cuda"
+    assert params.variants["amp"].precision in ("fp16", "bf16")
+
+
+def _error(raw: dict) -> str:
+    with pytest.raises(ParamsError) as info:
+        parse_params(raw)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("train", "batch_size"), 0, ["train.batch_size", "0", "greater than 0"]),
+        (("train", "batch_size"), -8, ["train.batch_size", "-8"]),
+        (("train", "epochs"), 0, ["train.epochs", "greater than 0"]),
+        (("variants", "amp", "precision"), "fp8", ["variants.amp.precision", "'fp8'", "'fp32', 'fp16' or 'bf16'"]),
+        (("variants", "cpu", "device"), "tpu", ["variants.cpu.device", "'tpu'", "'cpu' or 'cuda'"]),
+        (("variants", "cpu", "precision"), "fp16", ["variants.cpu", "fp16", "needs device 'cuda'"]),
+        (("variants", "gpu", "compile"), "fast", ["variants.gpu.compile", "'fast'", "reduce-overhead"]),
+        (("variants", "gpu", "batches"), "stream", ["variants.gpu.batches", "'resident' or 'dataloader'"]),
+    ],
+)
+def test_bad_values_are_named_with_allowed_values(raw, path, value, expected) -> None:
+    bad = copy.deepcopy(raw)
+    target = bad
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    message = _error(bad)
+    for fragment in expected:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_unknown_key_in_a_variant_lists_allowed_keys(raw) -> None:
+    raw["variants"]["gpu"]["precison"] = "bf16"
+    message = _error(raw)
+    assert "variants.gpu.precison: unknown key" in message
+    assert "precision" in message and "device" in message and "batches" in message
+
+
+def test_unknown_top_level_and_train_keys(raw) -> None:
+    raw["train"]["learning_rate"] = 0.1
+    raw["extra"] = 1
+    message = _error(raw)
+    assert "train.learning_rate: unknown key" in message and "lr" in message
+    assert "extra: unknown key" in message
+
+
+def test_every_problem_is_reported_at_once(raw) -> None:
+    raw["train"]["batch_size"] = 0
+    raw["variants"]["amp"]["precision"] = "fp8"
+    message = _error(raw)
+    assert "train.batch_size" in message and "variants.amp.precision" in message
+
+
+def test_variant_without_device_and_bad_name(raw) -> None:
+    raw["variants"]["x"] = {"precision": "fp32"}
+    assert "variants.x.device: required key is missing" in _error(raw)
+    raw["variants"] = {"bad name!": {"device": "cpu"}}
+    assert "'bad name!'" in _error(raw)
+
+
+def test_missing_and_malformed_files(tmp_path) -> None:
+    with pytest.raises(ParamsError, match="file not found"):
+        load_params(tmp_path / "nope.yaml")
+    broken = tmp_path / "params.yaml"
+    broken.write_text("train: [unclosed\n")
+    with pytest.raises(ParamsError, match="not valid YAML"):
+        load_params(broken)
+    broken.write_text("- a list\n")
+    with pytest.raises(ParamsError, match="expected a mapping"):
+        load_params(broken)

@@ -1,0 +1,311 @@
+"""tools/wheelhouse.py: lock parsing, skip filtering, and the real download/build path.
+
+No network: the pip runs use --no-index with a local --find-links folder holding packages
+these tests make in tmp_path, and pip's own config (extra indexes, find-links, cache) is
+switched off for them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("wheelhouse", REPO / "tools" / "wheelhouse.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["wheelhouse"] = module  # dataclasses look the module up while executing it
+    spec.loader.exec_module(module)
+    return module
+
+
+wh = _load_tool()
+
+
+# ---------------------------------------------------------------- names, lock, skip file
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("PyYAML", "pyyaml"),
+        ("zc.lockfile", "zc-lockfile"),
+        ("typing_extensions", "typing-extensions"),
+        ("Flask__CORS", "flask-cors"),
+        ("ruamel.yaml", "ruamel-yaml"),
+        ("A-_.b", "a-b"),
+    ],
+)
+def test_normalize_name_follows_pep503(raw, expected):
+    assert wh.normalize_name(raw) == expected
+
+
+def test_parse_lock_reads_pins_and_ignores_noise():
+    text = textwrap.dedent(
+        """\
+        # a header comment
+        --index-url https://example.invalid/simple
+
+        PyYAML==6.0.4
+        zc.lockfile==4.0  # inline comment
+        torch==2.11.0+cu130
+        uvicorn[standard]==0.54.0
+        requests==2.34.2 \\
+            --hash=sha256:0123456789abcdef
+        """
+    )
+    pins = wh.parse_lock(text)
+    assert [(p.name, p.version) for p in pins] == [
+        ("PyYAML", "6.0.4"),
+        ("zc.lockfile", "4.0"),
+        ("torch", "2.11.0+cu130"),
+        ("uvicorn", "0.54.0"),
+        ("requests", "2.34.2"),
+    ]
+    assert [p.key for p in pins] == ["pyyaml", "zc-lockfile", "torch", "uvicorn", "requests"]
+    assert str(pins[0]) == "PyYAML==6.0.4"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("numpy>=1.26\n", "not an exact pin"),
+        ("numpy\n", "not an exact pin"),
+        ('numpy==2.0 ; python_version < "3.12"\n', "environment markers"),
+        ("PyYAML==6.0.4\npyyaml==6.0.1\n", "pinned twice"),
+    ],
+)
+def test_parse_lock_rejects_what_is_not_an_exact_pin(text, message):
+    with pytest.raises(wh.WheelhouseError, match=message) as info:
+        wh.parse_lock(text, "x.lock")
+    assert "x.lock:" in str(info.value)  # names the file and line
+
+
+def test_parse_name_list_normalizes_and_drops_comments_and_versions():
+    text = "# header\n\nPyYAML\nzc_lockfile  # why\nnumpy 2.5.2\nscipy==1.17\n  Torch \n"
+    assert wh.parse_name_list(text) == {"pyyaml", "zc-lockfile", "numpy", "scipy", "torch"}
+
+
+def test_select_pins_splits_by_normalized_name_and_keeps_order():
+    pins = wh.parse_lock("dvc==3.0\nPyYAML==6.0\nzc.lockfile==4.0\nruff==0.1\nmlflow-skinny==3.1\n")
+    kept, skipped, excluded = wh.select_pins(pins, ["pyyaml", "ZC_LockFile"], ["Ruff"])
+    assert [p.name for p in kept] == ["dvc", "mlflow-skinny"]
+    assert [p.name for p in skipped] == ["PyYAML", "zc.lockfile"]
+    assert [p.name for p in excluded] == ["ruff"]
+
+
+def test_shipped_skip_file_and_lock_leave_out_the_hosts_stack():
+    lock = wh.parse_lock((REPO / "requirements.lock").read_text(), "requirements.lock")
+    skip = wh.parse_name_list((REPO / "tools/host-packages/nvidia-h200.txt").read_text())
+    assert {"torch", "torchvision", "numpy", "pandas", "scipy", "pyyaml", "nvidia-ml-py"} <= skip
+    exclude = wh.DEFAULT_EXCLUDE.split(",")
+    kept, skipped, excluded = wh.select_pins(lock, skip, exclude)
+    kept_keys = {p.key for p in kept}
+    assert {"dvc", "mlflow-skinny", "pydantic", "sqlalchemy", "alembic"} <= kept_keys
+    assert not kept_keys & skip
+    assert not kept_keys & {"torch", "numpy", "ruff", "mlflow"}
+    assert len(kept) + len(skipped) + len(excluded) == len(lock)
+
+
+def test_platform_tags_cover_the_device_readme_list():
+    tags = wh.platform_tags()
+    for tag in (
+        "manylinux_2_28_x86_64",
+        "manylinux_2_27_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux1_x86_64",
+    ):
+        assert tag in tags
+    assert all(t.endswith("_x86_64") for t in tags)
+
+
+def test_wheel_filenames_pure_or_not():
+    assert wh.is_pure_wheel("antlr4_python3_runtime-4.9.3-py3-none-any.whl")
+    assert not wh.is_pure_wheel("pygit2-1.21.0-cp312-cp312-manylinux_2_28_x86_64.whl")
+    assert not wh.is_pure_wheel("cryptography-50.0.2-cp311-abi3-manylinux_2_28_x86_64.whl")
+    with pytest.raises(wh.WheelhouseError):
+        wh.parse_wheel_filename("not-a-wheel.tar.gz")
+
+
+def test_check_size_names_the_biggest_wheels(tmp_path):
+    wheels = []
+    for name, size in (("small", 1000), ("huge", 3 * 1024 * 1024), ("mid", 200_000)):
+        path = tmp_path / f"{name}-1.0-py3-none-any.whl"
+        path.write_bytes(b"\0" * size)
+        wheels.append(wh.Wheel(wh.Pin(name, "1.0"), path, "downloaded"))
+    wh.check_size(wheels, max_mib=4)  # 3.2 MiB fits
+    with pytest.raises(wh.WheelhouseError, match="over --max-mib 2") as info:
+        wh.check_size(wheels, max_mib=2)
+    message = str(info.value)
+    assert message.index("huge-1.0") < message.index("mid-1.0") < message.index("small-1.0")
+    table = wh.summary_table(wheels)
+    assert "huge" in table and "3.00" in table and table.splitlines()[-1].startswith("total")
+
+
+# ---------------------------------------------------------------- the real pip path, offline
+
+
+@pytest.fixture
+def offline_pip(monkeypatch, tmp_path):
+    """pip sees no config file, no index, no cache: only what a test passes with --find-links."""
+    for var in list(os.environ):
+        if var.startswith("PIP_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+
+
+def _make_project(root: Path, name: str, version: str, compiled: bool = False) -> Path:
+    """A tiny setuptools project whose module returns a marker string."""
+    proj = root / f"{name}-src"
+    (proj / name).mkdir(parents=True)
+    (proj / name / "__init__.py").write_text(f"def hello():\n    return '{name} {version} ok'\n")
+    (proj / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            [build-system]
+            requires = ["setuptools"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{name}"
+            version = "{version}"
+            """
+        )
+    )
+    if compiled:
+        # No C code to compile, but the distribution claims extension modules, so setuptools
+        # tags the wheel for this interpreter and platform, exactly like a compiled package.
+        (proj / "setup.py").write_text(
+            textwrap.dedent(
+                """\
+                from setuptools import setup
+                from setuptools.dist import Distribution
+
+                class BinaryDistribution(Distribution):
+                    def has_ext_modules(self):
+                        return True
+
+                setup(distclass=BinaryDistribution)
+                """
+            )
+        )
+    return proj
+
+
+def _build(proj: Path, dest: Path, kind: str) -> Path:
+    """Run setuptools' PEP 517 hook (sdist or wheel) in a subprocess; no network needed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    code = f"from setuptools import build_meta as b; print(b.build_{kind}({str(dest)!r}))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=proj, capture_output=True, text=True, check=True
+    )
+    return dest / proc.stdout.strip().splitlines()[-1]
+
+
+def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
+    tmp_path, offline_pip, capsys
+):
+    index = tmp_path / "index"
+    sdist = _build(_make_project(tmp_path, "purefake", "0.1"), index, "sdist")
+    wheel = _build(_make_project(tmp_path, "binfake", "1.0"), index, "wheel")
+    assert sdist.name == "purefake-0.1.tar.gz"  # only an sdist: must be built
+    assert wheel.name == "binfake-1.0-py3-none-any.whl"  # a wheel: must be downloaded
+    lock = tmp_path / "test.lock"
+    # host_pkg and devtool exist nowhere: the run only passes if they are skipped/excluded.
+    lock.write_text("purefake==0.1\nBinFake==1.0\nHost_Pkg==9.9\ndevtool==1.0\n")
+    skip = tmp_path / "host.txt"
+    skip.write_text("# the host has\nhost-pkg\n")
+    out = tmp_path / "wheelhouse"
+    out.mkdir()
+    (out / "stale-0.0-py3-none-any.whl").write_bytes(b"old")  # a previous run's leftover
+
+    rc = wh.main(
+        [
+            "--python-version", "3.12",
+            "--lock", str(lock),
+            "--skip-file", str(skip),
+            "--exclude", "devtool",
+            "--out", str(out),
+            "--no-index",
+            "--find-links", str(index),
+            "--no-build-isolation",
+            "--jobs", "2",
+        ]
+    )  # fmt: skip
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "binfake-1.0-py3-none-any.whl",
+        "purefake-0.1-py3-none-any.whl",
+        "requirements.txt",
+    ]
+    rows = {line.split()[0]: line.split() for line in printed.out.splitlines() if line.strip()}
+    assert rows["purefake"][1] == "0.1" and rows["purefake"][-1] == "built"
+    assert rows["BinFake"][1] == "1.0" and rows["BinFake"][-1] == "downloaded"
+    assert "Host_Pkg" not in rows and "excluded: devtool==1.0" in printed.out
+    manifest = (out / "requirements.txt").read_text().splitlines()
+    assert [ln for ln in manifest if not ln.startswith("#")] == ["BinFake==1.0", "purefake==0.1"]
+
+    # What the air-gapped host does: install from the wheelhouse alone, then import.
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(out),
+         "--target", str(target), "--no-compile", "-r", str(out / "requirements.txt")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import purefake, binfake; print(purefake.hello(), binfake.hello())",
+        ],
+        env={**os.environ, "PYTHONPATH": str(target)},
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.strip() == "purefake 0.1 ok binfake 1.0 ok"
+
+
+def test_compiled_sdist_and_missing_pin_fail_clearly_and_leave_out_alone(
+    tmp_path, offline_pip, capsys
+):
+    index = tmp_path / "index"
+    _build(_make_project(tmp_path, "cfake", "0.1", compiled=True), index, "sdist")
+    lock = tmp_path / "test.lock"
+    lock.write_text("cfake==0.1\nnowhere==1.0\n")
+    skip = tmp_path / "host.txt"
+    skip.write_text("")
+    out = tmp_path / "wheelhouse"
+    out.mkdir()
+    (out / "keep-1.0-py3-none-any.whl").write_bytes(b"previous good wheelhouse")
+
+    rc = wh.main(
+        ["--lock", str(lock), "--skip-file", str(skip), "--out", str(out), "--no-index",
+         "--find-links", str(index), "--no-build-isolation"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "2 of 2 pins failed" in err
+    assert "cfake==0.1" in err and "not pure Python" in err and "CPython 3.12" in err
+    assert "nowhere==1.0" in err and "building one from its sdist failed" in err
+    assert [p.name for p in out.iterdir()] == ["keep-1.0-py3-none-any.whl"]
+
+
+def test_cli_fails_clearly_on_missing_lock(tmp_path, capsys):
+    rc = wh.main(["--lock", str(tmp_path / "nope.lock"), "--out", str(tmp_path / "o")])
+    assert rc == 1
+    assert "--lock" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
