@@ -70,6 +70,8 @@ def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def shared_mnist() -> Path | None:
     """The verified MNIST mirror: $ACCELBENCH_MNIST_MIRROR, else ../shared/datasets/mnist."""
-    candidate = os.environ.get(data.MIRROR_ENV) or str(REPO.parent / "shared" / "datasets" / "mnist")
+    candidate = os.environ.get(data.MIRROR_ENV) or str(
+        REPO.parent / "shared" / "datasets" / "mnist"
+    )
     path = Path(candidate)
     return path if (path / "train-images-idx3-ubyte.gz").is_file() else None

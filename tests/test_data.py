@@ -5,6 +5,7 @@ import http.server
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -16,10 +17,10 @@ STEM = "train-labels-idx1-ubyte"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    files: dict[str, bytes] = {}
-    lie_about_length: set[str] = set()
+    files: ClassVar[dict[str, bytes]] = {}
+    lie_about_length: ClassVar[set[str]] = set()
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         name = self.path.rsplit("/", 1)[-1]
         mirror = self.path.strip("/").split("/", 1)[0]
         body = self.files.get(f"{mirror}/{name}")
@@ -131,9 +132,11 @@ def test_closed_port_fails_fast_with_reason(payload, tmp_path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    raw, sha = payload
+    _, sha = payload
     with pytest.raises(data.DownloadError, match="ConnectionError"):
-        data.download_file(STEM, sha, tmp_path, [f"http://127.0.0.1:{port}/x"], timeout_s=2, retries=1)
+        data.download_file(
+            STEM, sha, tmp_path, [f"http://127.0.0.1:{port}/x"], timeout_s=2, retries=1
+        )
 
 
 def test_environment_mirror_goes_first() -> None:
@@ -146,7 +149,7 @@ def test_environment_mirror_goes_first() -> None:
 
 
 def test_unsupported_scheme_is_reported(payload, tmp_path) -> None:
-    raw, sha = payload
+    _, sha = payload
     with pytest.raises(data.DownloadError, match="unsupported mirror scheme 'ftp'"):
         data.download_file(STEM, sha, tmp_path, ["ftp://example/mnist"])
 
@@ -159,7 +162,9 @@ def test_parse_good_images_and_labels() -> None:
     decoded = data.parse_idx(idx_bytes(images, data.IMAGES_MAGIC), data.IMAGES_MAGIC)
     np.testing.assert_array_equal(decoded, images)
     labels = np.array([7, 2, 1], dtype=np.uint8)
-    np.testing.assert_array_equal(data.parse_idx(idx_bytes(labels, data.LABELS_MAGIC), data.LABELS_MAGIC), labels)
+    np.testing.assert_array_equal(
+        data.parse_idx(idx_bytes(labels, data.LABELS_MAGIC), data.LABELS_MAGIC), labels
+    )
 
 
 def test_bad_magic() -> None:

@@ -71,7 +71,11 @@ def test_dataloader_source_matches_resident_batches(prepared) -> None:
     split = data.load_split(prepared, "train")
     resident = ResidentBatches(split, CPU, 128, seed=1)
     loader = LoaderBatches(
-        prepared, 512, CPU, 128, 1,
+        prepared,
+        512,
+        CPU,
+        128,
+        1,
         LoaderParams(num_workers=0, pin_memory=False, persistent_workers=False),
     )
     for epoch in (0, 1):
@@ -91,7 +95,12 @@ def _record(epoch, time_s, acc) -> engine.EpochRecord:
 
 
 def test_summarize_separates_first_epoch_and_finds_time_to_target() -> None:
-    records = [_record(1, 5.0, 0.9), _record(2, 1.0, 0.985), _record(3, 2.0, 0.991), _record(4, 1.5, 0.99)]
+    records = [
+        _record(1, 5.0, 0.9),
+        _record(2, 1.0, 0.985),
+        _record(3, 2.0, 0.991),
+        _record(4, 1.5, 0.99),
+    ]
     summary = engine.summarize(records, 0.99)
     assert summary["first_epoch_s"] == 5.0
     assert summary["steady_epoch_s"] == 1.5

@@ -36,11 +36,23 @@ def _error(raw: dict) -> str:
         (("train", "batch_size"), 0, ["train.batch_size", "0", "greater than 0"]),
         (("train", "batch_size"), -8, ["train.batch_size", "-8"]),
         (("train", "epochs"), 0, ["train.epochs", "greater than 0"]),
-        (("variants", "amp", "precision"), "fp8", ["variants.amp.precision", "'fp8'", "'fp32', 'fp16' or 'bf16'"]),
+        (
+            ("variants", "amp", "precision"),
+            "fp8",
+            ["variants.amp.precision", "'fp8'", "'fp32', 'fp16' or 'bf16'"],
+        ),
         (("variants", "cpu", "device"), "tpu", ["variants.cpu.device", "'tpu'", "'cpu' or 'cuda'"]),
         (("variants", "cpu", "precision"), "fp16", ["variants.cpu", "fp16", "needs device 'cuda'"]),
-        (("variants", "gpu", "compile"), "fast", ["variants.gpu.compile", "'fast'", "reduce-overhead"]),
-        (("variants", "gpu", "batches"), "stream", ["variants.gpu.batches", "'resident' or 'dataloader'"]),
+        (
+            ("variants", "gpu", "compile"),
+            "fast",
+            ["variants.gpu.compile", "'fast'", "reduce-overhead"],
+        ),
+        (
+            ("variants", "gpu", "batches"),
+            "stream",
+            ["variants.gpu.batches", "'resident' or 'dataloader'"],
+        ),
     ],
 )
 def test_bad_values_are_named_with_allowed_values(raw, path, value, expected) -> None:

@@ -41,9 +41,13 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert train_json["status"] == "trained" and train_json["epochs"] == 2
     assert train_json["first_epoch_s"] > 0 and train_json["steady_epoch_s"] > 0
     gpu_json = json.loads((tmp_path / "metrics" / "gpu" / "train.json").read_text())
-    assert gpu_json["status"] == "skipped" and ("GPU" in gpu_json["reason"] or "CUDA" in gpu_json["reason"])
+    assert gpu_json["status"] == "skipped" and (
+        "GPU" in gpu_json["reason"] or "CUDA" in gpu_json["reason"]
+    )
     eval_json = json.loads((tmp_path / "metrics" / "cpu" / "eval.json").read_text())
-    assert 0.5 < eval_json["test_accuracy"] <= 1 and set(eval_json["per_class"]) <= set(map(str, range(10)))
+    assert 0.5 < eval_json["test_accuracy"] <= 1 and set(eval_json["per_class"]) <= set(
+        map(str, range(10))
+    )
     assert (tmp_path / "metrics" / "cpu" / "confusion.png").stat().st_size > 1000
     assert headline["cpu.speedup_vs_cpu"] == 1.0
 
@@ -87,7 +91,7 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
 def test_require_gpu_fails_clearly_without_cuda(tmp_path, prepared, mlflow_store) -> None:
     params = small_params(require_gpu=True)
     out = stages.TrainOutputs(tmp_path / "gpu.pt", tmp_path / "metrics")
-    with pytest.raises(stages.StageError, match="needs CUDA .*train.require_gpu: false"):
+    with pytest.raises(stages.StageError, match=r"needs CUDA .*train\.require_gpu: false"):
         stages.train_stage(tmp_path, params, "gpu", prepared, out, quiet=True)
     assert not out.model.exists()
 
@@ -96,7 +100,7 @@ def test_unknown_variant_is_refused(tmp_path, prepared) -> None:
     from accelbench.params import ParamsError
 
     out = stages.TrainOutputs(tmp_path / "x.pt", tmp_path / "metrics")
-    with pytest.raises(ParamsError, match="unknown variant 'tpu'; params.yaml defines: cpu"):
+    with pytest.raises(ParamsError, match=r"unknown variant 'tpu'; params\.yaml defines: cpu"):
         stages.train_stage(tmp_path, small_params(), "tpu", prepared, out)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from . import data, engine, hardware, report
-from .batches import LoaderBatches, ResidentBatches, normalize_images
+from .batches import LoaderBatches, ResidentBatches
 from .models import SeedCNN
 from .params import Params, VariantParams
 
@@ -105,6 +105,38 @@ def resolve_device(
     return None, reason
 
 
+def build_batches(
+    params: Params, variant: VariantParams, prepared_dir: Path, device: torch.device
+) -> tuple[engine.BatchSource, ResidentBatches]:
+    """The variant's training batch source and the (resident) test set."""
+    train = params.train
+    train_split = data.load_split(prepared_dir, "train", train.train_subset)
+    test_split = data.load_split(prepared_dir, "test", train.test_subset)
+    if variant.batches == "resident":
+        train_batches = ResidentBatches(
+            train_split, device, train.batch_size, train.seed, channels_last=variant.channels_last
+        )
+    else:
+        train_batches = LoaderBatches(
+            prepared_dir,
+            len(train_split.labels),
+            device,
+            train.batch_size,
+            train.seed,
+            train.loader,
+            channels_last=variant.channels_last,
+        )
+    test_batches = ResidentBatches(
+        test_split,
+        device,
+        train.eval_batch_size,
+        train.seed,
+        shuffle=False,
+        channels_last=variant.channels_last,
+    )
+    return train_batches, test_batches
+
+
 def _run_params(name: str, params: Params, variant: VariantParams) -> dict[str, Any]:
     return {"variant": {"name": name, **variant.model_dump()}, "train": params.train.model_dump()}
 
@@ -166,31 +198,7 @@ def train_stage(
     memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
     model = model.to(device, memory_format=memory_format)
 
-    train_split = data.load_split(prepared_dir, "train", train.train_subset)
-    test_split = data.load_split(prepared_dir, "test", train.test_subset)
-    if variant.batches == "resident":
-        train_batches = ResidentBatches(
-            train_split, device, train.batch_size, train.seed, channels_last=variant.channels_last
-        )
-    else:
-        train_batches = LoaderBatches(
-            prepared_dir,
-            len(train_split.labels),
-            device,
-            train.batch_size,
-            train.seed,
-            train.loader,
-            channels_last=variant.channels_last,
-        )
-    test_batches = ResidentBatches(
-        test_split,
-        device,
-        train.eval_batch_size,
-        train.seed,
-        shuffle=False,
-        channels_last=variant.channels_last,
-    )
-
+    train_batches, test_batches = build_batches(params, variant, prepared_dir, device)
     tags = {
         "status": "trained",
         "device": variant.device,
@@ -249,7 +257,7 @@ def train_stage(
         os.replace(tmp, out.model)
         tracking.log_metrics({k: v for k, v in summary.items() if k != "epochs"})
         tracking.log_artifact(out.epochs_csv)
-        example = normalize_images(test_split.images[:4], torch.device("cpu")).numpy()
+        example = test_batches.images[:4].float().cpu().contiguous().numpy()
         tracking.log_model(_cpu_model(checkpoint), example)
     log(
         f"train {name}: first epoch {summary['first_epoch_s']:.2f} s, steady "

@@ -1,0 +1,54 @@
+# accelbench: the commands a user needs. `make help` lists them.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(CURDIR)/$(VENV)/bin
+PORT   ?= 5000
+HOST   ?= 127.0.0.1
+PY     ?= 3.12
+
+# Tools from the venv come first, so `accelbench` in dvc.yaml resolves without activating it.
+export PATH := $(BIN):$(PATH)
+export MLFLOW_DISABLE_TELEMETRY := true
+export DO_NOT_TRACK := true
+
+.DEFAULT_GOAL := help
+.PHONY: help setup repro test lint format ui lock wheelhouse clean
+
+help:  ## list the commands
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+setup: $(VENV)/.installed  ## create .venv from requirements.lock (only when missing or stale)
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+repro: setup  ## run the whole DVC pipeline (dvc repro)
+	dvc repro
+
+test: setup lint  ## lint, then run the test suite
+	pytest
+
+lint: setup  ## ruff lint + format check
+	ruff check src tests benchmarks
+	ruff format --check src tests benchmarks
+
+format: setup  ## apply ruff's fixes and formatting
+	ruff check --fix src tests benchmarks
+	ruff format src tests benchmarks
+
+ui: setup  ## MLflow UI on http://$(HOST):$(PORT) over the repository's store
+	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
+
+lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet --upgrade pip
+	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
+	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/python -m pip freeze --exclude-editable; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+
+clean:  ## remove pipeline outputs, the MLflow store and the DVC cache (keeps .venv)
+	rm -rf data models metrics reports env mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock

@@ -1,0 +1,90 @@
+"""Train several variants side by side in one process and print a table, for tuning.
+
+    python benchmarks/variants.py                      # every variant in params.yaml
+    python benchmarks/variants.py gpu amp --epochs 3   # a few, shorter
+    python benchmarks/variants.py --set amp.compile=default --set amp.precision=bf16
+
+Needs `dvc repro prepare` (or a full `dvc repro`) first for data/prepared. Nothing is
+written to MLflow or DVC: the pipeline's report stays the figure of record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from accelbench import engine, stages
+from accelbench.models import SeedCNN
+from accelbench.params import parse_params
+
+
+def _apply(raw: dict, assignment: str) -> None:
+    """`amp.compile=default` -> raw['variants']['amp']['compile'] = 'default'."""
+    key, _, value = assignment.partition("=")
+    *path, leaf = key.split(".")
+    target = raw["variants"] if path and path[0] in raw["variants"] else raw
+    for part in path:
+        target = target[part]
+    target[leaf] = yaml.safe_load(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="*", help="variant names (default: all)")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--data", type=Path, default=Path("data/prepared"))
+    parser.add_argument("--epochs", type=int, help="override train.epochs")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a param: train.batch_size=1024 or amp.precision=bf16",
+    )
+    args = parser.parse_args(argv)
+
+    raw = yaml.safe_load(args.params.read_text())
+    if args.epochs:
+        raw["train"]["epochs"] = args.epochs
+    for assignment in args.set:
+        _apply(raw, assignment)
+    params = parse_params(raw, str(args.params))
+    names = args.variants or list(params.variants)
+
+    rows = []
+    for name in names:
+        variant = params.variant(name)
+        device, device_name = stages.resolve_device(name, variant, params)
+        if device is None:
+            rows.append((name, f"skipped: {device_name}", "", "", "", ""))
+            continue
+        engine.configure_backends(variant)
+        engine.seed_everything(params.train.seed)
+        model = SeedCNN().to(device)
+        train_batches, test_batches = stages.build_batches(params, variant, args.data, device)
+        records = engine.fit(model, train_batches, test_batches, params.train, variant, device)
+        summary = engine.summarize(records, params.train.target_accuracy)
+        rows.append(
+            (
+                name,
+                device_name[:30],
+                f"{summary['first_epoch_s']:.3f}",
+                f"{summary['steady_epoch_s']:.3f}" if summary["steady_epoch_s"] else "n/a",
+                f"{summary['data_wait_fraction']:.0%}",
+                f"{summary['final_test_accuracy']:.2%}",
+            )
+        )
+        print(f"{name}: done", file=sys.stderr, flush=True)
+
+    head = ("variant", "device", "first epoch s", "steady epoch s", "data wait", "test acc")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    for row in [head, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

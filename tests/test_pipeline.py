@@ -1,0 +1,98 @@
+"""`dvc repro` end to end in a temporary copy of the repository, on a small subset of MNIST."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, shared_mnist
+
+pytestmark = pytest.mark.slow
+
+
+def _copy_repo(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"],
+    ):
+        subprocess.run(["git", *args], cwd=dest, check=True)
+
+
+def _dvc(repo: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "ACCELBENCH_MNIST_MIRROR": str(mirror),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)  # the repository's own SQLite store
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dvc"), *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
+    mirror = shared_mnist()
+    if mirror is None:
+        pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
+    repo = tmp_path / "repo"
+    _copy_repo(repo)
+    params_path = repo / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["train"].update(epochs=2, train_subset=1024, test_subset=512)
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+    first = _dvc(repo, "repro", mirror=mirror)
+    out = first.stdout + first.stderr
+    for stage in ("env", "download", "prepare", "train@cpu", "evaluate@cpu", "compare"):
+        assert f"Running stage '{stage}'" in out
+
+    cpu = json.loads((repo / "metrics" / "cpu" / "train.json").read_text())
+    assert cpu["status"] == "trained" and cpu["epochs"] == 2 and cpu["train_samples"] == 1024
+    report = (repo / "reports" / "comparison.md").read_text()
+    assert "| cpu | trained |" in report
+    assert (repo / "reports" / "epoch_times.png").stat().st_size > 5000
+
+    metrics = _dvc(repo, "metrics", "show", "--json", mirror=mirror)
+    assert "steady_epoch_s" in metrics.stdout
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("accelbench")
+    runs_before = client.search_runs([experiment.experiment_id])
+    assert {
+        r.info.run_name for r in runs_before if r.data.tags.get("accelbench.role") == "variant"
+    } == set(params["variants"])
+    assert (repo / "mlartifacts").is_dir()
+
+    second = _dvc(repo, "repro", mirror=mirror)
+    out = second.stdout + second.stderr
+    assert "Running stage 'env'" in out  # the probe always runs
+    assert "Running stage 'train@" not in out and "Running stage 'compare'" not in out
+    assert len(client.search_runs([experiment.experiment_id])) == len(runs_before)
