@@ -33,12 +33,12 @@ test: setup lint  ## lint, then run the test suite
 	pytest
 
 lint: setup  ## ruff lint + format check
-	ruff check src tests benchmarks
-	ruff format --check src tests benchmarks
+	ruff check src tests tools benchmarks
+	ruff format --check src tests tools benchmarks
 
 format: setup  ## apply ruff's fixes and formatting
-	ruff check --fix src tests benchmarks
-	ruff format src tests benchmarks
+	ruff check --fix src tests tools benchmarks
+	ruff format src tests tools benchmarks
 
 ui: setup  ## MLflow UI on http://$(HOST):$(PORT) over the repository's store
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
@@ -49,6 +49,9 @@ lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
 	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
 	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/python -m pip freeze --exclude-editable; } > requirements.lock.new
 	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+
+wheelhouse:  ## wheels for an air-gapped Python $(PY) x86_64 host into .whl/ (make wheelhouse PY=3.12)
+	$(PYTHON) tools/wheelhouse.py --python-version $(PY) --out .whl
 
 clean:  ## remove pipeline outputs, the MLflow store and the DVC cache (keeps .venv)
 	rm -rf data models metrics reports env mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock

@@ -123,3 +123,25 @@ def test_amp_and_fp32_losses_agree_on_one_batch() -> None:
         with engine.autocast(VariantParams(device="cuda", precision=precision), device):
             loss = torch.nn.functional.cross_entropy(model(x).float(), y)
         assert abs(loss.item() - reference.item()) / reference.item() < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_captured_step_matches_eager_steps(prepared) -> None:
+    """Warm-up for capture is undone: the graphed run trains like the eager one."""
+    device = torch.device("cuda")
+    train = TrainParams(epochs=2, batch_size=100, seed=0, schedule="onecycle")  # 512 = 5x100 + 12
+    weights = {}
+    for graphed in (False, True):
+        variant = VariantParams(device="cuda", precision="fp32", cuda_graph=graphed)
+        engine.configure_backends(variant)
+        torch.backends.cudnn.deterministic = True
+        engine.seed_everything(0)
+        model = SeedCNN(dropout=0.0).to(device)
+        batches = ResidentBatches(data.load_split(prepared, "train"), device, 100, 0)
+        test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
+        records = engine.fit(model, batches, test, train, variant, device)
+        weights[graphed] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        assert records[-1].samples == 512
+    for name, eager in weights[False].items():
+        torch.testing.assert_close(weights[True][name], eager, rtol=1e-4, atol=1e-5, msg=name)

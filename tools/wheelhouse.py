@@ -21,6 +21,10 @@ On the target host (see README)::
 
     python3 -m pip install --no-index --no-deps --find-links .whl -r .whl/requirements.txt
 
+``--no-deps`` matters: the host's own packages are other versions than the lock's, and pip's
+resolver refuses some of them (on nvidia-h200, certifi 2026.7.22 is older than databricks-sdk
+asks for) although nothing the project imports is affected; ``pip check`` lists such mismatches.
+
 Standard library only, so it runs with any Python >= 3.9 that has pip.
 """
 

@@ -100,3 +100,21 @@ def cuda_unavailable_reason(facts: dict[str, Any] | None = None) -> str:
     if facts.get("nvidia_driver") is None and nvidia_driver_version() is None:
         return "no NVIDIA driver found (NVML could not start): no GPU on this machine"
     return "torch.cuda.is_available() is False (driver too old for this torch build?)"
+
+
+# Dense peak rates (TFLOP/s) from the vendors' datasheets, SXM parts; leads, not measurements.
+# fp32 = plain FP32 units; tf32 = the matrix units' float32 mode; half = bf16/fp16 matrix units.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 66.9, "tf32": 494.7, "half": 989.4},
+    "H100": {"fp32": 66.9, "tf32": 494.7, "half": 989.4},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "half": 312.0},
+}
+
+
+def peak_tflops(device_name: str, precision: str, tf32: bool) -> float | None:
+    """The datasheet peak for the arithmetic this variant uses, or None if unknown."""
+    mode = "half" if precision in ("fp16", "bf16") else ("tf32" if tf32 else "fp32")
+    for model, rates in PEAK_TFLOPS.items():
+        if model in device_name:
+            return rates[mode]
+    return None

@@ -77,6 +77,7 @@ class VariantParams(_Strict):
     tf32: bool = False
     compile: CompileMode = "none"
     fused_optimizer: bool = False
+    cuda_graph: bool = False  # capture the whole training step in one CUDA graph
 
     @model_validator(mode="after")
     def _check_combinations(self) -> VariantParams:
@@ -87,6 +88,18 @@ class VariantParams(_Strict):
             )
         if self.device == "cpu" and self.fused_optimizer:
             raise ValueError("fused_optimizer: true needs device 'cuda'")
+        if self.cuda_graph and self.device != "cuda":
+            raise ValueError("cuda_graph: true needs device 'cuda'")
+        if self.cuda_graph and self.precision == "fp16":
+            raise ValueError(
+                "cuda_graph: true cannot capture GradScaler's fp16 steps; use precision 'bf16' "
+                "(no scaler needed) or cuda_graph: false"
+            )
+        if self.cuda_graph and self.compile == "reduce-overhead":
+            raise ValueError(
+                "cuda_graph: true already captures the step; use compile 'default' or "
+                "'max-autotune-no-cudagraphs' with it, not 'reduce-overhead'"
+            )
         return self
 
     @property

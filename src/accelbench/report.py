@@ -165,9 +165,18 @@ def _cell(value: Any, kind: str) -> str:
         "s": fmt_seconds(value),
         "x": f"{value:.1f}×" if isinstance(value, float) else str(value),
         "pct": f"{value:.2%}",
+        "pct0": f"{value:.0%}",
         "int": f"{value:,.0f}",
         "mib": f"{value:,.0f} MiB",
     }[kind]
+
+
+def _tflops(train: dict[str, Any]) -> str:
+    achieved = train.get("steady_tflops")
+    if achieved is None:
+        return "n/a"
+    share = train.get("peak_share")
+    return f"{achieved:.2f} ({share:.1%})" if share is not None else f"{achieved:.2f}"
 
 
 def _table(rows: list[Row], speedups: dict[str, float | None], target: float) -> list[str]:
@@ -183,6 +192,8 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
         "total train",
         "samples/s (steady)",
         "speedup vs cpu",
+        "data wait",
+        "TFLOP/s (share of peak)",
         "peak host RSS",
         "peak GPU mem",
         "test accuracy",
@@ -213,6 +224,8 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
                 _cell(t["total_train_s"], "s"),
                 _cell(t["steady_samples_per_s"], "int"),
                 _cell(speedups[row.name], "x"),
+                _cell(t.get("data_wait_fraction"), "pct0"),
+                _tflops(t),
                 _cell(t.get("peak_host_rss_mib"), "mib"),
                 _cell(t.get("peak_gpu_mem_mib"), "mib"),
                 _cell(row.eval.get("test_accuracy", t["final_test_accuracy"]), "pct"),

@@ -240,8 +240,11 @@ def train_stage(
             train_samples=train_batches.num_samples,
             flops_per_sample=flops_per_sample,
             steady_tflops=flops_per_sample * train_batches.num_samples / steady_s / 1e12,
+            peak_tflops=hardware.peak_tflops(device_name, variant.precision, variant.tf32),
             peak_host_rss_mib=engine.peak_host_rss_mib(),
         )
+        if summary["peak_tflops"]:
+            summary["peak_share"] = summary["steady_tflops"] / summary["peak_tflops"]
         write_json(out.train_json, summary)
         _write_epochs_csv(out.epochs_csv, records)
         out.model.parent.mkdir(parents=True, exist_ok=True)
