@@ -143,5 +143,13 @@ def test_graph_captured_step_matches_eager_steps(prepared) -> None:
         records = engine.fit(model, batches, test, train, variant, device)
         weights[graphed] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         assert records[-1].samples == 512
+    engine.seed_everything(0)
+    initial = SeedCNN(dropout=0.0).state_dict()
     for name, eager in weights[False].items():
-        torch.testing.assert_close(weights[True][name], eager, rtol=1e-4, atol=1e-5, msg=name)
+        moved = (eager - initial[name]).abs().max().item()
+        diff = (weights[True][name] - eager).abs().max().item()
+        # Three un-undone warm-up steps would move weights by ~3 x lr; rounding differences
+        # between the capturable and the plain Adam are orders of magnitude smaller.
+        assert diff < 0.02 * moved, (
+            f"{name}: graph vs eager differ by {diff:.2e}, training moved {moved:.2e}"
+        )

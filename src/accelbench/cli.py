@@ -20,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
 
     sub.add_parser("check", help="validate params.yaml and exit")
+    sub.add_parser("runs", help="the newest pipeline run and its variant runs in MLflow")
 
     env = sub.add_parser("env", help="record the machine's hardware and software facts")
     env.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
+        elif args.stage == "runs":
+            from . import tracking
+
+            print(tracking.summary_markdown(root))
         elif args.stage == "env":
             stages.env_stage(args.out)
         elif args.stage == "download":

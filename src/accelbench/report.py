@@ -171,6 +171,12 @@ def _cell(value: Any, kind: str) -> str:
     }[kind]
 
 
+def _precision(variant: VariantParams) -> str:
+    if variant.precision == "fp32" and variant.device == "cuda":
+        return "fp32 (TF32 matmul)" if variant.tf32 else "fp32 (strict)"
+    return variant.precision
+
+
 def _tflops(train: dict[str, Any]) -> str:
     achieved = train.get("steady_tflops")
     if achieved is None:
@@ -216,7 +222,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
                 row.name,
                 "trained",
                 t.get("device_name", row.variant.device),
-                row.variant.precision,
+                _precision(row.variant),
                 row.variant.batches,
                 str(t["epochs"]),
                 _cell(t["first_epoch_s"], "s"),

@@ -168,3 +168,51 @@ def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, flo
             mlflow.log_artifact(str(path))
         log_metrics(metrics)
     return run_id
+
+
+SUMMARY_METRICS = ("first_epoch_s", "steady_epoch_s", "steady_samples_per_s", "eval_test_accuracy")
+
+
+def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
+    """The newest pipeline run of this store and its variant runs (None, [] if there is none)."""
+    experiment_id = setup(root)
+    client = MlflowClient()
+    parents = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{ROLE_TAG}` = 'pipeline'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not parents:
+        return None, []
+    parent = parents[0]
+    children = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    return parent, children
+
+
+def summary_markdown(root: Path) -> str:
+    parent, children = pipeline_summary(root)
+    if parent is None:
+        return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
+    lines = [
+        f"MLflow: {tracking_uri(root)}, experiment `{EXPERIMENT}`",
+        f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
+        "",
+        "| run | status | variant | device | " + " | ".join(SUMMARY_METRICS) + " | run id |",
+        "|---|---|---|---|" + "---|" * len(SUMMARY_METRICS) + "---|",
+    ]
+    for run in children:
+        metrics = [
+            f"{run.data.metrics[m]:.4g}" if m in run.data.metrics else "n/a" for m in SUMMARY_METRICS
+        ]
+        lines.append(
+            f"| {run.info.run_name} | {run.info.status} | {run.data.tags.get('status', '')} | "
+            f"{run.data.tags.get('device_name', run.data.tags.get('device', ''))} | "
+            + " | ".join(metrics)
+            + f" | {run.info.run_id} |"
+        )
+    return "\n".join(lines)
