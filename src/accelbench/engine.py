@@ -122,6 +122,9 @@ def make_scheduler(optimizer, train: TrainParams, steps_per_epoch: int):
         total_steps=train.epochs * steps_per_epoch + 1,  # +1: the last step must not wrap
         pct_start=train.onecycle_pct_start,
         anneal_strategy="cos",
+        # Adam's betas stay fixed: cycling them changes the recipe, and a captured CUDA graph
+        # bakes Python-float hyperparameters in at capture time (the rate is a device tensor).
+        cycle_momentum=False,
     )
 
 
