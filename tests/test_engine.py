@@ -153,3 +153,21 @@ def test_graph_captured_step_matches_eager_steps(prepared) -> None:
         assert diff < 0.02 * moved, (
             f"{name}: graph vs eager differ by {diff:.2e}, training moved {moved:.2e}"
         )
+
+
+def test_random_shift_translates_each_image_within_bounds() -> None:
+    torch.manual_seed(0)
+    images = torch.randn(16, 1, 28, 28)
+    shifted = engine.random_shift(images, 2, fill=-9.0)
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-9.0)
+    offsets = set()
+    for i in range(16):
+        matches = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(padded[i, 0, dy : dy + 28, dx : dx + 28], shifted[i, 0])
+        ]
+        assert len(matches) == 1, f"image {i} is not a translation of its input"
+        offsets.add(matches[0])
+    assert len(offsets) > 3  # each image draws its own offset

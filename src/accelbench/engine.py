@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .batches import MNIST_MEAN, MNIST_STD
 from .params import TrainParams, VariantParams
 from .timing import DeviceClock
 
@@ -160,6 +161,21 @@ def evaluate(
     )
 
 
+def random_shift(images: torch.Tensor, max_px: int, fill: float) -> torch.Tensor:
+    """Translate each image by its own random offset in [-max_px, max_px] pixels.
+
+    One gather on the device, so it runs inside a captured graph and costs little next to
+    the convolutions; uncovered pixels get `fill` (the normalized background value).
+    """
+    n, _, height, width = images.shape
+    padded = F.pad(images, (max_px,) * 4, value=fill)
+    offsets = torch.randint(0, 2 * max_px + 1, (2, n, 1), device=images.device)
+    rows = (offsets[0] + torch.arange(height, device=images.device))[:, :, None]
+    cols = (offsets[1] + torch.arange(width, device=images.device))[:, None, :]
+    batch = torch.arange(n, device=images.device)[:, None, None]
+    return padded[batch, 0, rows, cols].unsqueeze(1)
+
+
 class TrainStep:
     """One optimizer step; with `cuda_graph`, the whole step is captured once and replayed.
 
@@ -180,17 +196,27 @@ class TrainStep:
         optimizer: torch.optim.Optimizer,
         variant: VariantParams,
         device: torch.device,
+        shift_px: int = 0,
     ) -> None:
-        self.model, self.step_model = model, step_model
+        self.model, self.step_model, self.shift_px = model, step_model, shift_px
         self.optimizer, self.variant, self.device = optimizer, variant, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
         self.full_shape: torch.Size | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
+    def augment(self, images: torch.Tensor) -> torch.Tensor:
+        if not self.shift_px:
+            return images
+        shifted = random_shift(images, self.shift_px, fill=-MNIST_MEAN / MNIST_STD)
+        if self.variant.channels_last:
+            shifted = shifted.contiguous(memory_format=torch.channels_last)
+        return shifted
+
     def eager(
         self, images: torch.Tensor, labels: torch.Tensor, module: nn.Module | None = None
     ) -> torch.Tensor:
+        images = self.augment(images)
         with autocast(self.variant, self.device):
             loss = F.cross_entropy((module or self.step_model)(images), labels)
         self.scaler.scale(loss).backward()
@@ -210,8 +236,9 @@ class TrainStep:
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
+            augmented = self.augment(static_images)
             with autocast(self.variant, self.device):
-                static_loss = F.cross_entropy(self.step_model(static_images), static_labels)
+                static_loss = F.cross_entropy(self.step_model(augmented), static_labels)
             static_loss.backward()
             self.optimizer.step()
         # Undo the warm-up: same starting point as an eager run.
@@ -263,7 +290,7 @@ def fit(
         step_model = torch.compile(model, mode=mode, dynamic=False)
     optimizer = make_optimizer(model, train, variant, device)
     scheduler = make_scheduler(optimizer, train, len(train_batches))
-    step = TrainStep(model, step_model, optimizer, variant, device)
+    step = TrainStep(model, step_model, optimizer, variant, device, train.shift_px)
     records: list[EpochRecord] = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -60,6 +60,7 @@ class TrainParams(_Strict):
     schedule: Schedule = "constant"
     onecycle_max_lr_factor: PositiveFloat = 10.0
     onecycle_pct_start: Annotated[float, Field(gt=0, lt=1)] = 0.25
+    shift_px: Annotated[int, Field(ge=0, le=8)] = 0  # random translation augmentation; 0 = off
     target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set

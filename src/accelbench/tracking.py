@@ -207,7 +207,8 @@ def summary_markdown(root: Path) -> str:
     ]
     for run in children:
         metrics = [
-            f"{run.data.metrics[m]:.4g}" if m in run.data.metrics else "n/a" for m in SUMMARY_METRICS
+            f"{run.data.metrics[m]:.4g}" if m in run.data.metrics else "n/a"
+            for m in SUMMARY_METRICS
         ]
         lines.append(
             f"| {run.info.run_name} | {run.info.status} | {run.data.tags.get('status', '')} | "
