@@ -35,6 +35,7 @@ test: setup lint  ## lint, then run the test suite
 lint: setup  ## ruff lint + format check
 	ruff check src tests tools benchmarks
 	ruff format --check src tests tools benchmarks
+	hadolint Dockerfile
 
 format: setup  ## apply ruff's fixes and formatting
 	ruff check --fix src tests tools benchmarks

@@ -21,6 +21,12 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("check", help="validate params.yaml and exit")
     sub.add_parser("runs", help="the newest pipeline run and its variant runs in MLflow")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that the NVIDIA driver, the GPU and the torch build fit together",
+        description="Exit codes: 0 GPU ready, 3 CPU only (nothing required a GPU), 1 problems.",
+    )
+    doctor.add_argument("--require-gpu", action="store_true", help="a missing GPU is a problem")
 
     env = sub.add_parser("env", help="record the machine's hardware and software facts")
     env.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
@@ -54,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
+        from . import doctor
+
+        report = doctor.diagnose(doctor.gather(), require_gpu=args.require_gpu)
+        print(doctor.render(report))
+        return report.exit_code
     root = Path.cwd()
     from . import data, stages  # heavy imports after argument parsing
 

@@ -45,6 +45,10 @@ def env_stage(out_dir: Path) -> dict[str, dict[str, Any]]:
     facts = {"cpu": hardware.cpu_facts(), "cuda": hardware.cuda_facts()}
     for device, payload in facts.items():
         write_json(out_dir / f"{device}.json", payload)
+    from . import doctor
+
+    for problem in doctor.diagnose(doctor.gather()).problems:
+        log(f"env: WARNING: {problem}")
     gpu = facts["cuda"]
     log(f"env: CPU {facts['cpu']['cpu_model']} ({facts['cpu']['logical_cpus']} logical CPUs)")
     if gpu["cuda_available"]:

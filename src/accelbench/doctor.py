@@ -1,0 +1,196 @@
+"""`accelbench doctor`: does this machine's NVIDIA driver, GPU and torch build fit together?
+
+`gather()` asks NVML and torch; `diagnose()` is pure and decides. Tests feed `diagnose()`
+(and `gather()`, through fakes) every case a CPU-only machine cannot show.
+
+Exit codes: 0 the GPU is ready; 3 CPU only (no NVIDIA driver, or no GPU) and nothing asked
+for a GPU; 1 something is wrong (each problem is printed with what to do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_CPU_ONLY = 3
+
+
+@dataclass(frozen=True)
+class Facts:
+    torch_version: str
+    torch_cuda: str | None  # CUDA runtime torch was built with ("13.0"), None for CPU builds
+    cudnn: int | None
+    arch_list: tuple[str, ...]  # e.g. ("sm_75", "sm_80", "sm_90", "compute_90")
+    driver: str | None  # NVIDIA driver version through NVML, None without a driver
+    driver_cuda: str | None  # newest CUDA the driver supports ("13.0")
+    nvml_gpus: tuple[str, ...] = ()  # GPUs the driver sees
+    cuda_available: bool = False
+    torch_gpus: tuple[str, ...] = ()
+    capability: tuple[int, int] | None = None
+    bf16: bool | None = None
+    kernel_ok: bool | None = None  # a small kernel ran and gave the right answer
+    kernel_error: str | None = None
+
+
+@dataclass
+class Report:
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    cpu_only: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.problems:
+            return EXIT_PROBLEM
+        return EXIT_CPU_ONLY if self.cpu_only else EXIT_OK
+
+
+def _version_tuple(version: str | None) -> tuple[int, ...]:
+    if not version:
+        return ()
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+
+
+def _arch_supported(capability: tuple[int, int], arch_list: tuple[str, ...]) -> bool:
+    major, minor = capability
+    code = major * 10 + minor
+    if f"sm_{code}" in arch_list:
+        return True
+    # PTX for an older architecture of the same major version is JIT-compiled by the driver.
+    ptx = [int(a.split("_")[1].rstrip("a")) for a in arch_list if a.startswith("compute_")]
+    return any(p // 10 == major and p <= code for p in ptx)
+
+
+def diagnose(facts: Facts, *, require_gpu: bool = False) -> Report:
+    report = Report()
+    add = report.rows.append
+    add(("torch", facts.torch_version))
+    add(("torch CUDA runtime", facts.torch_cuda or "none (CPU-only build)"))
+    add(("cuDNN", str(facts.cudnn) if facts.cudnn else "n/a"))
+    add(("NVIDIA driver", facts.driver or "not found"))
+    add(("driver supports CUDA up to", facts.driver_cuda or "n/a"))
+    add(("GPUs (driver)", ", ".join(facts.nvml_gpus) or "none"))
+    add(("GPUs (torch)", ", ".join(facts.torch_gpus) or "none"))
+    if facts.capability:
+        add(("compute capability", f"{facts.capability[0]}.{facts.capability[1]}"))
+    add(("torch build architectures", " ".join(facts.arch_list) or "n/a"))
+    if facts.bf16 is not None:
+        add(("bf16 supported", "yes" if facts.bf16 else "no"))
+    if facts.kernel_ok is not None:
+        add(("CUDA kernel test", "passed" if facts.kernel_ok else f"FAILED: {facts.kernel_error}"))
+
+    fix_torch = (
+        "install a CUDA build of torch (`make setup` installs the lock's CUDA 13.0 build; see the "
+        "README's container section for other CUDA flavours)"
+    )
+    if facts.driver is None and not facts.nvml_gpus:
+        report.cpu_only = True
+        add(("verdict", "CPU only: no NVIDIA driver found; CUDA variants will be skipped"))
+        if require_gpu:
+            report.problems.append(
+                "a GPU is required (train.require_gpu or --require-gpu) but no NVIDIA driver was "
+                "found: run on a GPU machine, and in a container start it with the GPU visible "
+                "(`docker run --gpus all`, or the devcontainer on a host with a GPU)"
+            )
+        return report
+
+    if facts.torch_cuda is None:
+        report.problems.append(
+            f"the NVIDIA driver {facts.driver} sees {len(facts.nvml_gpus)} GPU(s), but torch "
+            f"{facts.torch_version} is a CPU-only build: {fix_torch}"
+        )
+    elif facts.driver_cuda and _version_tuple(facts.driver_cuda) < _version_tuple(facts.torch_cuda):
+        report.problems.append(
+            f"the NVIDIA driver {facts.driver} supports CUDA up to {facts.driver_cuda}, but torch "
+            f"was built for CUDA {facts.torch_cuda}: upgrade the driver (CUDA 13.0 needs >= 580, "
+            "12.8 needs >= 570, 12.6 needs >= 560), or use a torch build for an older CUDA "
+            "(build the image with --build-arg TORCH_CUDA=cu126 and the matching CUDA_VERSION)"
+        )
+    if facts.torch_cuda is not None and not facts.cuda_available and not report.problems:
+        report.problems.append(
+            "torch cannot use the GPU (torch.cuda.is_available() is False) although the driver "
+            f"{facts.driver} is there: in a container, start it with `--gpus all`; on a host, "
+            "check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+        )
+    if (
+        facts.capability
+        and facts.arch_list
+        and not _arch_supported(facts.capability, facts.arch_list)
+    ):
+        report.problems.append(
+            f"the GPU's compute capability {facts.capability[0]}.{facts.capability[1]} is not in "
+            f"this torch build's architectures ({' '.join(facts.arch_list)}): install a torch "
+            "build that supports it"
+        )
+    if facts.kernel_ok is False:
+        report.problems.append(f"a small CUDA kernel failed: {facts.kernel_error}")
+    if require_gpu and not facts.torch_gpus and not report.problems:
+        report.problems.append("a GPU is required but torch sees none")
+    add(("verdict", "problems found" if report.problems else "GPU ready"))
+    return report
+
+
+def _nvml() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return {}
+    try:
+        decode = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()  # e.g. 13000
+        count = pynvml.nvmlDeviceGetCount()
+        return {
+            "driver": decode(pynvml.nvmlSystemGetDriverVersion()),
+            "driver_cuda": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "gpus": tuple(
+                decode(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(count)
+            ),
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gather() -> Facts:
+    import torch
+
+    nvml = _nvml()
+    available = torch.cuda.is_available()
+    facts: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "arch_list": tuple(torch.cuda.get_arch_list()) if torch.version.cuda else (),
+        "driver": nvml.get("driver"),
+        "driver_cuda": nvml.get("driver_cuda"),
+        "nvml_gpus": nvml.get("gpus", ()),
+        "cuda_available": available,
+    }
+    if available:
+        facts["torch_gpus"] = tuple(
+            torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+        )
+        facts["capability"] = torch.cuda.get_device_capability(0)
+        facts["bf16"] = torch.cuda.is_bf16_supported()
+        try:
+            x = torch.arange(1024, device="cuda", dtype=torch.float32)
+            facts["kernel_ok"] = float((x * 2).sum().item()) == float(1023 * 1024)
+            if not facts["kernel_ok"]:
+                facts["kernel_error"] = "wrong result from a sum on the GPU"
+        except RuntimeError as exc:
+            facts["kernel_ok"], facts["kernel_error"] = False, str(exc).splitlines()[0]
+    return Facts(**facts)
+
+
+def render(report: Report) -> str:
+    width = max(len(k) for k, _ in report.rows)
+    lines = [f"{key.ljust(width)}  {value}" for key, value in report.rows]
+    for problem in report.problems:
+        lines.append(f"PROBLEM: {problem}")
+    return "\n".join(lines)
