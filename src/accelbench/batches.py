@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
 
 from .data import Split
 from .params import LoaderParams
@@ -48,6 +49,8 @@ class ResidentBatches:
         *,
         shuffle: bool = True,
         channels_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.images = normalize_images(split.images, device)
         if channels_last:
@@ -57,6 +60,7 @@ class ResidentBatches:
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
+        self.rank, self.world_size = rank, world_size
 
     @property
     def num_samples(self) -> int:
@@ -74,25 +78,28 @@ class ResidentBatches:
         order = epoch_permutation(self.seed, epoch, n).to(self.device, non_blocking=True)
         for start in range(0, n, bs):
             index = order[start : start + bs]
+            if self.world_size > 1:  # this process's share of the global batch
+                index = index.tensor_split(self.world_size)[self.rank]
             yield self.images.index_select(0, index), self.labels.index_select(0, index)
 
 
-class EpochSampler(Sampler[int]):
-    """Yields `epoch_permutation(seed, epoch, n)`; call `set_epoch` before each epoch."""
+class EpochSampler(DistributedSampler):
+    """torch's DistributedSampler over the first n samples, in `epoch_permutation` order.
 
-    def __init__(self, n: int, seed: int) -> None:
+    Process r takes positions r, r + W, r + 2W, ... of the permutation, so with a per-process
+    batch of B / W the W processes' k-th batches together are the single-process k-th batch.
+    With one process it is a plain seeded shuffle. Call `set_epoch` before each epoch.
+    """
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(
+            range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
         self.n = n
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        return iter(epoch_permutation(self.seed, self.epoch, self.n).tolist())
-
-    def __len__(self) -> int:
-        return self.n
+        order = epoch_permutation(self.seed, self.epoch, self.n)[: self.total_size]
+        return iter(order[self.rank : self.total_size : self.num_replicas].tolist())
 
 
 class LoaderBatches:
@@ -108,6 +115,8 @@ class LoaderBatches:
         loader: LoaderParams,
         *,
         channels_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         from torchvision import datasets, transforms  # import cost only for this source
 
@@ -119,11 +128,11 @@ class LoaderBatches:
                 [transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))]
             ),
         )
-        self.sampler = EpochSampler(min(num_samples, len(dataset)), seed)
+        self.sampler = EpochSampler(min(num_samples, len(dataset)), seed, rank, world_size)
         workers = loader.num_workers
         self.loader = DataLoader(
             dataset,
-            batch_size=batch_size,
+            batch_size=batch_size // world_size,
             sampler=self.sampler,
             num_workers=workers,
             pin_memory=loader.pin_memory and device.type == "cuda",
@@ -137,7 +146,7 @@ class LoaderBatches:
 
     @property
     def num_samples(self) -> int:
-        return self.sampler.n
+        return self.sampler.num_samples * self.sampler.num_replicas
 
     def __len__(self) -> int:
         return len(self.loader)

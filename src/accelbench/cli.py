@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from .params import ParamsError, load_params
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(doctor.render(report))
         return report.exit_code
     root = Path.cwd()
+    started = time.perf_counter()
     from . import data, stages  # heavy imports after argument parsing
 
     try:
@@ -85,7 +87,15 @@ def main(argv: list[str] | None = None) -> int:
             stages.prepare_stage(args.raw, args.out)
         elif args.stage == "train":
             outputs = stages.TrainOutputs(model=args.model, metrics_dir=args.metrics)
-            stages.train_stage(root, params, args.variant, args.data, outputs, quiet=args.quiet)
+            stages.train_stage(
+                root,
+                params,
+                args.variant,
+                args.data,
+                outputs,
+                quiet=args.quiet,
+                argv=list(sys.argv[1:] if argv is None else argv),
+            )
         elif args.stage == "evaluate":
             stages.evaluate_stage(root, params, args.model, args.data, args.metrics)
         elif args.stage == "compare":
@@ -93,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamsError, data.DownloadError, data.IdxFormatError, stages.StageError) as exc:
         print(f"accelbench {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    if args.stage not in ("check", "runs") and os.environ.get("LOCAL_RANK", "0") == "0":
+        elapsed = time.perf_counter() - started
+        print(f"accelbench {args.stage}: done in {elapsed:.1f} s (wall)", file=sys.stderr)
     return 0
 
 

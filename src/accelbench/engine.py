@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
 from .batches import MNIST_MEAN, MNIST_STD
@@ -284,13 +286,18 @@ def fit(
 ) -> list[EpochRecord]:
     """Train for `train.epochs` epochs; evaluate on the test set after each (untimed)."""
     clock = DeviceClock(device)
-    step_model = model
-    if variant.compile != "none":
+    step_model = eager_model = model
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:
+        # Gradients are averaged across processes in backward; every step must go through it.
+        device_ids = [device.index] if device.type == "cuda" else None
+        step_model = eager_model = DistributedDataParallel(model, device_ids=device_ids)
+    elif variant.compile != "none":
         mode = None if variant.compile == "default" else variant.compile
         step_model = torch.compile(model, mode=mode, dynamic=False)
     optimizer = make_optimizer(model, train, variant, device)
     scheduler = make_scheduler(optimizer, train, len(train_batches))
-    step = TrainStep(model, step_model, optimizer, variant, device, train.shift_px)
+    step = TrainStep(eager_model, step_model, optimizer, variant, device, train.shift_px)
     records: list[EpochRecord] = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -321,6 +328,16 @@ def fit(
             if on_step is not None:
                 on_step(len(labels))
         train_time_s = clock.now() - start
+        if distributed:  # epoch totals over every process (one collective per epoch)
+            totals = torch.stack(
+                [
+                    loss_sum.double(),
+                    nonfinite.double(),
+                    torch.tensor(samples, dtype=torch.float64, device=device),
+                ]
+            )
+            dist.all_reduce(totals)
+            loss_sum, nonfinite, samples = totals[0], totals[1].long(), int(totals[2].item())
 
         # The plain module: evaluation is not what is benchmarked, and a compiled module
         # would recompile for eval mode and the test batch shapes.

@@ -8,7 +8,7 @@ what is allowed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -60,12 +60,28 @@ class TrainParams(_Strict):
     schedule: Schedule = "constant"
     onecycle_max_lr_factor: PositiveFloat = 10.0
     onecycle_pct_start: Annotated[float, Field(gt=0, lt=1)] = 0.25
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.25  # the seed CNN's Dropout2d rate
     shift_px: Annotated[int, Field(ge=0, le=8)] = 0  # random translation augmentation; 0 = off
     target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
     require_gpu: bool = False
     loader: LoaderParams = LoaderParams()
+
+
+class DistributedParams(_Strict):
+    """A DistributedDataParallel variant, launched by torchrun (its options, same names)."""
+
+    nproc_per_node: PositiveInt = 2  # processes (GPUs) per machine
+    nnodes: PositiveInt = 1
+    node_rank: NonNegativeInt = 0  # this machine's index, 0..nnodes-1
+    rdzv_endpoint: str = "127.0.0.1:29500"  # host:port of node 0, reachable by every node
+    rdzv_id: str = "accelbench"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on cuda, gloo on cpu
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
 
 
 class VariantParams(_Strict):
@@ -79,6 +95,7 @@ class VariantParams(_Strict):
     compile: CompileMode = "none"
     fused_optimizer: bool = False
     cuda_graph: bool = False  # capture the whole training step in one CUDA graph
+    distributed: DistributedParams | None = None  # set: a DDP variant launched by torchrun
 
     @model_validator(mode="after")
     def _check_combinations(self) -> VariantParams:
@@ -101,6 +118,13 @@ class VariantParams(_Strict):
                 "cuda_graph: true already captures the step; use compile 'default' or "
                 "'max-autotune-no-cudagraphs' with it, not 'reduce-overhead'"
             )
+        if self.distributed is not None:
+            if self.cuda_graph or self.compile != "none":
+                raise ValueError(
+                    "distributed variants run eagerly: set cuda_graph: false and compile: none"
+                )
+            if self.distributed.backend == "nccl" and self.device != "cuda":
+                raise ValueError("distributed.backend 'nccl' needs device 'cuda'; use 'gloo'")
         return self
 
     @property
@@ -121,6 +145,13 @@ class Params(_Strict):
                     f"variant name {name!r} must use only letters, digits, '_' and '-' "
                     "(it becomes a DVC stage name and a file name)"
                 )
+        for name, variant in self.variants.items():
+            if variant.distributed and self.train.batch_size % variant.distributed.world_size:
+                raise ValueError(
+                    f"variant {name!r}: train.batch_size {self.train.batch_size} must be divisible "
+                    f"by the world size {variant.distributed.world_size} (each process takes an "
+                    "equal share of every global batch)"
+                )
         return self
 
     def variant(self, name: str) -> VariantParams:
@@ -134,20 +165,19 @@ class Params(_Strict):
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the field at `loc` (for listing allowed keys)."""
     model: type[BaseModel] | None = Params
-    for i, part in enumerate(loc[:-1]):
-        if model is None:
-            return None
+    parts = list(loc[:-1])
+    while parts and model is not None:
+        part = str(parts.pop(0))
         if model is Params and part == "variants":
-            model = VariantParams if i + 1 < len(loc) - 1 else None
+            if not parts:
+                return None  # the key is a variant name itself
+            parts.pop(0)  # the variant's name
+            model = VariantParams
             continue
-        if model is VariantParams:
-            continue  # the variant's name
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        model = (
-            annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
-            else None
+        field = model.model_fields.get(part)
+        candidates = (field.annotation, *get_args(field.annotation)) if field else ()
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
         )
     return model
 

@@ -251,6 +251,35 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
     return lines
 
 
+def _scaling_lines(rows: list[Row]) -> list[str]:
+    """DDP rows: speedup over the single-GPU `gpu` variant and scaling efficiency."""
+    base = next((r for r in rows if r.name == "gpu" and r.trained), None)
+    distributed = [r for r in rows if r.variant.distributed is not None and r.trained]
+    if not distributed:
+        return []
+    lines = [
+        "## Scaling (DistributedDataParallel)",
+        "",
+        "| variant | processes | steady epoch | speedup vs gpu | scaling efficiency |",
+        "|---|---|---|---|---|",
+    ]
+    for row in distributed:
+        world = row.train.get("world_size", 1)
+        steady = row.train.get("steady_epoch_s")
+        speedup = base.train["steady_epoch_s"] / steady if base and steady else None
+        lines.append(
+            f"| {row.name} | {world} | {fmt_seconds(steady)} | {_cell(speedup, 'x')} | "
+            f"{_cell(speedup / world if speedup else None, 'pct0')} |"
+        )
+    return [
+        *lines,
+        "",
+        "Scaling efficiency = speedup / processes. The gpu variant's settings "
+        "(compile, CUDA graph) may differ from the DDP variant's: compare the settings too.",
+        "",
+    ]
+
+
 def _curves_figure(path: Path, rows: list[Row], target: float) -> None:
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for row in rows:
@@ -363,6 +392,7 @@ def write_report(
         "",
         *_table(rows, speedups, train.target_accuracy),
         "",
+        *_scaling_lines(rows),
         "![epoch times](epoch_times.png)",
         "",
         "![loss and accuracy curves](curves.png)",

@@ -6,9 +6,11 @@ dvc.yaml (through the command line), never from constants here.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +112,13 @@ def resolve_device(
 
 
 def build_batches(
-    params: Params, variant: VariantParams, prepared_dir: Path, device: torch.device
+    params: Params,
+    variant: VariantParams,
+    prepared_dir: Path,
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> tuple[engine.BatchSource, ResidentBatches]:
     """The variant's training batch source and the (resident) test set."""
     train = params.train
@@ -118,7 +126,13 @@ def build_batches(
     test_split = data.load_split(prepared_dir, "test", train.test_subset)
     if variant.batches == "resident":
         train_batches = ResidentBatches(
-            train_split, device, train.batch_size, train.seed, channels_last=variant.channels_last
+            train_split,
+            device,
+            train.batch_size,
+            train.seed,
+            channels_last=variant.channels_last,
+            rank=rank,
+            world_size=world_size,
         )
     else:
         train_batches = LoaderBatches(
@@ -129,6 +143,8 @@ def build_batches(
             train.seed,
             train.loader,
             channels_last=variant.channels_last,
+            rank=rank,
+            world_size=world_size,
         )
     test_batches = ResidentBatches(
         test_split,
@@ -177,6 +193,53 @@ def _skip(
     return metrics
 
 
+def _launch_distributed(name: str, variant: VariantParams, params: Params, argv: list[str]) -> dict:
+    """Re-run this same `accelbench train` command under torchrun, once per process."""
+    cfg = variant.distributed
+    local = cfg.nproc_per_node
+    if variant.uses_cuda and torch.cuda.device_count() < local:
+        reason = (
+            f"variant {name!r} asks for {local} GPUs per node (distributed.nproc_per_node) but "
+            f"this machine has {torch.cuda.device_count()}"
+            + ("" if torch.cuda.is_available() else f" ({hardware.cuda_unavailable_reason()})")
+        )
+        if params.train.require_gpu or torch.cuda.is_available():
+            raise StageError(
+                f"{reason}. Lower distributed.nproc_per_node or run on a bigger machine."
+            )
+        return {"status": "skip", "reason": reason}
+    if cfg.nnodes == 1:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [
+            f"--nnodes={cfg.nnodes}",
+            f"--node-rank={cfg.node_rank}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+            f"--rdzv-id={cfg.rdzv_id}",
+        ]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={local}",
+        *rendezvous,
+        "--max-restarts=0",
+        "--monitor-interval=1",
+        "-m",
+        "accelbench.cli",
+        *argv,
+    ]
+    log(f"train {name}: launching {cfg.world_size} processes: torchrun {' '.join(command[3:])}")
+    result = subprocess.run(command, check=False)
+    if result.returncode != 0:
+        raise StageError(
+            f"variant {name!r}: torchrun exited with {result.returncode}; its report above names "
+            "the failed rank and its exit code or signal"
+        )
+    return {"status": "launched"}
+
+
 def train_stage(
     root: Path,
     params: Params,
@@ -185,24 +248,86 @@ def train_stage(
     out: TrainOutputs,
     *,
     quiet: bool = False,
+    argv: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Train one variant; write its checkpoint, metrics JSON and per-epoch CSV."""
+    """Train one variant; write its checkpoint, metrics JSON and per-epoch CSV.
+
+    A distributed variant re-launches this command under torchrun (`argv`); each process
+    then trains its share, and rank 0 alone writes outputs and the MLflow run.
+    """
+    variant = params.variant(name)
+    in_torchrun = "LOCAL_RANK" in os.environ
+    if variant.distributed is not None and not in_torchrun:
+        launched = _launch_distributed(name, variant, params, argv or [])
+        if launched["status"] == "skip":
+            return _skip(name, launched["reason"], params, variant, out, root)
+        return json.loads(out.train_json.read_text())
+    if variant.distributed is None:
+        device, device_name = resolve_device(name, variant, params)
+        if device is None:
+            return _skip(name, device_name, params, variant, out, root)
+        return _train(root, params, name, variant, device, device_name, prepared_dir, out, quiet)
+
+    import torch.distributed as dist
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    backend = variant.distributed.backend
+    if backend == "auto":
+        backend = "nccl" if variant.uses_cuda else "gloo"
+    if variant.uses_cuda:
+        torch.cuda.set_device(local_rank)
+        device, device_name = (
+            torch.device("cuda", local_rank),
+            torch.cuda.get_device_name(local_rank),
+        )
+    else:
+        device, device_name = torch.device("cpu"), hardware.cpu_model()
+    dist.init_process_group(backend)
+    try:
+        return _train(
+            root,
+            params,
+            name,
+            variant,
+            device,
+            device_name,
+            prepared_dir,
+            out,
+            quiet,
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(
+    root: Path,
+    params: Params,
+    name: str,
+    variant: VariantParams,
+    device: torch.device,
+    device_name: str,
+    prepared_dir: Path,
+    out: TrainOutputs,
+    quiet: bool,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
     from . import tracking
 
-    variant = params.variant(name)
+    main_process = rank == 0
     train = params.train
-    device, device_name = resolve_device(name, variant, params)
-    if device is None:
-        return _skip(name, device_name, params, variant, out, root)
-
     engine.configure_backends(variant)
     engine.seed_everything(train.seed)
-    model = SeedCNN()
+    model = SeedCNN(dropout=train.dropout)
     flops_per_sample = engine.train_flops_per_sample(model)
     memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
     model = model.to(device, memory_format=memory_format)
 
-    train_batches, test_batches = build_batches(params, variant, prepared_dir, device)
+    train_batches, test_batches = build_batches(
+        params, variant, prepared_dir, device, rank=rank, world_size=world_size
+    )
     tags = {
         "status": "trained",
         "device": variant.device,
@@ -210,17 +335,28 @@ def train_stage(
         "torch": torch.__version__,
         "cuda_runtime": str(torch.version.cuda),
         "precision": variant.precision,
+        "world_size": str(world_size),
     }
-    log(
-        f"train {name}: {device_name}, {variant.precision}, {variant.batches} batches, "
-        f"{train_batches.num_samples} samples x {train.epochs} epochs, batch {train.batch_size}"
+    if main_process:
+        log(
+            f"train {name}: {device_name}, {variant.precision}, {variant.batches} batches, "
+            f"{train_batches.num_samples} samples x {train.epochs} epochs, batch {train.batch_size}"
+            + (f" over {world_size} processes" if world_size > 1 else "")
+        )
+    tracked = (
+        tracking.variant_run(root, name, _run_params(name, params, variant), tags)
+        if main_process
+        else contextlib.nullcontext(None)
     )
-    with tracking.variant_run(root, name, _run_params(name, params, variant), tags) as run_id:
-        progress = report.EpochProgress(name, train.epochs, len(train_batches), quiet=quiet)
+    with tracked as run_id:
+        progress = report.EpochProgress(
+            name, train.epochs, len(train_batches), quiet=quiet or not main_process
+        )
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
-            tracking.log_metrics(record.as_dict(), step=record.epoch)
+            if main_process:
+                tracking.log_metrics(record.as_dict(), step=record.epoch)
 
         records = engine.fit(
             model,
@@ -233,6 +369,8 @@ def train_stage(
             on_step=progress.step,
         )
         progress.close()
+        if not main_process:
+            return {}
         summary = engine.summarize(records, train.target_accuracy)
         steady_s = summary["steady_epoch_s"] or summary["first_epoch_s"]
         summary.update(
@@ -241,14 +379,19 @@ def train_stage(
             device_name=device_name,
             precision=variant.precision,
             batches=variant.batches,
-            train_samples=train_batches.num_samples,
+            world_size=world_size,
+            train_samples=records[-1].samples,
             flops_per_sample=flops_per_sample,
-            steady_tflops=flops_per_sample * train_batches.num_samples / steady_s / 1e12,
+            steady_tflops=flops_per_sample * records[-1].samples / steady_s / 1e12,
             peak_tflops=hardware.peak_tflops(device_name, variant.precision, variant.tf32),
             peak_host_rss_mib=engine.peak_host_rss_mib(),
         )
+        if world_size > 1 and summary["steady_samples_per_s"]:
+            summary["steady_samples_per_s_per_process"] = (
+                summary["steady_samples_per_s"] / world_size
+            )
         if summary["peak_tflops"]:
-            summary["peak_share"] = summary["steady_tflops"] / summary["peak_tflops"]
+            summary["peak_share"] = summary["steady_tflops"] / (summary["peak_tflops"] * world_size)
         write_json(out.train_json, summary)
         _write_epochs_csv(out.epochs_csv, records)
         out.model.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +418,7 @@ def train_stage(
 
 
 def _cpu_model(checkpoint: dict[str, Any]) -> SeedCNN:
-    model = SeedCNN()
+    model = SeedCNN()  # dropout is inactive in eval mode
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval()
 

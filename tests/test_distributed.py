@@ -1,0 +1,184 @@
+"""DistributedDataParallel variants: torchrun, gloo on the CPU, 2 processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from accelbench import data
+from accelbench.batches import EpochSampler, ResidentBatches
+from accelbench.params import ParamsError, parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+DDP = {"device": "cpu", "distributed": {"nproc_per_node": 2, "backend": "gloo"}}
+
+
+def _params(tmp_path: Path, epochs: int = 1, **variants) -> Path:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"].update(epochs=epochs, batch_size=64, dropout=0.0, shift_px=0, schedule="constant")
+    raw["variants"] = variants
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _train_cmd(params: Path, name: str, prepared: Path, tmp_path: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "accelbench.cli",
+        "--params",
+        str(params),
+        "train",
+        name,
+        "--data",
+        str(prepared),
+        "--model",
+        str(tmp_path / f"{name}.pt"),
+        "--metrics",
+        str(tmp_path / "metrics" / name),
+        "--quiet",
+    ]
+
+
+def _env(mlflow_store: str) -> dict[str, str]:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store, "OMP_NUM_THREADS": "1"}
+    env.pop("LOCAL_RANK", None)
+    return env
+
+
+def test_ddp_matches_a_single_process_on_the_same_global_batches(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    params = _params(tmp_path, single={"device": "cpu", "threads": 1}, ddp=DDP)
+    for name in ("single", "ddp"):
+        result = subprocess.run(
+            _train_cmd(params, name, prepared, tmp_path),
+            cwd=tmp_path,
+            env=_env(mlflow_store),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
+    for key, value in single.items():
+        torch.testing.assert_close(ddp[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+    client = MlflowClient(mlflow_store)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("accelbench").experiment_id], "tags.variant = 'ddp'"
+    )
+    assert len(runs) == 1, "only rank 0 may log to MLflow"
+    assert runs[0].data.tags["world_size"] == "2"
+    assert runs[0].data.metrics["samples"] == 512  # the global count, summed over processes
+
+
+def test_a_dying_rank_fails_the_stage_within_bounded_time(tmp_path, prepared, mlflow_store) -> None:
+    params = _params(tmp_path, epochs=50, ddp=DDP)
+    started = time.monotonic()
+    process = subprocess.Popen(
+        _train_cmd(params, "ddp", prepared, tmp_path),
+        cwd=tmp_path,
+        env=_env(mlflow_store),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    victim = None
+    while victim is None and time.monotonic() - started < 120:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            try:
+                if child.environ().get("LOCAL_RANK") == "1" and child.cmdline()[-1] == "--quiet":
+                    victim = child
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.5)
+    assert victim is not None, "rank 1 never started"
+    time.sleep(3)  # let it get into training
+    victim.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert time.monotonic() - killed < 60
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)", output), output[-3000:]
+    assert "torchrun exited" in output
+    assert not (tmp_path / "ddp.pt").exists()
+
+
+def test_cuda_ddp_without_gpus_is_skipped_or_refused(tmp_path, prepared, mlflow_store) -> None:
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has the GPUs")
+    gpu_ddp = {"device": "cuda", "distributed": {"nproc_per_node": 2}}
+    params = _params(tmp_path, ddp=gpu_ddp)
+    result = subprocess.run(
+        _train_cmd(params, "ddp", prepared, tmp_path),
+        cwd=tmp_path,
+        env=_env(mlflow_store),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '"status": "skipped"' in (tmp_path / "metrics" / "ddp" / "train.json").read_text()
+    assert "asks for 2 GPUs per node" in result.stderr
+
+
+def test_params_refuse_indivisible_batches_and_nccl_on_cpu() -> None:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nproc_per_node": 3}}}
+    with pytest.raises(ParamsError, match="batch_size 512 must be divisible by the world size 3"):
+        parse_params(raw)
+    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"backend": "nccl"}}}
+    with pytest.raises(ParamsError, match="'nccl' needs device 'cuda'"):
+        parse_params(raw)
+    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
+    with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
+        parse_params(raw)
+
+
+def test_shards_of_each_global_batch_cover_it_exactly(prepared) -> None:
+    n, global_batch = 512, 64
+    single = list(EpochSampler(n, seed=3))
+    ranks = [list(EpochSampler(n, seed=3, rank=r, world_size=2)) for r in range(2)]
+    local = global_batch // 2
+    for k in range(n // global_batch):
+        together = ranks[0][k * local : (k + 1) * local] + ranks[1][k * local : (k + 1) * local]
+        assert sorted(together) == sorted(single[k * global_batch : (k + 1) * global_batch])
+    split = data.load_split(prepared, "train")
+    cpu = torch.device("cpu")
+    whole = [y for _, y in ResidentBatches(split, cpu, 64, 3).epoch(0)]
+    halves = [
+        [y for _, y in ResidentBatches(split, cpu, 64, 3, rank=r, world_size=2).epoch(0)]
+        for r in range(2)
+    ]
+    for k, batch in enumerate(whole):
+        assert torch.equal(torch.cat([halves[0][k], halves[1][k]]), batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_nccl_ddp_on_two_gpus(tmp_path, prepared, mlflow_store) -> None:
+    params = _params(tmp_path, ddp={"device": "cuda", "distributed": {"nproc_per_node": 2}})
+    result = subprocess.run(
+        _train_cmd(params, "ddp", prepared, tmp_path),
+        cwd=tmp_path,
+        env=_env(mlflow_store),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "ddp.pt").exists()
