@@ -171,3 +171,20 @@ def test_random_shift_translates_each_image_within_bounds() -> None:
         assert len(matches) == 1, f"image {i} is not a translation of its input"
         offsets.add(matches[0])
     assert len(offsets) > 3  # each image draws its own offset
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_captured_step_with_random_shifts_trains(prepared) -> None:
+    device = torch.device("cuda")
+    train = TrainParams(epochs=2, batch_size=128, seed=0, shift_px=2, lr=2e-3)
+    variant = VariantParams(device="cuda", precision="bf16", cuda_graph=True, channels_last=True)
+    engine.seed_everything(0)
+    model = SeedCNN().to(device, memory_format=torch.channels_last)
+    batches = ResidentBatches(
+        data.load_split(prepared, "train"), device, 128, 0, channels_last=True
+    )
+    test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
+    records = engine.fit(model, batches, test, train, variant, device)
+    assert records[-1].train_loss < records[0].train_loss
+    assert all(r.nonfinite_steps == 0 for r in records)

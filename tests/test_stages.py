@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 def small_params(**train_overrides):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     # shift_px=0: the synthetic digits encode their class by position
-    raw["train"].update(epochs=2, batch_size=128, eval_batch_size=256, shift_px=0, **train_overrides)
+    raw["train"].update(
+        epochs=2, batch_size=128, eval_batch_size=256, shift_px=0, **train_overrides
+    )
     return parse_params(raw)
 
 
