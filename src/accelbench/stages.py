@@ -203,7 +203,7 @@ def _launch_distributed(name: str, variant: VariantParams, params: Params, argv:
             f"this machine has {torch.cuda.device_count()}"
             + ("" if torch.cuda.is_available() else f" ({hardware.cuda_unavailable_reason()})")
         )
-        if params.train.require_gpu or torch.cuda.is_available():
+        if params.train.require_gpu:
             raise StageError(
                 f"{reason}. Lower distributed.nproc_per_node or run on a bigger machine."
             )
