@@ -154,6 +154,9 @@ def log_model(model, input_example) -> None:
         name="model",
         signature=signature,
         input_example=input_example,
+        # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the CPU
+        # cannot be re-loaded onto a GPU, which MLflow tries when it validates the example.
+        serialization_format="pickle",
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
     )
 
