@@ -182,3 +182,40 @@ def test_nccl_ddp_on_two_gpus(tmp_path, prepared, mlflow_store) -> None:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "ddp.pt").exists()
+
+
+def test_two_nodes_on_localhost_static_rendezvous(tmp_path, prepared, mlflow_store) -> None:
+    """Two torchrun 'nodes' of one process each; node 0 holds rank 0 and writes the outputs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    processes = []
+    for node in (1, 0):
+        node_dir = tmp_path / f"node{node}"
+        node_dir.mkdir()
+        cfg = {
+            "nproc_per_node": 1,
+            "nnodes": 2,
+            "node_rank": node,
+            "backend": "gloo",
+            "rdzv_endpoint": f"127.0.0.1:{port}",
+        }
+        params = _params(node_dir, ddp={"device": "cpu", "distributed": cfg})
+        processes.append(
+            subprocess.Popen(
+                _train_cmd(params, "ddp", prepared, node_dir),
+                cwd=node_dir,
+                env=_env(mlflow_store),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=240)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert (tmp_path / "node0" / "ddp.pt").exists()
+    assert not (tmp_path / "node1" / "ddp.pt").exists()
+    metrics = (tmp_path / "node0" / "metrics" / "ddp" / "train.json").read_text()
+    assert '"world_size": 2' in metrics

@@ -75,8 +75,9 @@ class DistributedParams(_Strict):
     nproc_per_node: PositiveInt = 2  # processes (GPUs) per machine
     nnodes: PositiveInt = 1
     node_rank: NonNegativeInt = 0  # this machine's index, 0..nnodes-1
-    rdzv_endpoint: str = "127.0.0.1:29500"  # host:port of node 0, reachable by every node
-    rdzv_id: str = "accelbench"
+    # host:port of node 0, reachable from every node. Static rendezvous: node_rank 0 holds
+    # global rank 0, the process that writes the outputs.
+    rdzv_endpoint: str = "127.0.0.1:29500"
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on cuda, gloo on cpu
 
     @property

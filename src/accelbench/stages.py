@@ -214,9 +214,8 @@ def _launch_distributed(name: str, variant: VariantParams, params: Params, argv:
         rendezvous = [
             f"--nnodes={cfg.nnodes}",
             f"--node-rank={cfg.node_rank}",
-            "--rdzv-backend=c10d",
+            "--rdzv-backend=static",
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
-            f"--rdzv-id={cfg.rdzv_id}",
         ]
     command = [
         sys.executable,
@@ -261,6 +260,11 @@ def train_stage(
         launched = _launch_distributed(name, variant, params, argv or [])
         if launched["status"] == "skip":
             return _skip(name, launched["reason"], params, variant, out, root)
+        if variant.distributed.node_rank != 0:
+            log(
+                f"train {name}: node {variant.distributed.node_rank} done; node 0 writes the outputs"
+            )
+            return {}
         return json.loads(out.train_json.read_text())
     if variant.distributed is None:
         device, device_name = resolve_device(name, variant, params)
