@@ -242,6 +242,13 @@ def prepare(raw_dir: Path, out_dir: Path) -> dict[str, int]:
     return counts
 
 
+def dataset_digest(split: str, limit: int = 0) -> str:
+    """A short, stable id of a split: the verified file checksums plus the subset size."""
+    prefix = SPLITS[split]
+    text = "".join(sha for stem, sha in MNIST_FILES.items() if stem.startswith(prefix))
+    return hashlib.sha256(f"{text}:{limit}".encode()).hexdigest()[:16]
+
+
 def load_split(prepared_dir: Path, split: str, limit: int = 0) -> Split:
     """Load a prepared split (memory-mapped .npy: milliseconds); `limit` > 0 keeps the first n."""
     images = np.load(prepared_dir / f"{split}_images.npy", mmap_mode="r")

@@ -54,6 +54,7 @@ class EpochRecord:
     nonfinite_steps: int
     lr: float
     peak_gpu_mem_mib: float | None
+    gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
 
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -283,8 +284,13 @@ def fit(
     *,
     on_epoch: EpochCallback | None = None,
     on_step: StepCallback | None = None,
+    energy_j: Callable[[], float] | None = None,
 ) -> list[EpochRecord]:
-    """Train for `train.epochs` epochs; evaluate on the test set after each (untimed)."""
+    """Train for `train.epochs` epochs; evaluate on the test set after each (untimed).
+
+    `energy_j`, if given, reads a cumulative energy counter (joules) at the same
+    synchronized epoch boundaries as the clock.
+    """
     clock = DeviceClock(device)
     step_model = eager_model = model
     distributed = dist.is_available() and dist.is_initialized()
@@ -310,6 +316,7 @@ def fit(
         samples = 0
         batches = iter(train_batches.epoch(epoch))
         start = clock.now()
+        energy_start = energy_j() if energy_j else None
         while True:
             waited_from = time.perf_counter()
             batch = next(batches, None)
@@ -328,6 +335,7 @@ def fit(
             if on_step is not None:
                 on_step(len(labels))
         train_time_s = clock.now() - start
+        energy = energy_j() - energy_start if energy_j else None
         if distributed:  # epoch totals over every process (one collective per epoch)
             totals = torch.stack(
                 [
@@ -356,6 +364,7 @@ def fit(
             peak_gpu_mem_mib=(
                 torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             ),
+            gpu_energy_j=energy,
         )
         records.append(record)
         if on_epoch is not None:
@@ -377,6 +386,7 @@ def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, f
     steady_s = statistics.median(steady) if steady else None
     samples = records[-1].samples
     gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
+    energy = [r.gpu_energy_j for r in records[1:] if r.gpu_energy_j is not None]
     return {
         "epochs": len(records),
         "first_epoch_s": times[0],
@@ -391,4 +401,5 @@ def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, f
         "epoch_to_target": epoch_to_target,
         "nonfinite_steps": sum(r.nonfinite_steps for r in records),
         "peak_gpu_mem_mib": max(gpu_mem) if gpu_mem else None,
+        "steady_gpu_energy_j_per_epoch": statistics.median(energy) if energy else None,
     }

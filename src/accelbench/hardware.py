@@ -118,3 +118,20 @@ def peak_tflops(device_name: str, precision: str, tf32: bool) -> float | None:
         if model in device_name:
             return rates[mode]
     return None
+
+
+def gpu_energy_reader(index: int = 0):
+    """A function returning the GPU's energy counter in joules (NVML), or None if it has none.
+
+    NVML counts millijoules since the driver loaded (Volta and newer); differences between two
+    readings are the energy the board used in between.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except Exception:  # no NVML, no driver, or no energy counter on this GPU
+        return None
+    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0

@@ -349,6 +349,54 @@ def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float |
     plt.close(fig)
 
 
+def _summary_figure(
+    path: Path, rows: list[Row], speedups: dict[str, float | None], gpu: str
+) -> None:
+    """One slide: steady epoch time (log axis, speedup on each bar) beside test accuracy."""
+    trained = [r for r in rows if r.trained and r.train.get("steady_epoch_s")]
+    fig, (time_ax, acc_ax) = plt.subplots(
+        1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]}
+    )
+    names = [r.name for r in trained]
+    colors = ["#7f7f7f" if r.variant.device == "cpu" else "#1f77b4" for r in trained]
+    steady = [r.train["steady_epoch_s"] for r in trained]
+    bars = time_ax.barh(names, steady, color=colors)
+    for bar, row in zip(bars, trained, strict=True):
+        label = f" {fmt_seconds(bar.get_width())}"
+        if speedups.get(row.name):
+            label += (
+                f"  ({speedups[row.name]:.0f}× cpu)"
+                if speedups[row.name] >= 10
+                else (f"  ({speedups[row.name]:.1f}× cpu)")
+            )
+        time_ax.text(
+            bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=9
+        )
+    time_ax.set_xscale("log")
+    time_ax.set_xlim(min(steady, default=0.01) / 2, max(steady, default=1) * 20)
+    time_ax.invert_yaxis()
+    time_ax.set_xlabel("steady-state training time per epoch (s, log scale)")
+    time_ax.set_title(f"Epoch time on {gpu}" if gpu else "Epoch time")
+    accuracy = [100 * r.eval.get("test_accuracy", r.train["final_test_accuracy"]) for r in trained]
+    acc_bars = acc_ax.barh(names, accuracy, color=colors)
+    for bar, value in zip(acc_bars, accuracy, strict=True):
+        acc_ax.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" {value:.2f}%",
+            va="center",
+            fontsize=9,
+        )
+    acc_ax.set_xlim(min(accuracy, default=97) - 1, 100)
+    acc_ax.invert_yaxis()
+    acc_ax.set_yticks([])
+    acc_ax.set_xlabel("test accuracy after training (%)")
+    acc_ax.set_title("Accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def _env_lines(env: dict[str, dict[str, Any]]) -> list[str]:
     cpu, gpu = env["cpu"], env["cuda"]
     lines = [
@@ -373,8 +421,11 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     speedups = _speedups(rows)
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
+    summary = out_dir / "summary.png"
     _curves_figure(curves, rows, train.target_accuracy)
     _epoch_times_figure(times, rows, speedups)
+    gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
+    _summary_figure(summary, rows, speedups, gpu)
     flops = next((r.train["flops_per_sample"] for r in rows if r.trained), None)
     md = [
         "# accelbench comparison",
@@ -393,6 +444,8 @@ def write_report(
         *_table(rows, speedups, train.target_accuracy),
         "",
         *_scaling_lines(rows),
+        "![summary: epoch time and accuracy per variant](summary.png)",
+        "",
         "![epoch times](epoch_times.png)",
         "",
         "![loss and accuracy curves](curves.png)",
@@ -434,5 +487,6 @@ def write_report(
         if isinstance(value, int | float)
     }
     return ReportResult(
-        files=[out_dir / "comparison.md", curves, times, out_dir / "comparison.json"], headline=flat
+        files=[out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"],
+        headline=flat,
     )

@@ -348,11 +348,23 @@ def _train(
             + (f" over {world_size} processes" if world_size > 1 else "")
         )
     tracked = (
-        tracking.variant_run(root, name, _run_params(name, params, variant), tags)
+        tracking.variant_run(
+            root, name, _run_params(name, params, variant), tags, system_metrics=True
+        )
         if main_process
         else contextlib.nullcontext(None)
     )
     with tracked as run_id:
+        if main_process:
+            for split, limit, context in (
+                ("train", train.train_subset, "training"),
+                ("test", train.test_subset, "evaluation"),
+            ):
+                arrays = data.load_split(prepared_dir, split, limit)
+                digest = data.dataset_digest(split, limit)
+                tracking.log_dataset(
+                    f"mnist-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
+                )
         progress = report.EpochProgress(
             name, train.epochs, len(train_batches), quiet=quiet or not main_process
         )
@@ -371,6 +383,7 @@ def _train(
             device,
             on_epoch=on_epoch,
             on_step=progress.step,
+            energy_j=hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None,
         )
         progress.close()
         if not main_process:

@@ -24,6 +24,7 @@ EXPERIMENT = "accelbench"
 ROLE_TAG = "accelbench.role"
 WORKDIR_TAG = "accelbench.workdir"
 HOST_TAG = "accelbench.host"
+KIND_TAG = "mlflow.experimentKind"
 
 
 def tracking_uri(root: Path) -> str:
@@ -41,7 +42,10 @@ def setup(root: Path) -> str:
         experiment_id = experiment.experiment_id
     else:
         artifacts = (root / "mlartifacts").resolve().as_uri() if own_store else None
-        experiment_id = mlflow.create_experiment(EXPERIMENT, artifact_location=artifacts)
+        # The UI opens a model-training experiment on its runs, not on the GenAI overview.
+        experiment_id = mlflow.create_experiment(
+            EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
+        )
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
 
@@ -104,23 +108,47 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     return run.info.run_id
 
 
+SYSTEM_METRICS_INTERVAL_S = 1
+
+
 @contextmanager
 def variant_run(
     root: Path,
     variant: str,
     params: Mapping[str, Any],
     tags: Mapping[str, str],
+    *,
+    system_metrics: bool = False,
 ) -> Iterator[str]:
     """A child run of the pipeline run for one variant; yields its run id.
 
-    MLflow marks it FAILED if the body raises, FINISHED otherwise.
+    MLflow marks it FAILED if the body raises, FINISHED otherwise. With `system_metrics`,
+    MLflow samples CPU, host memory and (through NVML, where there is a GPU) GPU utilization,
+    memory and power every second; without a GPU those series are absent, not zeros.
     """
     experiment_id = setup(root)
     parent = pipeline_run_id(root, experiment_id)
     all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
-    with mlflow.start_run(run_name=variant, parent_run_id=parent, tags=all_tags) as run:
+    if system_metrics:
+        mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
+    with mlflow.start_run(
+        run_name=variant, parent_run_id=parent, tags=all_tags, log_system_metrics=system_metrics
+    ) as run:
         mlflow.log_params({k: "null" if v is None else v for k, v in flatten(params).items()})
+        for name in ("params.yaml", "dvc.lock"):  # what produced this run
+            if (root / name).is_file():
+                mlflow.log_artifact(str(root / name), artifact_path="pipeline")
         yield run.info.run_id
+
+
+def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
+    """The data a run used, as an MLflow dataset input (digest from the verified checksums)."""
+    import mlflow.data
+
+    dataset = mlflow.data.from_numpy(
+        images, targets=labels, source=str(source.resolve()), name=name, digest=digest
+    )
+    mlflow.log_input(dataset, context=context)
 
 
 @contextmanager

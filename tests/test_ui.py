@@ -1,0 +1,59 @@
+"""The MLflow UI in a real browser: a user finds the experiment, the pipeline run's children
+(skipped ones marked), and their metrics side by side in the compare view."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_stages import run_all, small_params
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import mlflow_ui  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+missing = [
+    what
+    for what, ok in (
+        ("Debian's chromium", mlflow_ui.chromium_path() is not None),
+        ("playwright", importlib.util.find_spec("playwright") is not None),
+    )
+    if not ok
+]
+if missing and os.environ.get("ACCELBENCH_REQUIRE_BROWSER") != "1":
+    pytest.skip(f"needs {', '.join(missing)} (.ci/run installs them)", allow_module_level=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only pipeline's runs")
+def test_compare_view_shows_the_variants_side_by_side(tmp_path, prepared, monkeypatch) -> None:
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    params = small_params()
+    run_all(tmp_path, params, prepared)
+
+    with mlflow_ui.mlflow_server(store) as url:
+        seen = mlflow_ui.visit(url, tmp_path / "compare.png")
+
+    assert "accelbench" in seen["experiments"]
+    children = json.loads(seen["children"])
+    assert set(children) == set(params.variants)
+    for name in params.variants:
+        assert name in seen["runs"], f"{name} not listed under the pipeline run"
+        assert name in seen["compare"]
+    assert children["cpu"] == "trained"
+    assert (
+        all(children[n] == "skipped" for n in params.variants if n != "cpu")
+        or children.get("gpu") == "trained"
+    )
+    for metric in ("test_accuracy", "first_epoch_s"):
+        assert metric in seen["compare"]
+    assert "skipped" in seen["compare"]  # the status tag, side by side
+    assert (tmp_path / "compare.png").stat().st_size > 20_000

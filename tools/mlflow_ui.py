@@ -1,0 +1,167 @@
+"""Open the MLflow UI in headless Chromium (Debian's `chromium`, driven by Playwright) as a user
+would: the experiment's runs, the pipeline run's children, and the compare view.
+
+    python tools/mlflow_ui.py --store mlflow.db --out docs/img/mlflow-compare.png
+
+starts `mlflow server` on 127.0.0.1 (a free port) over the store, checks what a user should see,
+saves a screenshot of the compare view and stops the server. The test suite uses the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(store: Path, timeout_s: float = 90) -> Iterator[str]:
+    """`mlflow server` over a SQLite store on 127.0.0.1; yields its URL; always stopped."""
+    port = free_port()
+    mlflow = Path(sys.executable).parent / "mlflow"
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    command = [
+        str(mlflow),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{store.resolve()}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"mlflow server did not start: {process.stderr.read().decode()[-2000:]}"
+                )
+            time.sleep(0.5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 15)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+def _api(url: str, path: str, payload: dict) -> dict:
+    request = urllib.request.Request(
+        f"{url}/api/2.0/mlflow/{path}",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def visit(url: str, screenshot: Path, experiment: str = "accelbench") -> dict[str, str]:
+    """Walk the UI; return the text a user saw on each page (and save the compare view)."""
+    from playwright.sync_api import sync_playwright
+
+    with urllib.request.urlopen(
+        f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10
+    ) as response:
+        experiment_id = json.load(response)["experiment"]["experiment_id"]
+    runs = _api(url, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
+    tags = lambda run: {t["key"]: t["value"] for t in run["data"].get("tags", [])}  # noqa: E731
+    parent = max(
+        (r for r in runs if tags(r).get("accelbench.role") == "pipeline"),
+        key=lambda r: int(r["info"]["start_time"]),
+    )
+    children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+    child_ids = json.dumps([r["info"]["run_id"] for r in children])
+    seen: dict[str, str] = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1300})
+        page.goto(f"{url}/#/experiments")
+        page.get_by_text(experiment, exact=True).first.wait_for(timeout=60_000)
+        seen["experiments"] = page.inner_text("body")
+
+        page.goto(f"{url}/#/experiments/{experiment_id}/runs")
+        page.get_by_text(parent["info"]["run_name"][:20]).first.wait_for(timeout=60_000)
+        page.locator("[data-testid='runs-table'] button, [role='gridcell'] button").first.click()
+        for child in children:
+            page.get_by_text(child["info"]["run_name"], exact=True).first.wait_for(timeout=30_000)
+        seen["runs"] = page.inner_text("body")
+
+        page.goto(
+            f"{url}/#/compare-runs?runs={quote(child_ids)}"
+            f"&experiments={quote(json.dumps([experiment_id]))}"
+        )
+        page.get_by_text("test_accuracy").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        seen["compare"] = page.inner_text("body")
+        with contextlib.suppress(Exception):  # the assistant side panel hides a third of the page
+            page.locator("button[aria-label*='lose' i]").last.click(timeout=2000)
+        with contextlib.suppress(Exception):  # only the params that differ, then the metrics
+            page.get_by_text("Show diff only").first.click(timeout=2000)
+            page.get_by_text("Parameters", exact=True).last.evaluate("e => e.scrollIntoView()")
+            page.wait_for_timeout(500)
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=False)
+        browser.close()
+    seen["children"] = json.dumps({r["info"]["run_name"]: tags(r).get("status") for r in children})
+    return seen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", type=Path, default=Path("mlflow.db"))
+    parser.add_argument("--out", type=Path, default=Path("docs/img/mlflow-compare.png"))
+    args = parser.parse_args()
+    with mlflow_server(args.store) as url:
+        seen = visit(url, args.out)
+    print(f"children: {seen['children']}\nscreenshot: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
