@@ -58,19 +58,23 @@ def _env(mlflow_store: str) -> dict[str, str]:
     return env
 
 
+def _run_train(params: Path, name: str, prepared: Path, tmp_path: Path, store: str, timeout: int):
+    return subprocess.run(
+        _train_cmd(params, name, prepared, tmp_path),
+        cwd=tmp_path,
+        env=_env(store),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_ddp_matches_a_single_process_on_the_same_global_batches(
     tmp_path, prepared, mlflow_store
 ) -> None:
     params = _params(tmp_path, single={"device": "cpu", "threads": 1}, ddp=DDP)
     for name in ("single", "ddp"):
-        result = subprocess.run(
-            _train_cmd(params, name, prepared, tmp_path),
-            cwd=tmp_path,
-            env=_env(mlflow_store),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        result = _run_train(params, name, prepared, tmp_path, mlflow_store, 240)
         assert result.returncode == 0, result.stderr[-3000:]
     single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
     ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
@@ -123,14 +127,7 @@ def test_cuda_ddp_without_gpus_is_skipped_or_refused(tmp_path, prepared, mlflow_
         pytest.skip("this machine has the GPUs")
     gpu_ddp = {"device": "cuda", "distributed": {"nproc_per_node": 2}}
     params = _params(tmp_path, ddp=gpu_ddp)
-    result = subprocess.run(
-        _train_cmd(params, "ddp", prepared, tmp_path),
-        cwd=tmp_path,
-        env=_env(mlflow_store),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run_train(params, "ddp", prepared, tmp_path, mlflow_store, 120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"status": "skipped"' in (tmp_path / "metrics" / "ddp" / "train.json").read_text()
     assert "asks for 2 GPUs per node" in result.stderr
@@ -172,14 +169,7 @@ def test_shards_of_each_global_batch_cover_it_exactly(prepared) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_nccl_ddp_on_two_gpus(tmp_path, prepared, mlflow_store) -> None:
     params = _params(tmp_path, ddp={"device": "cuda", "distributed": {"nproc_per_node": 2}})
-    result = subprocess.run(
-        _train_cmd(params, "ddp", prepared, tmp_path),
-        cwd=tmp_path,
-        env=_env(mlflow_store),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _run_train(params, "ddp", prepared, tmp_path, mlflow_store, 300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "ddp.pt").exists()
 
