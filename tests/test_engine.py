@@ -39,6 +39,21 @@ def test_same_seed_gives_bitwise_identical_weights(prepared) -> None:
     assert not torch.equal(first.classifier.weight, other.classifier.weight)
 
 
+def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
+    readings = iter(range(0, 1000, 7))  # a cumulative counter, in joules
+
+    train = TrainParams(epochs=2, batch_size=128)
+    batches = ResidentBatches(data.load_split(prepared, "train"), CPU, 128, 0)
+    test = ResidentBatches(data.load_split(prepared, "test"), CPU, 256, 0, shuffle=False)
+    records = engine.fit(
+        SeedCNN(), batches, test, train, FP32, CPU, energy_j=lambda: float(next(readings))
+    )
+    assert [r.gpu_energy_j for r in records] == [7.0, 7.0]
+    assert engine.summarize(records, 0.99)["steady_gpu_energy_j_per_epoch"] == 7.0
+    _, plain = _train(prepared, epochs=1)
+    assert plain[0].gpu_energy_j is None
+
+
 def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:
     _, records = _train(prepared, epochs=2, schedule="onecycle")
     assert records[0].lr != records[1].lr

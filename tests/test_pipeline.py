@@ -90,6 +90,9 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
         r.info.run_name for r in runs_before if r.data.tags.get("accelbench.role") == "variant"
     } == set(params["variants"])
     assert (repo / "mlartifacts").is_dir()
+    cpu_run = next(r for r in runs_before if r.info.run_name == "cpu")
+    logged = {a.path for a in client.list_artifacts(cpu_run.info.run_id, "pipeline")}
+    assert {"pipeline/params.yaml", "pipeline/dvc.lock"} <= logged
 
     second = _dvc(repo, "repro", mirror=mirror)
     out = second.stdout + second.stderr

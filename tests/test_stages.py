@@ -11,7 +11,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from accelbench import stages, tracking
+from accelbench import data, stages, tracking
 from accelbench.params import parse_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,6 +78,17 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     artifacts = {a.path for a in client.list_artifacts(cpu.info.run_id)}
     assert {"epochs.csv", "confusion.png", "eval.json"} <= artifacts
     assert mlflow.search_logged_models(experiment_ids=[experiment.experiment_id]).shape[0] >= 1
+    inputs = {
+        d.dataset.name: d.dataset.digest
+        for d in client.get_run(cpu.info.run_id).inputs.dataset_inputs
+    }
+    assert inputs == {
+        "mnist-train": data.dataset_digest("train", 0),
+        "mnist-test": data.dataset_digest("test", 0),
+    }
+    system = [k for k in cpu.data.metrics if k.startswith("system/")]
+    assert "system/cpu_utilization_percentage" in system
+    assert not [k for k in system if k.startswith("system/gpu")]  # absent, not zeros
     skipped = next(r for r in children if r.info.run_name == "gpu")
     assert skipped.data.tags["status"] == "skipped" and skipped.data.tags["skip_reason"]
     parent_artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}

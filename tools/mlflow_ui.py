@@ -120,7 +120,7 @@ def visit(url: str, screenshot: Path, experiment: str = "accelbench") -> dict[st
     seen: dict[str, str] = {}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1300})
+        page = browser.new_page(viewport={"width": 1500, "height": 1500})
         page.goto(f"{url}/#/experiments")
         page.get_by_text(experiment, exact=True).first.wait_for(timeout=60_000)
         seen["experiments"] = page.inner_text("body")
@@ -143,7 +143,7 @@ def visit(url: str, screenshot: Path, experiment: str = "accelbench") -> dict[st
             page.locator("button[aria-label*='lose' i]").last.click(timeout=2000)
         with contextlib.suppress(Exception):  # only the params that differ, then the metrics
             page.get_by_text("Show diff only").first.click(timeout=2000)
-            page.get_by_text("Parameters", exact=True).last.evaluate("e => e.scrollIntoView()")
+            page.get_by_text("Run details", exact=True).last.evaluate("e => e.scrollIntoView()")
             page.wait_for_timeout(500)
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshot), full_page=False)
