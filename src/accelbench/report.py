@@ -168,6 +168,7 @@ def _cell(value: Any, kind: str) -> str:
         "pct0": f"{value:.0%}",
         "int": f"{value:,.0f}",
         "mib": f"{value:,.0f} MiB",
+        "j": f"{value:,.0f} J",
     }[kind]
 
 
@@ -202,6 +203,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
         "TFLOP/s (share of peak)",
         "peak host RSS",
         "peak GPU mem",
+        "GPU energy / epoch",
         "test accuracy",
         f"time to {target:.1%}",
     ]
@@ -234,6 +236,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
                 _tflops(t),
                 _cell(t.get("peak_host_rss_mib"), "mib"),
                 _cell(t.get("peak_gpu_mem_mib"), "mib"),
+                _cell(t.get("steady_gpu_energy_j_per_epoch"), "j"),
                 _cell(row.eval.get("test_accuracy", t["final_test_accuracy"]), "pct"),
                 (
                     f"{fmt_seconds(reached)} (epoch {t['epoch_to_target']})"
@@ -426,7 +429,7 @@ def write_report(
     _epoch_times_figure(times, rows, speedups)
     gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
     _summary_figure(summary, rows, speedups, gpu)
-    flops = next((r.train["flops_per_sample"] for r in rows if r.trained), None)
+    flops = next((r.train.get("flops_per_sample") for r in rows if r.trained), None)
     md = [
         "# accelbench comparison",
         "",

@@ -180,9 +180,7 @@ def _skip(
         root, name, _run_params(name, params, variant), {"status": "skipped"}
     ) as run_id:
         tracking.log_metrics({"skipped": 1})
-        import mlflow
-
-        mlflow.set_tag("skip_reason", reason)
+        tracking.set_tag("skip_reason", reason)
     metrics = {"status": "skipped", "reason": reason, "device": variant.device}
     write_json(out.train_json, metrics)
     _write_epochs_csv(out.epochs_csv, [])

@@ -165,6 +165,10 @@ def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = No
         mlflow.log_metrics(clean, step=step)
 
 
+def set_tag(key: str, value: str) -> None:
+    mlflow.set_tag(key, value)
+
+
 def log_artifact(path: Path, artifact_path: str | None = None) -> None:
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
