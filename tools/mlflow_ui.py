@@ -89,6 +89,7 @@ def mlflow_server(store: Path, timeout_s: float = 90) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
             process.wait()
+        process.stderr.close()
 
 
 def _api(url: str, path: str, payload: dict) -> dict:

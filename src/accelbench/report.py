@@ -302,7 +302,8 @@ def _curves_figure(path: Path, rows: list[Row], target: float) -> None:
     acc_ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -145,9 +146,12 @@ def log_dataset(name: str, images, labels, source: Path, digest: str, context: s
     """The data a run used, as an MLflow dataset input (digest from the verified checksums)."""
     import mlflow.data
 
-    dataset = mlflow.data.from_numpy(
-        images, targets=labels, source=str(source.resolve()), name=name, digest=digest
-    )
+    with warnings.catch_warnings():
+        # MLflow registers its local-file source class twice and says so on every resolve.
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+        dataset = mlflow.data.from_numpy(
+            images, targets=labels, source=str(source.resolve()), name=name, digest=digest
+        )
     mlflow.log_input(dataset, context=context)
 
 
