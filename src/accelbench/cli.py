@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -58,8 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (a scheduler's pre-emption, `kill`, `dvc` stopping) unwinds like Ctrl-C, so
+    open MLflow runs are marked KILLED and temporary files are cleaned up."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _interrupt_on_sigterm()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
         from . import doctor
@@ -103,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ParamsError, data.DownloadError, data.IdxFormatError, stages.StageError) as exc:
         print(f"accelbench {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"accelbench {args.stage}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
+        return 130
     if args.stage not in ("check", "runs") and os.environ.get("LOCAL_RANK", "0") == "0":
         elapsed = time.perf_counter() - started
         print(f"accelbench {args.stage}: done in {elapsed:.1f} s (wall)", file=sys.stderr)

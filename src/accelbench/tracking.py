@@ -132,14 +132,29 @@ def variant_run(
     all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
     if system_metrics:
         mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
-    with mlflow.start_run(
+    run = mlflow.start_run(
         run_name=variant, parent_run_id=parent, tags=all_tags, log_system_metrics=system_metrics
-    ) as run:
+    )
+    with _final_status():
         mlflow.log_params({k: "null" if v is None else v for k, v in flatten(params).items()})
         for name in ("params.yaml", "dvc.lock"):  # what produced this run
             if (root / name).is_file():
                 mlflow.log_artifact(str(root / name), artifact_path="pipeline")
         yield run.info.run_id
+
+
+@contextmanager
+def _final_status() -> Iterator[None]:
+    """End the active run as what happened: FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        mlflow.end_run(status="KILLED")
+        raise
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run(status="FINISHED")
 
 
 def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
@@ -159,7 +174,8 @@ def log_dataset(name: str, images, labels, source: Path, digest: str, context: s
 def resume_run(root: Path, run_id: str) -> Iterator[str]:
     """Re-open a variant's run (the evaluate stage adds to the run that training opened)."""
     setup(root)
-    with mlflow.start_run(run_id=run_id) as run:
+    run = mlflow.start_run(run_id=run_id)
+    with _final_status():
         yield run.info.run_id
 
 

@@ -1,0 +1,77 @@
+"""Faults injected on purpose: the recorded state must tell the truth."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from accelbench import tracking
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _runs(store: str, name: str):
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+
+
+def test_sigterm_marks_the_run_killed_and_writes_no_outputs(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"].update(epochs=200, batch_size=64)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    command = [
+        sys.executable,
+        "-m",
+        "accelbench.cli",
+        "--params",
+        str(params),
+        "train",
+        "cpu",
+        "--data",
+        str(prepared),
+        "--model",
+        str(tmp_path / "cpu.pt"),
+        "--metrics",
+        str(tmp_path / "metrics"),
+        "--quiet",
+    ]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(r.info.status == "RUNNING" for r in _runs(mlflow_store, "cpu")):
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.5)
+    time.sleep(2)  # inside training
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "interrupted (signal SIGTERM)" in stderr
+    [run] = _runs(mlflow_store, "cpu")
+    assert run.info.status == "KILLED"
+    assert not (tmp_path / "cpu.pt").exists()
+    assert not (tmp_path / "metrics" / "train.json").exists()
+
+
+def test_an_exception_marks_the_run_failed(tmp_path, mlflow_store) -> None:
+    with pytest.raises(RuntimeError, match="boom"), tracking.variant_run(tmp_path, "x", {}, {}):
+        raise RuntimeError("boom")
+    [run] = _runs(mlflow_store, "x")
+    assert run.info.status == "FAILED"
+    with tracking.variant_run(tmp_path, "y", {}, {}):
+        pass
+    assert _runs(mlflow_store, "y")[0].info.status == "FINISHED"
