@@ -75,3 +75,49 @@ def test_an_exception_marks_the_run_failed(tmp_path, mlflow_store) -> None:
     with tracking.variant_run(tmp_path, "y", {}, {}):
         pass
     assert _runs(mlflow_store, "y")[0].info.status == "FINISHED"
+
+
+def test_consecutive_nonfinite_losses_fail_naming_epoch_and_step(prepared, monkeypatch) -> None:
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    from accelbench import data, engine
+    from accelbench.batches import ResidentBatches
+    from accelbench.models import SeedCNN
+    from accelbench.params import TrainParams, VariantParams
+
+    calls = {"n": 0}
+
+    def poisoned_cross_entropy(logits, labels, **kwargs):
+        loss = F.cross_entropy(logits, labels, **kwargs)
+        if logits.requires_grad:  # training steps only
+            calls["n"] += 1
+            if calls["n"] > 5:  # from the 6th step (epoch 2, step 2) on: an inf loss
+                loss = loss + float("inf")
+        return loss
+
+    monkeypatch.setattr(
+        engine, "F", types.SimpleNamespace(cross_entropy=poisoned_cross_entropy, pad=F.pad)
+    )
+    cpu = torch.device("cpu")
+    train = TrainParams(epochs=3, batch_size=128, max_nonfinite_steps=2)  # 4 steps an epoch
+    batches = ResidentBatches(data.load_split(prepared, "train"), cpu, 128, 0)
+    test = ResidentBatches(data.load_split(prepared, "test"), cpu, 256, 0, shuffle=False)
+    with pytest.raises(engine.NonFiniteLossError, match=r"epoch 2, step 3: 2 consecutive") as info:
+        engine.fit(SeedCNN(), batches, test, train, VariantParams(device="cpu"), cpu)
+    assert "lower train.lr" in str(info.value)
+
+
+def test_the_limit_counts_consecutive_steps_only() -> None:
+    import torch
+
+    from accelbench import engine
+    from accelbench.params import VariantParams
+
+    finite = torch.tensor([True, False, True, False, False, True])
+    engine.check_nonfinite(finite, 1, 3, VariantParams(device="cpu"))  # two in a row: allowed
+    fp16 = VariantParams(device="cuda", precision="fp16")
+    with pytest.raises(engine.NonFiniteLossError, match=r"epoch 4, step 5.*precision 'bf16'"):
+        engine.check_nonfinite(finite, 4, 2, fp16)

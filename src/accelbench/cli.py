@@ -112,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             stages.evaluate_stage(root, params, args.model, args.data, args.metrics)
         elif args.stage == "compare":
             stages.compare_stage(root, params, args.env, args.metrics, args.out)
-    except (ParamsError, data.DownloadError, data.IdxFormatError, stages.StageError) as exc:
+    except (
+        ParamsError,
+        data.DownloadError,
+        data.IdxFormatError,
+        stages.StageError,
+        stages.engine.NonFiniteLossError,
+    ) as exc:
         print(f"accelbench {args.stage}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:

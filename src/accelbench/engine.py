@@ -270,6 +270,27 @@ class TrainStep:
         return static_loss.detach().float()
 
 
+class NonFiniteLossError(RuntimeError):
+    """Training produced non-finite losses for too many consecutive steps."""
+
+
+def check_nonfinite(finite: torch.Tensor, epoch: int, limit: int, variant: VariantParams) -> None:
+    """Fail when `limit` consecutive steps of this epoch had a non-finite loss."""
+    streak = 0
+    for step, ok in enumerate(finite.tolist(), start=1):
+        streak = 0 if ok else streak + 1
+        if streak >= limit:
+            advice = (
+                "try precision 'bf16' (no fp16 overflow) or a lower train.lr"
+                if variant.precision == "fp16"
+                else "try a lower train.lr (or train.schedule: constant)"
+            )
+            raise NonFiniteLossError(
+                f"epoch {epoch}, step {step}: {limit} consecutive non-finite losses "
+                f"(train.max_nonfinite_steps = {limit}); {advice}"
+            )
+
+
 EpochCallback = Callable[[EpochRecord], None]
 StepCallback = Callable[[int], None]
 
@@ -308,12 +329,14 @@ def fit(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    steps = len(train_batches)
+    # Per-step losses stay on the device (one copy kernel a step, no host sync); the host
+    # reads them once per epoch to sum them and to check for non-finite values.
+    losses = torch.empty(steps, device=device)
     for epoch in range(train.epochs):
         model.train()
-        loss_sum = torch.zeros((), device=device)
-        nonfinite = torch.zeros((), device=device, dtype=torch.int64)
+        sizes: list[int] = []
         data_wait_s = 0.0
-        samples = 0
         batches = iter(train_batches.epoch(epoch))
         start = clock.now()
         energy_start = energy_j() if energy_j else None
@@ -324,42 +347,43 @@ def fit(
             if batch is None:
                 break
             images, labels = batch
-            loss = step(images, labels)
+            losses[len(sizes)] = step(images, labels)
             lr = optimizer.param_groups[0]["lr"]  # the rate this step used
             lr = lr.clone() if isinstance(lr, torch.Tensor) else lr  # no host sync
             if scheduler is not None:
                 scheduler.step()
-            loss_sum += loss * len(labels)
-            nonfinite += (~torch.isfinite(loss)).long()
-            samples += len(labels)
+            sizes.append(len(labels))
             if on_step is not None:
                 on_step(len(labels))
         train_time_s = clock.now() - start
         energy = energy_j() - energy_start if energy_j else None
+        step_losses = losses[: len(sizes)].double().cpu()
+        finite = torch.isfinite(step_losses)
+        check_nonfinite(finite, epoch + 1, train.max_nonfinite_steps, variant)
+        weights = torch.tensor(sizes, dtype=torch.float64)
+        loss_sum = (step_losses[finite] * weights[finite]).sum().item()
+        nonfinite = int((~finite).sum())
+        samples = sum(sizes)
         if distributed:  # epoch totals over every process (one collective per epoch)
-            totals = torch.stack(
-                [
-                    loss_sum.double(),
-                    nonfinite.double(),
-                    torch.tensor(samples, dtype=torch.float64, device=device),
-                ]
+            totals = torch.tensor(
+                [loss_sum, nonfinite, samples], dtype=torch.float64, device=device
             )
             dist.all_reduce(totals)
-            loss_sum, nonfinite, samples = totals[0], totals[1].long(), int(totals[2].item())
+            loss_sum, nonfinite, samples = totals[0].item(), int(totals[1]), int(totals[2])
 
         # The plain module: evaluation is not what is benchmarked, and a compiled module
         # would recompile for eval mode and the test batch shapes.
         result = evaluate(model, test_batches, variant, device)
         record = EpochRecord(
             epoch=epoch + 1,
-            train_loss=loss_sum.item() / samples,
+            train_loss=loss_sum / samples,  # over the finite steps
             train_time_s=train_time_s,
             data_wait_s=data_wait_s,
             samples=samples,
             samples_per_s=samples / train_time_s,
             test_loss=result.loss,
             test_accuracy=result.accuracy,
-            nonfinite_steps=int(nonfinite.item()),
+            nonfinite_steps=nonfinite,
             lr=float(lr),
             peak_gpu_mem_mib=(
                 torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None

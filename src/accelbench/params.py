@@ -62,6 +62,7 @@ class TrainParams(_Strict):
     onecycle_pct_start: Annotated[float, Field(gt=0, lt=1)] = 0.25
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.25  # the seed CNN's Dropout2d rate
     shift_px: Annotated[int, Field(ge=0, le=8)] = 0  # random translation augmentation; 0 = off
+    max_nonfinite_steps: PositiveInt = 20  # consecutive NaN/inf losses before the stage fails
     target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
