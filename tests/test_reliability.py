@@ -121,3 +121,33 @@ def test_the_limit_counts_consecutive_steps_only() -> None:
     fp16 = VariantParams(device="cuda", precision="fp16")
     with pytest.raises(engine.NonFiniteLossError, match=r"epoch 4, step 5.*precision 'bf16'"):
         engine.check_nonfinite(finite, 4, 2, fp16)
+
+
+def test_deterministic_mode_gives_identical_weights(prepared) -> None:
+    import torch
+
+    from accelbench import data, engine
+    from accelbench.batches import ResidentBatches
+    from accelbench.models import SeedCNN
+    from accelbench.params import TrainParams, VariantParams
+
+    cpu, variant = torch.device("cpu"), VariantParams(device="cpu")
+    train = TrainParams(epochs=1, batch_size=128, deterministic=True, shift_px=2)
+    environ: dict[str, str] = {}
+    engine.request_determinism(environ)
+    assert environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    weights = []
+    try:
+        for _ in range(2):
+            engine.configure_backends(variant, train.deterministic)
+            assert torch.are_deterministic_algorithms_enabled()
+            engine.seed_everything(train.seed)
+            model = SeedCNN()
+            batches = ResidentBatches(data.load_split(prepared, "train"), cpu, 128, 0)
+            test = ResidentBatches(data.load_split(prepared, "test"), cpu, 256, 0, shuffle=False)
+            engine.fit(model, batches, test, train, variant, cpu)
+            weights.append(model.state_dict())
+    finally:
+        engine.configure_backends(variant, False)
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name

@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = load_params(args.params)
+        if params.train.deterministic:
+            stages.engine.request_determinism(os.environ)
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
         elif args.stage == "runs":

@@ -96,13 +96,26 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds CPU and every CUDA device
 
 
-def configure_backends(variant: VariantParams) -> None:
+def configure_backends(variant: VariantParams, deterministic: bool = False) -> None:
+    """Threads, TF32, cuDNN autotuning and, on request, deterministic algorithms.
+
+    Deterministic mode also needs CUBLAS_WORKSPACE_CONFIG before CUDA starts: the CLI sets it
+    (`request_determinism`) before anything touches the GPU.
+    """
     if variant.threads is not None:
         torch.set_num_threads(variant.threads)
     if variant.uses_cuda:
-        torch.backends.cudnn.benchmark = variant.cudnn_benchmark
+        torch.backends.cudnn.benchmark = variant.cudnn_benchmark and not deterministic
         torch.backends.cuda.matmul.allow_tf32 = variant.tf32
         torch.backends.cudnn.allow_tf32 = variant.tf32
+    torch.backends.cudnn.deterministic = deterministic
+    # warn_only: an op without a deterministic kernel warns (naming itself) instead of failing
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
+def request_determinism(environ: dict[str, str]) -> None:
+    """cuBLAS is deterministic only with a fixed workspace, chosen before CUDA initializes."""
+    environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def make_optimizer(

@@ -67,6 +67,7 @@ class TrainParams(_Strict):
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
     require_gpu: bool = False
+    deterministic: bool = False  # deterministic algorithms (slower); for bitwise-repeatable runs
     loader: LoaderParams = LoaderParams()
 
 

@@ -320,7 +320,7 @@ def _train(
 
     main_process = rank == 0
     train = params.train
-    engine.configure_backends(variant)
+    engine.configure_backends(variant, train.deterministic)
     engine.seed_everything(train.seed)
     model = SeedCNN(dropout=train.dropout)
     flops_per_sample = engine.train_flops_per_sample(model)
