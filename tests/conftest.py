@@ -60,6 +60,16 @@ def prepared(tmp_path: Path, fake_mnist) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _tracking_outage_is_per_test():
+    """A simulated tracking outage in one test must not switch tracking off for the next."""
+    from accelbench import tracking
+
+    tracking._outage = None
+    yield
+    tracking._outage = None
+
+
 @pytest.fixture
 def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -151,3 +151,119 @@ def test_deterministic_mode_gives_identical_weights(prepared) -> None:
         engine.configure_backends(variant, False)
     for name, value in weights[0].items():
         assert torch.equal(value, weights[1][name]), name
+
+
+def _train_command(tmp_path: Path, prepared: Path, epochs: int) -> list[str]:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"].update(epochs=epochs, batch_size=64)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    return [
+        sys.executable,
+        "-m",
+        "accelbench.cli",
+        "--params",
+        str(params),
+        "train",
+        "cpu",
+        "--data",
+        str(prepared),
+        "--model",
+        str(tmp_path / "cpu.pt"),
+        "--metrics",
+        str(tmp_path / "metrics"),
+        "--quiet",
+    ]
+
+
+def test_closed_tracking_port_costs_seconds_and_loses_no_outputs(tmp_path, prepared) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
+    started = time.monotonic()
+    result = subprocess.run(
+        _train_command(tmp_path, prepared, epochs=2),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("WARNING: MLflow tracking") == 1
+    assert (tmp_path / "cpu.pt").exists() and (tmp_path / "metrics" / "train.json").exists()
+    assert time.monotonic() - started < 120
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    import mlflow_ui
+
+    port = mlflow_ui.free_port()
+    store = tmp_path / "server.db"
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{store}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
+    try:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
+        deadline = time.monotonic() + 90
+        while (
+            subprocess.run(
+                ["curl", "-sf", f"http://127.0.0.1:{port}/health"], capture_output=True
+            ).returncode
+            != 0
+        ):
+            assert time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(0.5)
+        training = subprocess.Popen(
+            _train_command(tmp_path, prepared, epochs=8),
+            cwd=tmp_path,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        client = MlflowClient(f"sqlite:///{store}")
+        while True:  # until the first epoch's metrics reached the server
+            runs = _runs(f"sqlite:///{store}", "cpu")
+            if runs and client.get_metric_history(runs[0].info.run_id, "test_accuracy"):
+                break
+            assert training.poll() is None, training.stderr.read()
+            assert time.monotonic() < deadline + 120, "no epoch was ever logged"
+            time.sleep(0.5)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    _, stderr = training.communicate(timeout=300)
+    assert training.returncode == 0, stderr[-3000:]
+    assert stderr.count("WARNING: MLflow tracking") == 1
+    assert (tmp_path / "cpu.pt").exists() and (tmp_path / "metrics" / "train.json").exists()
+    [run] = _runs(f"sqlite:///{store}", "cpu")
+    assert run.info.status == "RUNNING"  # the server died before it could be told; see README

@@ -495,6 +495,9 @@ def evaluate_stage(
     write_json(eval_json, payload)
     report.write_confusion_csv(confusion_csv, (y_true, y_pred))
     report.confusion_figure(confusion_png, matrix, f"{name}: confusion matrix (test set)")
+    if not checkpoint.get("mlflow_run_id"):
+        log(f"evaluate {name}: training was not tracked in MLflow; results are in {eval_json}")
+        return payload
     try:
         with tracking.resume_run(root, checkpoint["mlflow_run_id"]):
             tracking.log_metrics(

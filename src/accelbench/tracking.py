@@ -8,19 +8,22 @@ to it and finishes it; a repro that re-runs no training stage opens no run at al
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
+import sys
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import mlflow
 from mlflow.tracking import MlflowClient
 
+T = TypeVar("T")
 EXPERIMENT = "accelbench"
 ROLE_TAG = "accelbench.role"
 WORKDIR_TAG = "accelbench.workdir"
@@ -33,9 +36,49 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
 
 
+# A tracking server that is down must cost seconds, not MLflow's default minutes of retries.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+_outage: str | None = None  # set once tracking failed: the rest of this process skips it
+
+
+def _report_outage(exc: BaseException) -> None:
+    global _outage
+    if _outage is None:
+        _outage = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        print(
+            f"accelbench: WARNING: MLflow tracking at {mlflow.get_tracking_uri()} failed "
+            f"({_outage[:300]}). Training goes on and writes its DVC outputs; this process "
+            "logs nothing more to MLflow.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
+    """Run a tracking call unless tracking already failed; a failure is reported once."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        if _outage is not None:
+            return None
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:  # MlflowException, requests errors, sqlite errors, ...
+            _report_outage(exc)
+            return None
+
+    return wrapper
+
+
 def setup(root: Path) -> str:
     """Point MLflow at the store and the `accelbench` experiment; returns the experiment id."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
     mlflow.set_tracking_uri(tracking_uri(root))
     experiment = mlflow.get_experiment_by_name(EXPERIMENT)
@@ -127,6 +170,22 @@ def variant_run(
     MLflow samples CPU, host memory and (through NVML, where there is a GPU) GPU utilization,
     memory and power every second; without a GPU those series are absent, not zeros.
     """
+    run_id = _start_variant_run(root, variant, params, tags, system_metrics)
+    if run_id is None:  # tracking is down: train anyway
+        yield None
+        return
+    with _final_status():
+        yield run_id
+
+
+@tolerant
+def _start_variant_run(
+    root: Path,
+    variant: str,
+    params: Mapping[str, Any],
+    tags: Mapping[str, str],
+    system_metrics: bool,
+) -> str:
     experiment_id = setup(root)
     parent = pipeline_run_id(root, experiment_id)
     all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
@@ -135,12 +194,22 @@ def variant_run(
     run = mlflow.start_run(
         run_name=variant, parent_run_id=parent, tags=all_tags, log_system_metrics=system_metrics
     )
-    with _final_status():
+    try:
         mlflow.log_params({k: "null" if v is None else v for k, v in flatten(params).items()})
         for name in ("params.yaml", "dvc.lock"):  # what produced this run
             if (root / name).is_file():
                 mlflow.log_artifact(str(root / name), artifact_path="pipeline")
-        yield run.info.run_id
+    except Exception:
+        _end_run("FAILED")
+        raise
+    return run.info.run_id
+
+
+def _end_run(status: str) -> None:
+    try:
+        mlflow.end_run(status=status)
+    except Exception as exc:  # the server went away: the local state still has to end
+        _report_outage(exc)
 
 
 @contextmanager
@@ -149,14 +218,15 @@ def _final_status() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        mlflow.end_run(status="KILLED")
+        _end_run("KILLED")
         raise
     except BaseException:
-        mlflow.end_run(status="FAILED")
+        _end_run("FAILED")
         raise
-    mlflow.end_run(status="FINISHED")
+    _end_run("FINISHED")
 
 
+@tolerant
 def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
     """The data a run used, as an MLflow dataset input (digest from the verified checksums)."""
     import mlflow.data
@@ -173,26 +243,32 @@ def log_dataset(name: str, images, labels, source: Path, digest: str, context: s
 @contextmanager
 def resume_run(root: Path, run_id: str) -> Iterator[str]:
     """Re-open a variant's run (the evaluate stage adds to the run that training opened)."""
-    setup(root)
-    run = mlflow.start_run(run_id=run_id)
+    run = tolerant(lambda: (setup(root), mlflow.start_run(run_id=run_id))[1])()
+    if run is None:
+        yield None
+        return
     with _final_status():
         yield run.info.run_id
 
 
+@tolerant
 def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
     if clean:
         mlflow.log_metrics(clean, step=step)
 
 
+@tolerant
 def set_tag(key: str, value: str) -> None:
     mlflow.set_tag(key, value)
 
 
+@tolerant
 def log_artifact(path: Path, artifact_path: str | None = None) -> None:
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
 
+@tolerant
 def log_model(model, input_example) -> None:
     """The trained model with a signature inferred from an input example."""
     import mlflow.pytorch
@@ -213,6 +289,7 @@ def log_model(model, input_example) -> None:
     )
 
 
+@tolerant
 def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, float]) -> str | None:
     """Log the comparison to the open pipeline run and finish it; None if no run is open."""
     run_id = open_pipeline_run_id(root, setup(root))
