@@ -267,3 +267,77 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     assert (tmp_path / "cpu.pt").exists() and (tmp_path / "metrics" / "train.json").exists()
     [run] = _runs(f"sqlite:///{store}", "cpu")
     assert run.info.status == "RUNNING"  # the server died before it could be told; see README
+
+
+def test_sigkill_then_rerun_resumes_to_bitwise_identical_weights(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    import torch
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"].update(epochs=5, batch_size=64)
+    raw["variants"] = {"cpu": {"device": "cpu", "threads": 1}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+
+    def command(run: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "accelbench.cli",
+            "--params",
+            str(params),
+            "train",
+            "cpu",
+            "--data",
+            str(prepared),
+            "--model",
+            str(tmp_path / run / "cpu.pt"),
+            "--metrics",
+            str(tmp_path / run / "metrics"),
+            "--checkpoint",
+            str(tmp_path / run / "checkpoint.pt"),
+            "--quiet",
+        ]
+
+    whole = subprocess.run(command("whole"), cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert not (tmp_path / "whole" / "checkpoint.pt").exists()  # removed once finished
+
+    checkpoint = tmp_path / "killed" / "checkpoint.pt"
+    process = subprocess.Popen(command("killed"), cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not (
+        checkpoint.exists()
+        and torch.load(checkpoint, weights_only=False)["state"]["epochs_done"] >= 2
+    ):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / "cpu.pt").exists()
+
+    resumed = subprocess.run(
+        command("killed"), cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming after epoch" in resumed.stderr
+    a = torch.load(tmp_path / "whole" / "cpu.pt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "killed" / "cpu.pt", weights_only=True)["state_dict"]
+    for name, value in a.items():
+        assert torch.equal(value, b[name]), name
+    epochs = (tmp_path / "killed" / "metrics" / "epochs.csv").read_text().splitlines()
+    assert len(epochs) == 1 + 5  # every epoch recorded once
+
+    runs = _runs(mlflow_store, "cpu")
+    statuses = sorted(r.info.status for r in runs)
+    assert statuses == ["FINISHED", "FINISHED"]  # the killed run was continued, not duplicated
+
+
+def test_checkpoint_from_other_params_is_not_resumed(tmp_path, prepared, mlflow_store) -> None:
+    from accelbench import stages
+
+    stale = tmp_path / "checkpoint.pt"
+    stages._atomic_save({"fingerprint": "other", "mlflow_run_id": None, "state": {}}, stale)
+    assert stages._load_checkpoint(stale, "mine", "cpu") is None

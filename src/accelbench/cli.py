@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--data", type=Path, required=True, help="prepared data folder")
     train.add_argument("--model", type=Path, required=True, help="checkpoint to write")
     train.add_argument("--metrics", type=Path, required=True, help="folder for metrics files")
+    train.add_argument(
+        "--checkpoint", type=Path, help="training state saved every epoch; resumed when present"
+    )
     train.add_argument("--quiet", action="store_true", help="no progress output")
 
     evaluate = sub.add_parser("evaluate", help="evaluate one trained variant")
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "prepare":
             stages.prepare_stage(args.raw, args.out)
         elif args.stage == "train":
-            outputs = stages.TrainOutputs(model=args.model, metrics_dir=args.metrics)
+            outputs = stages.TrainOutputs(args.model, args.metrics, args.checkpoint)
             stages.train_stage(
                 root,
                 params,

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -243,6 +243,10 @@ class TrainStep:
 
     def _capture(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        optimizer_state = {  # empty for a fresh optimizer, filled when resuming
+            param: {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+            for param, state in self.optimizer.state.items()
+        }
         static_images, static_labels = images.clone(), labels.clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -257,12 +261,14 @@ class TrainStep:
                 static_loss = F.cross_entropy(self.step_model(augmented), static_labels)
             static_loss.backward()
             self.optimizer.step()
-        # Undo the warm-up: same starting point as an eager run.
+        # Undo the warm-up: same starting point as an eager run (copies keep the addresses
+        # the graph captured).
         self.model.load_state_dict(weights)
-        for state in self.optimizer.state.values():
-            for value in state.values():
+        for param, state in self.optimizer.state.items():
+            saved = optimizer_state.get(param)
+            for key, value in state.items():
                 if isinstance(value, torch.Tensor):
-                    value.zero_()
+                    value.copy_(saved[key]) if saved else value.zero_()
         self.graph = graph
         self.static = (static_images, static_labels, static_loss)
 
@@ -319,11 +325,15 @@ def fit(
     on_epoch: EpochCallback | None = None,
     on_step: StepCallback | None = None,
     energy_j: Callable[[], float] | None = None,
+    resume_from: dict[str, Any] | None = None,
+    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[EpochRecord]:
     """Train for `train.epochs` epochs; evaluate on the test set after each (untimed).
 
     `energy_j`, if given, reads a cumulative energy counter (joules) at the same
-    synchronized epoch boundaries as the clock.
+    synchronized epoch boundaries as the clock. `on_checkpoint` receives the complete
+    training state after every epoch; `resume_from` (such a state) continues from it, so
+    that an interrupted and resumed run ends with the same weights as an uninterrupted one.
     """
     clock = DeviceClock(device)
     step_model = eager_model = model
@@ -339,6 +349,9 @@ def fit(
     scheduler = make_scheduler(optimizer, train, len(train_batches))
     step = TrainStep(eager_model, step_model, optimizer, variant, device, train.shift_px)
     records: list[EpochRecord] = []
+    first_epoch = 0
+    if resume_from is not None:
+        first_epoch, records = _restore(resume_from, model, optimizer, scheduler, step.scaler)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -346,7 +359,7 @@ def fit(
     # Per-step losses stay on the device (one copy kernel a step, no host sync); the host
     # reads them once per epoch to sum them and to check for non-finite values.
     losses = torch.empty(steps, device=device)
-    for epoch in range(train.epochs):
+    for epoch in range(first_epoch, train.epochs):
         model.train()
         sizes: list[int] = []
         data_wait_s = 0.0
@@ -406,7 +419,36 @@ def fit(
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
+        if on_checkpoint is not None:
+            on_checkpoint(
+                _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
+            )
     return records
+
+
+def _training_state(epochs_done, model, optimizer, scheduler, scaler, records) -> dict[str, Any]:
+    return {
+        "epochs_done": epochs_done,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict(),
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        "records": [r.as_dict() for r in records],
+    }
+
+
+def _restore(state, model, optimizer, scheduler, scaler) -> tuple[int, list[EpochRecord]]:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng_cpu"])
+    if state["rng_cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng_cuda"])
+    return state["epochs_done"], [EpochRecord(**r) for r in state["records"]]
 
 
 def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, float | int | None]:

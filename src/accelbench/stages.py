@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -92,6 +93,8 @@ class TrainOutputs:
     @property
     def epochs_csv(self) -> Path:
         return self.metrics_dir / "epochs.csv"
+
+    checkpoint: Path | None = None  # per-epoch training state, for resuming after a kill
 
 
 def resolve_device(
@@ -345,15 +348,24 @@ def _train(
             f"{train_batches.num_samples} samples x {train.epochs} epochs, batch {train.batch_size}"
             + (f" over {world_size} processes" if world_size > 1 else "")
         )
-    tracked = (
-        tracking.variant_run(
-            root, name, _run_params(name, params, variant), tags, system_metrics=True
-        )
-        if main_process
-        else contextlib.nullcontext(None)
-    )
+    run_params = _run_params(name, params, variant)
+    fingerprint = hashlib.sha256(json.dumps(run_params, sort_keys=True).encode()).hexdigest()
+    checkpoint = out.checkpoint if world_size == 1 else None  # DDP runs start over
+    resume = _load_checkpoint(checkpoint, fingerprint, name)
+    if not main_process:
+        tracked = contextlib.nullcontext(None)
+    elif resume and resume["mlflow_run_id"]:
+        tracked = tracking.resume_run(root, resume["mlflow_run_id"])  # one variant, one run
+    else:
+        tracked = tracking.variant_run(root, name, run_params, tags, system_metrics=True)
     with tracked as run_id:
-        if main_process:
+
+        def save_checkpoint(state: dict[str, Any]) -> None:
+            _atomic_save(
+                {"fingerprint": fingerprint, "mlflow_run_id": run_id, "state": state}, checkpoint
+            )
+
+        if main_process and resume is None:
             for split, limit, context in (
                 ("train", train.train_subset, "training"),
                 ("test", train.test_subset, "evaluation"),
@@ -382,6 +394,8 @@ def _train(
             on_epoch=on_epoch,
             on_step=progress.step,
             energy_j=hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None,
+            resume_from=resume["state"] if resume else None,
+            on_checkpoint=save_checkpoint if checkpoint else None,
         )
         progress.close()
         if not main_process:
@@ -410,26 +424,46 @@ def _train(
         write_json(out.train_json, summary)
         _write_epochs_csv(out.epochs_csv, records)
         out.model.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint = {
+        final = {
             "status": "trained",
             "variant": name,
-            "params": _run_params(name, params, variant),
+            "params": run_params,
             "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "mlflow_run_id": run_id,
         }
-        tmp = out.model.with_name(f".{out.model.name}.tmp")
-        torch.save(checkpoint, tmp)
-        os.replace(tmp, out.model)
+        _atomic_save(final, out.model)
         tracking.log_metrics({k: v for k, v in summary.items() if k != "epochs"})
         tracking.log_artifact(out.epochs_csv)
         example = test_batches.images[:4].float().cpu().contiguous().numpy()
-        tracking.log_model(_cpu_model(checkpoint), example)
+        tracking.log_model(_cpu_model(final), example)
     log(
         f"train {name}: first epoch {summary['first_epoch_s']:.2f} s, steady "
         f"{report.fmt_seconds(summary['steady_epoch_s'])}, test accuracy "
         f"{summary['final_test_accuracy']:.2%}"
     )
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)  # finished: the outputs are the record now
     return summary
+
+
+def _atomic_save(payload: dict[str, Any], path: Path) -> None:
+    """torch.save to a temporary file, then rename: a kill mid-save keeps the previous file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path | None, fingerprint: str, name: str) -> dict[str, Any] | None:
+    """The saved training state if it belongs to these exact params, else None."""
+    if path is None or not path.is_file():
+        return None
+    saved = torch.load(path, map_location="cpu", weights_only=False)
+    if saved.get("fingerprint") != fingerprint:
+        log(f"train {name}: {path} is from other params; starting from epoch 1")
+        return None
+    log(f"train {name}: resuming after epoch {saved['state']['epochs_done']} from {path}")
+    return saved
 
 
 def _cpu_model(checkpoint: dict[str, Any]) -> SeedCNN:
