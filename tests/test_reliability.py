@@ -341,3 +341,77 @@ def test_checkpoint_from_other_params_is_not_resumed(tmp_path, prepared, mlflow_
     stale = tmp_path / "checkpoint.pt"
     stages._atomic_save({"fingerprint": "other", "mlflow_run_id": None, "state": {}}, stale)
     assert stages._load_checkpoint(stale, "mine", "cpu") is None
+
+
+def test_accumulated_chunks_give_the_update_of_one_whole_batch(prepared) -> None:
+    import torch
+
+    from accelbench import data, engine
+    from accelbench.batches import ResidentBatches
+    from accelbench.models import SeedCNN
+    from accelbench.params import TrainParams, VariantParams
+
+    cpu, variant = torch.device("cpu"), VariantParams(device="cpu")
+    weights = {}
+    for k in (1, 4):
+        train = TrainParams(epochs=1, batch_size=128, dropout=0.0, accumulation_steps=k)
+        engine.seed_everything(0)
+        model = SeedCNN(dropout=0.0)
+        batches = ResidentBatches(data.load_split(prepared, "train"), cpu, 128, 0)
+        test = ResidentBatches(data.load_split(prepared, "test"), cpu, 256, 0, shuffle=False)
+        records = engine.fit(model, batches, test, train, variant, cpu)
+        weights[k] = (model.state_dict(), records[0].train_loss)
+    for name, value in weights[1][0].items():
+        torch.testing.assert_close(weights[4][0][name], value, rtol=1e-4, atol=1e-6, msg=name)
+    assert abs(weights[4][1] - weights[1][1]) < 1e-5
+
+
+def _oom_when_passes_exceed(limit: int, monkeypatch):
+    import torch
+
+    from accelbench import engine
+
+    real_fit = engine.fit
+    tried = []
+
+    def fit(model, train_batches, test_batches, train, *args, **kwargs):
+        per_pass = train.batch_size // train.accumulation_steps
+        tried.append(per_pass)
+        if per_pass > limit:  # what the allocator would say on a GPU that is too small
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_fit(model, train_batches, test_batches, train, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "fit", fit)
+    return tried
+
+
+def test_out_of_memory_halves_the_pass_and_keeps_the_batch(
+    tmp_path, prepared, mlflow_store, monkeypatch
+) -> None:
+    import json
+
+    from accelbench import stages
+    from test_stages import small_params
+
+    tried = _oom_when_passes_exceed(40, monkeypatch)
+    params = small_params(oom_retries=3)  # batch 128: 128 -> 64 -> 32 samples per pass
+    out = stages.TrainOutputs(tmp_path / "cpu.pt", tmp_path / "metrics")
+    stages.train_stage(tmp_path, params, "cpu", prepared, out, quiet=True)
+    assert tried == [128, 64, 32]
+    summary = json.loads(out.train_json.read_text())
+    assert summary["accumulation_steps"] == 4 and summary["status"] == "trained"
+
+
+def test_out_of_memory_without_retries_explains_what_to_change(
+    tmp_path, prepared, mlflow_store, monkeypatch
+) -> None:
+    from accelbench import stages
+    from test_stages import small_params
+
+    _oom_when_passes_exceed(40, monkeypatch)
+    out = stages.TrainOutputs(tmp_path / "cpu.pt", tmp_path / "metrics")
+    with pytest.raises(stages.StageError) as info:
+        stages.train_stage(tmp_path, small_params(), "cpu", prepared, out, quiet=True)
+    message = str(info.value)
+    assert "batch 128" in message and "accumulation_steps" in message and "oom_retries" in message
+    assert not out.model.exists()

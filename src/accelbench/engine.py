@@ -213,8 +213,10 @@ class TrainStep:
         variant: VariantParams,
         device: torch.device,
         shift_px: int = 0,
+        accumulation_steps: int = 1,
     ) -> None:
         self.model, self.step_model, self.shift_px = model, step_model, shift_px
+        self.accumulation_steps = accumulation_steps
         self.optimizer, self.variant, self.device = optimizer, variant, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
         self.full_shape: torch.Size | None = None
@@ -232,14 +234,35 @@ class TrainStep:
     def eager(
         self, images: torch.Tensor, labels: torch.Tensor, module: nn.Module | None = None
     ) -> torch.Tensor:
-        images = self.augment(images)
-        with autocast(self.variant, self.device):
-            loss = F.cross_entropy((module or self.step_model)(images), labels)
-        self.scaler.scale(loss).backward()
+        module = module or self.step_model
+        if self.accumulation_steps == 1:
+            with autocast(self.variant, self.device):
+                loss = F.cross_entropy(module(self.augment(images)), labels)
+            self.scaler.scale(loss).backward()
+            return self._optimizer_step(loss.detach().float())
+        total = len(labels)
+        loss = torch.zeros((), device=images.device)
+        # Gradient accumulation: the batch in chunks, each loss weighted by its share of the
+        # batch, so the update equals one pass over the whole batch (with less memory).
+        for chunk, chunk_labels in zip(
+            images.tensor_split(self.accumulation_steps),
+            labels.tensor_split(self.accumulation_steps),
+            strict=True,
+        ):
+            if len(chunk_labels) == 0:
+                continue
+            with autocast(self.variant, self.device):
+                chunk_loss = F.cross_entropy(module(self.augment(chunk)), chunk_labels)
+            share = len(chunk_labels) / total
+            self.scaler.scale(chunk_loss * share).backward()
+            loss = loss + chunk_loss.detach().float() * share
+        return self._optimizer_step(loss)
+
+    def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach().float()
+        return loss
 
     def _capture(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -278,8 +301,8 @@ class TrainStep:
         if images.shape != self.full_shape:
             self.optimizer.zero_grad(set_to_none=True)  # never add into a graph's gradients
             return self.eager(images, labels, self.model)
-        if not self.variant.cuda_graph:
-            return self.eager(images, labels)
+        if not self.variant.cuda_graph or self.accumulation_steps > 1:
+            return self.eager(images, labels)  # a graph captures one pass per step
         if self.graph is None:
             self._capture(images, labels)
         static_images, static_labels, static_loss = self.static
@@ -347,7 +370,15 @@ def fit(
         step_model = torch.compile(model, mode=mode, dynamic=False)
     optimizer = make_optimizer(model, train, variant, device)
     scheduler = make_scheduler(optimizer, train, len(train_batches))
-    step = TrainStep(eager_model, step_model, optimizer, variant, device, train.shift_px)
+    step = TrainStep(
+        eager_model,
+        step_model,
+        optimizer,
+        variant,
+        device,
+        train.shift_px,
+        train.accumulation_steps,
+    )
     records: list[EpochRecord] = []
     first_epoch = 0
     if resume_from is not None:

@@ -62,6 +62,8 @@ class TrainParams(_Strict):
     onecycle_pct_start: Annotated[float, Field(gt=0, lt=1)] = 0.25
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.25  # the seed CNN's Dropout2d rate
     shift_px: Annotated[int, Field(ge=0, le=8)] = 0  # random translation augmentation; 0 = off
+    accumulation_steps: PositiveInt = 1  # forward/backward passes per optimizer step
+    oom_retries: NonNegativeInt = 0  # on CUDA OOM: halve the per-pass batch, double accumulation
     max_nonfinite_steps: PositiveInt = 20  # consecutive NaN/inf losses before the stage fails
     target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
@@ -188,6 +190,8 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 def _describe(error: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"
+    if not loc:  # a check across keys: the message names them
+        return error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc)
         allowed = ", ".join(owner.model_fields) if owner else "see README"

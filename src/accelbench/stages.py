@@ -22,7 +22,7 @@ import torch
 from . import data, engine, hardware, report
 from .batches import LoaderBatches, ResidentBatches
 from .models import SeedCNN
-from .params import Params, VariantParams
+from .params import Params, TrainParams, VariantParams
 
 
 class StageError(RuntimeError):
@@ -324,11 +324,8 @@ def _train(
     main_process = rank == 0
     train = params.train
     engine.configure_backends(variant, train.deterministic)
-    engine.seed_everything(train.seed)
-    model = SeedCNN(dropout=train.dropout)
-    flops_per_sample = engine.train_flops_per_sample(model)
-    memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
-    model = model.to(device, memory_format=memory_format)
+    flops_per_sample = engine.train_flops_per_sample(SeedCNN(dropout=train.dropout))
+    model = _fresh_model(train, variant, device)
 
     train_batches, test_batches = build_batches(
         params, variant, prepared_dir, device, rank=rank, world_size=world_size
@@ -384,19 +381,39 @@ def _train(
             if main_process:
                 tracking.log_metrics(record.as_dict(), step=record.epoch)
 
-        records = engine.fit(
-            model,
-            train_batches,
-            test_batches,
-            train,
-            variant,
-            device,
-            on_epoch=on_epoch,
-            on_step=progress.step,
-            energy_j=hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None,
-            resume_from=resume["state"] if resume else None,
-            on_checkpoint=save_checkpoint if checkpoint else None,
-        )
+        accumulation = train.accumulation_steps
+        for attempt in range(train.oom_retries + 1):
+            try:
+                records = engine.fit(
+                    model,
+                    train_batches,
+                    test_batches,
+                    train.model_copy(update={"accumulation_steps": accumulation}),
+                    variant,
+                    device,
+                    on_epoch=on_epoch,
+                    on_step=progress.step,
+                    energy_j=(
+                        hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
+                    ),
+                    resume_from=resume["state"] if resume else None,
+                    on_checkpoint=save_checkpoint if checkpoint else None,
+                )
+                break
+            except torch.cuda.OutOfMemoryError as exc:
+                per_pass = train.batch_size // world_size // accumulation
+                if attempt == train.oom_retries or per_pass < 2:
+                    message = _oom_message(name, train, accumulation, device, device_name)
+                    raise StageError(message) from exc
+                accumulation *= 2
+                log(
+                    f"train {name}: CUDA out of memory at {per_pass} samples per pass; "
+                    f"retrying from scratch with accumulation_steps {accumulation} "
+                    f"({per_pass // 2} per pass, same batch {train.batch_size})"
+                )
+                model, resume = _fresh_model(train, variant, device), None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
         progress.close()
         if not main_process:
             return {}
@@ -404,6 +421,7 @@ def _train(
         steady_s = summary["steady_epoch_s"] or summary["first_epoch_s"]
         summary.update(
             status="trained",
+            accumulation_steps=accumulation,
             device=variant.device,
             device_name=device_name,
             precision=variant.precision,
@@ -444,6 +462,30 @@ def _train(
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)  # finished: the outputs are the record now
     return summary
+
+
+def _fresh_model(train: TrainParams, variant: VariantParams, device: torch.device) -> SeedCNN:
+    """The seeded initial model, on its device: the same weights for every variant."""
+    engine.seed_everything(train.seed)
+    memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
+    return SeedCNN(dropout=train.dropout).to(device, memory_format=memory_format)
+
+
+def _oom_message(
+    name: str, train: TrainParams, accumulation: int, device: torch.device, device_name: str
+) -> str:
+    total = (
+        f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.1f} GiB"
+        if device.type == "cuda"
+        else "n/a"
+    )
+    return (
+        f"variant {name!r}: CUDA out of memory with batch {train.batch_size} "
+        f"({train.batch_size // accumulation} samples per forward/backward pass) on "
+        f"{device_name} ({total}). Lower train.batch_size, or raise train.accumulation_steps "
+        "(same effective batch, less memory), or set train.oom_retries: N to let the stage "
+        "halve the per-pass batch itself."
+    )
 
 
 def _atomic_save(payload: dict[str, Any], path: Path) -> None:
