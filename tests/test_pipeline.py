@@ -99,3 +99,61 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
     assert "Running stage 'env'" in out  # the probe always runs
     assert "Running stage 'train@" not in out and "Running stage 'compare'" not in out
     assert len(client.search_runs([experiment.experiment_id])) == len(runs_before)
+
+
+def test_killed_dvc_repro_resumes_and_redoes_only_what_is_incomplete(tmp_path) -> None:
+    import signal
+    import time
+
+    import torch
+
+    mirror = shared_mnist()
+    if mirror is None:
+        pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
+    repo = tmp_path / "repo"
+    _copy_repo(repo)
+    params_path = repo / "params.yaml"
+    params = yaml.safe_load(params_path.read_text())
+    params["train"].update(epochs=4, train_subset=2048, test_subset=512)
+    params["variants"] = {"cpu": params["variants"]["cpu"]}
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "ACCELBENCH_MNIST_MIRROR": str(mirror),
+    }
+    env.pop("MLFLOW_TRACKING_URI", None)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dvc"), "repro"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    checkpoint = repo / "checkpoints" / "cpu.pt"
+    deadline = time.monotonic() + 600
+    while not (
+        checkpoint.exists()
+        and torch.load(checkpoint, weights_only=False)["state"]["epochs_done"] >= 1
+    ):
+        assert process.poll() is None, "dvc repro ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    os.killpg(process.pid, signal.SIGKILL)  # dvc and the training stage, mid-epoch
+    process.wait()
+    assert not (repo / "models" / "cpu.pt").exists()
+    assert not (repo / "metrics" / "cpu" / "train.json").exists()
+    assert not list((repo / "checkpoints").glob(".*.tmp"))
+
+    again = _dvc(repo, "repro", mirror=mirror)
+    out = again.stdout + again.stderr
+    assert "Running stage 'prepare'" not in out and "Running stage 'download'" not in out
+    assert "Running stage 'train@cpu'" in out and "resuming after epoch" in out
+    assert json.loads((repo / "metrics" / "cpu" / "train.json").read_text())["epochs"] == 4
+    assert not checkpoint.exists()
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("accelbench")
+    cpu_runs = client.search_runs([experiment.experiment_id], "attributes.run_name = 'cpu'")
+    assert [r.info.status for r in cpu_runs] == ["FINISHED"]  # one variant, one run
