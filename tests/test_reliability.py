@@ -415,3 +415,68 @@ def test_out_of_memory_without_retries_explains_what_to_change(
     message = str(info.value)
     assert "batch 128" in message and "accumulation_steps" in message and "oom_retries" in message
     assert not out.model.exists()
+
+
+def test_gradscaler_skipped_steps_are_counted(prepared, monkeypatch) -> None:
+    """fp16 + GradScaler, on the CPU: an inf loss gives inf gradients, a skipped step."""
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    from accelbench import data, engine
+    from accelbench.batches import ResidentBatches
+    from accelbench.models import SeedCNN
+    from accelbench.params import TrainParams, VariantParams
+
+    calls = {"n": 0}
+
+    def cross_entropy(logits, labels, **kwargs):
+        loss = F.cross_entropy(logits, labels, **kwargs)
+        if logits.requires_grad:
+            calls["n"] += 1
+            if calls["n"] in (2, 3):  # two bad steps in epoch 1 (4 steps an epoch)
+                loss = loss * float("inf")
+        return loss
+
+    monkeypatch.setattr(engine, "F", types.SimpleNamespace(cross_entropy=cross_entropy, pad=F.pad))
+    cpu = torch.device("cpu")
+    fp16 = VariantParams.model_construct(device="cpu", precision="fp16")  # GPU-only in params
+    train = TrainParams(epochs=2, batch_size=128, shift_px=0)
+    batches = ResidentBatches(data.load_split(prepared, "train"), cpu, 128, 0)
+    test = ResidentBatches(data.load_split(prepared, "test"), cpu, 256, 0, shuffle=False)
+    model = SeedCNN()
+    records = engine.fit(model, batches, test, train, fp16, cpu)
+    assert [r.scaler_skipped_steps for r in records] == [2, 0]
+    assert [r.nonfinite_steps for r in records] == [2, 0]
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # never trained on inf
+    assert engine.summarize(records, 0.99)["scaler_skipped_steps"] == 2
+
+
+@pytest.mark.gpu
+def test_deterministic_mode_on_the_gpu(prepared) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from accelbench import data, engine
+    from accelbench.batches import ResidentBatches
+    from accelbench.models import SeedCNN
+    from accelbench.params import TrainParams, VariantParams
+
+    cuda, variant = torch.device("cuda"), VariantParams(device="cuda")
+    train = TrainParams(epochs=1, batch_size=128, deterministic=True)
+    weights = []
+    try:
+        for _ in range(2):
+            engine.configure_backends(variant, True)
+            engine.seed_everything(0)
+            model = SeedCNN().to(cuda)
+            batches = ResidentBatches(data.load_split(prepared, "train"), cuda, 128, 0)
+            test = ResidentBatches(data.load_split(prepared, "test"), cuda, 256, 0, shuffle=False)
+            engine.fit(model, batches, test, train, variant, cuda)
+            weights.append({k: v.cpu() for k, v in model.state_dict().items()})
+    finally:
+        engine.configure_backends(variant, False)
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name

@@ -55,6 +55,7 @@ class EpochRecord:
     lr: float
     peak_gpu_mem_mib: float | None
     gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
+    scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
 
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -219,6 +220,7 @@ class TrainStep:
         self.accumulation_steps = accumulation_steps
         self.optimizer, self.variant, self.device = optimizer, variant, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
+        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
         self.full_shape: torch.Size | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -260,7 +262,12 @@ class TrainStep:
 
     def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
         self.scaler.step(self.optimizer)
-        self.scaler.update()
+        if self.scaler.is_enabled():
+            # GradScaler skips a step with inf/NaN gradients and lowers its scale; count those
+            # on the device (the public get_scale() would synchronize every step).
+            before = self.scaler._scale.clone()
+            self.scaler.update()
+            self.skipped_steps += (self.scaler._scale < before).long()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
@@ -421,6 +428,10 @@ def fit(
         loss_sum = (step_losses[finite] * weights[finite]).sum().item()
         nonfinite = int((~finite).sum())
         samples = sum(sizes)
+        skipped = None
+        if step.scaler.is_enabled():
+            skipped = int(step.skipped_steps.item())
+            step.skipped_steps.zero_()
         if distributed:  # epoch totals over every process (one collective per epoch)
             totals = torch.tensor(
                 [loss_sum, nonfinite, samples], dtype=torch.float64, device=device
@@ -446,6 +457,7 @@ def fit(
                 torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             ),
             gpu_energy_j=energy,
+            scaler_skipped_steps=skipped,
         )
         records.append(record)
         if on_epoch is not None:
@@ -510,6 +522,11 @@ def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, f
         "time_to_target_s": time_to_target,
         "epoch_to_target": epoch_to_target,
         "nonfinite_steps": sum(r.nonfinite_steps for r in records),
+        "scaler_skipped_steps": (
+            sum(r.scaler_skipped_steps for r in records)
+            if records[0].scaler_skipped_steps is not None
+            else None
+        ),
         "peak_gpu_mem_mib": max(gpu_mem) if gpu_mem else None,
         "steady_gpu_energy_j_per_epoch": statistics.median(energy) if energy else None,
     }
