@@ -38,7 +38,7 @@ def _copy_repo(dest: Path) -> None:
         subprocess.run(["git", *args], cwd=dest, check=True)
 
 
-def _dvc(repo: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
+def _env(mirror: Path) -> dict[str, str]:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -46,10 +46,14 @@ def _dvc(repo: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
     env.pop("MLFLOW_TRACKING_URI", None)  # the repository's own SQLite store
+    return env
+
+
+def _dvc(repo: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dvc"), *args],
         cwd=repo,
-        env=env,
+        env=_env(mirror),
         capture_output=True,
         text=True,
         timeout=900,
@@ -118,16 +122,10 @@ def test_killed_dvc_repro_resumes_and_redoes_only_what_is_incomplete(tmp_path) -
     params["variants"] = {"cpu": params["variants"]["cpu"]}
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
 
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "ACCELBENCH_MNIST_MIRROR": str(mirror),
-    }
-    env.pop("MLFLOW_TRACKING_URI", None)
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "dvc"), "repro"],
         cwd=repo,
-        env=env,
+        env=_env(mirror),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

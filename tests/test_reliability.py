@@ -29,26 +29,7 @@ def _runs(store: str, name: str):
 def test_sigterm_marks_the_run_killed_and_writes_no_outputs(
     tmp_path, prepared, mlflow_store
 ) -> None:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"].update(epochs=200, batch_size=64)
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(raw))
-    command = [
-        sys.executable,
-        "-m",
-        "accelbench.cli",
-        "--params",
-        str(params),
-        "train",
-        "cpu",
-        "--data",
-        str(prepared),
-        "--model",
-        str(tmp_path / "cpu.pt"),
-        "--metrics",
-        str(tmp_path / "metrics"),
-        "--quiet",
-    ]
+    command = _train_command(tmp_path, prepared, epochs=200)
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -198,51 +179,15 @@ def test_closed_tracking_port_costs_seconds_and_loses_no_outputs(tmp_path, prepa
     assert time.monotonic() - started < 120
 
 
-def _healthy(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     sys.path.insert(0, str(REPO / "tools"))
     import mlflow_ui
 
-    port = mlflow_ui.free_port()
     store = tmp_path / "server.db"
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "mlflow"),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{store}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
-    )
+    url, server = mlflow_ui.start_server(store)
     try:
-        env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
+        env = {**os.environ, "MLFLOW_TRACKING_URI": url}
         deadline = time.monotonic() + 90
-        while (
-            subprocess.run(
-                ["curl", "-sf", f"http://127.0.0.1:{port}/health"], capture_output=True
-            ).returncode
-            != 0
-        ):
-            assert time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.5)
         training = subprocess.Popen(
             _train_command(tmp_path, prepared, epochs=8),
             cwd=tmp_path,
@@ -259,8 +204,7 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
             assert time.monotonic() < deadline + 120, "no epoch was ever logged"
             time.sleep(0.5)
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+        mlflow_ui.stop_server(server, signal.SIGKILL)  # the server dies mid-run
     _, stderr = training.communicate(timeout=300)
     assert training.returncode == 0, stderr[-3000:]
     assert stderr.count("WARNING: MLflow tracking") == 1

@@ -44,9 +44,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextlib.contextmanager
-def mlflow_server(store: Path, timeout_s: float = 90) -> Iterator[str]:
-    """`mlflow server` over a SQLite store on 127.0.0.1; yields its URL; always stopped."""
+def start_server(store: Path, timeout_s: float = 90) -> tuple[str, subprocess.Popen]:
+    """`mlflow server` over a SQLite store on 127.0.0.1 (a free port), once it answers."""
     port = free_port()
     mlflow = Path(sys.executable).parent / "mlflow"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
@@ -66,30 +65,45 @@ def mlflow_server(store: Path, timeout_s: float = 90) -> Iterator[str]:
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while not healthy(url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_server(process)
+            raise RuntimeError(
+                f"mlflow server did not start: {process.stderr.read().decode()[-2000:]}"
+            )
+        time.sleep(0.5)
+    return url, process
+
+
+def healthy(url: str) -> bool:
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"mlflow server did not start: {process.stderr.read().decode()[-2000:]}"
-                )
-            time.sleep(0.5)
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def stop_server(process: subprocess.Popen, sig: int = 15) -> None:
+    """Stop the server and its workers (its own process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+    process.stderr.close()
+
+
+@contextlib.contextmanager
+def mlflow_server(store: Path, timeout_s: float = 90) -> Iterator[str]:
+    """A running server's URL for the duration of the block; always stopped."""
+    url, process = start_server(store, timeout_s)
+    try:
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
-        process.stderr.close()
+        stop_server(process)
 
 
 def _api(url: str, path: str, payload: dict) -> dict:
