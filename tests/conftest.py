@@ -75,6 +75,8 @@ def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    # Short test runs must still get system-metric samples before they end.
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     return uri
 
 

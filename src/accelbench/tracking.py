@@ -189,8 +189,10 @@ def _start_variant_run(
     experiment_id = setup(root)
     parent = pipeline_run_id(root, experiment_id)
     all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
-    if system_metrics:
-        mlflow.set_system_metrics_sampling_interval(SYSTEM_METRICS_INTERVAL_S)
+    if system_metrics:  # every second, unless MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says
+        os.environ.setdefault(
+            "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", str(SYSTEM_METRICS_INTERVAL_S)
+        )
     run = mlflow.start_run(
         run_name=variant, parent_run_id=parent, tags=all_tags, log_system_metrics=system_metrics
     )
