@@ -32,7 +32,7 @@ repro: setup  ## run the whole DVC pipeline (dvc repro)
 test: setup lint  ## lint, then run the test suite
 	pytest
 
-lint: setup  ## ruff lint + format check
+lint: setup  ## ruff lint + format check, hadolint on the Dockerfile
 	ruff check src tests tools benchmarks
 	ruff format --check src tests tools benchmarks
 	hadolint Dockerfile
@@ -41,7 +41,7 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff check --fix src tests tools benchmarks
 	ruff format src tests tools benchmarks
 
-ui: setup  ## MLflow UI on http://$(HOST):$(PORT) over the repository's store
+ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
@@ -55,4 +55,4 @@ wheelhouse:  ## wheels for an air-gapped Python $(PY) x86_64 host into .whl/ (ma
 	$(PYTHON) tools/wheelhouse.py --python-version $(PY) --out .whl
 
 clean:  ## remove pipeline outputs, the MLflow store and the DVC cache (keeps .venv)
-	rm -rf data models metrics reports env mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock
+	rm -rf data models metrics reports env checkpoints mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock

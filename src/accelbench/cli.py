@@ -17,7 +17,11 @@ from .params import ParamsError, load_params
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="accelbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="accelbench",
+        description="The pipeline's stages (dvc.yaml calls them; run them all with `dvc repro`) "
+        "and tools: check, runs, doctor.",
+    )
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
 
