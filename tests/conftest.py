@@ -5,10 +5,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from accelbench import data
 
@@ -78,6 +80,45 @@ def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     # Short test runs must still get system-metric samples before they end.
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     return uri
+
+
+def write_params(folder: Path, variants: dict | None = None, **train) -> Path:
+    """The repository's params.yaml with some `train` values (and the variants) replaced."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"].update(train)
+    if variants is not None:
+        raw["variants"] = variants
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def train_command(
+    params: Path,
+    name: str,
+    prepared: Path,
+    model: Path,
+    metrics: Path,
+    checkpoint: Path | None = None,
+) -> list[str]:
+    """`accelbench train` as dvc.yaml runs it, in this interpreter."""
+    command = [
+        sys.executable,
+        "-m",
+        "accelbench.cli",
+        "--params",
+        str(params),
+        "train",
+        name,
+        "--data",
+        str(prepared),
+        "--model",
+        str(model),
+        "--metrics",
+        str(metrics),
+        "--quiet",
+    ]
+    return command + (["--checkpoint", str(checkpoint)] if checkpoint else [])
 
 
 def shared_mnist() -> Path | None:

@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,37 +18,27 @@ from mlflow.tracking import MlflowClient
 from accelbench import data
 from accelbench.batches import EpochSampler, ResidentBatches
 from accelbench.params import ParamsError, parse_params
+from conftest import train_command, write_params
 
 REPO = Path(__file__).resolve().parents[1]
 DDP = {"device": "cpu", "distributed": {"nproc_per_node": 2, "backend": "gloo"}}
 
 
 def _params(tmp_path: Path, epochs: int = 1, **variants) -> Path:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"].update(epochs=epochs, batch_size=64, dropout=0.0, shift_px=0, schedule="constant")
-    raw["variants"] = variants
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return write_params(
+        tmp_path,
+        variants,
+        epochs=epochs,
+        batch_size=64,
+        dropout=0.0,
+        shift_px=0,
+        schedule="constant",
+    )
 
 
 def _train_cmd(params: Path, name: str, prepared: Path, tmp_path: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "accelbench.cli",
-        "--params",
-        str(params),
-        "train",
-        name,
-        "--data",
-        str(prepared),
-        "--model",
-        str(tmp_path / f"{name}.pt"),
-        "--metrics",
-        str(tmp_path / "metrics" / name),
-        "--quiet",
-    ]
+    model, metrics = tmp_path / f"{name}.pt", tmp_path / "metrics" / name
+    return train_command(params, name, prepared, model, metrics)
 
 
 def _env(mlflow_store: str) -> dict[str, str]:

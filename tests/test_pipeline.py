@@ -62,7 +62,8 @@ def _dvc(repo: Path, *args: str, mirror: Path) -> subprocess.CompletedProcess:
     return result
 
 
-def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
+def _small_repo(tmp_path: Path, only_cpu: bool = False, **train) -> tuple[Path, Path, dict]:
+    """A copy of the repository on an MNIST subset: (repo, mirror, its params)."""
     mirror = shared_mnist()
     if mirror is None:
         pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
@@ -70,8 +71,15 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
     _copy_repo(repo)
     params_path = repo / "params.yaml"
     params = yaml.safe_load(params_path.read_text())
-    params["train"].update(epochs=2, train_subset=1024, test_subset=512)
+    params["train"].update(train)
+    if only_cpu:
+        params["variants"] = {"cpu": params["variants"]["cpu"]}
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return repo, mirror, params
+
+
+def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
+    repo, mirror, params = _small_repo(tmp_path, epochs=2, train_subset=1024, test_subset=512)
 
     first = _dvc(repo, "repro", mirror=mirror)
     out = first.stdout + first.stderr
@@ -111,16 +119,9 @@ def test_killed_dvc_repro_resumes_and_redoes_only_what_is_incomplete(tmp_path) -
 
     import torch
 
-    mirror = shared_mnist()
-    if mirror is None:
-        pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
-    repo = tmp_path / "repo"
-    _copy_repo(repo)
-    params_path = repo / "params.yaml"
-    params = yaml.safe_load(params_path.read_text())
-    params["train"].update(epochs=4, train_subset=2048, test_subset=512)
-    params["variants"] = {"cpu": params["variants"]["cpu"]}
-    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    repo, mirror, _ = _small_repo(
+        tmp_path, only_cpu=True, epochs=4, train_subset=2048, test_subset=512
+    )
 
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "dvc"), "repro"],

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 from accelbench import tracking
+from conftest import train_command, write_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,26 +135,8 @@ def test_deterministic_mode_gives_identical_weights(prepared) -> None:
 
 
 def _train_command(tmp_path: Path, prepared: Path, epochs: int) -> list[str]:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"].update(epochs=epochs, batch_size=64)
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(raw))
-    return [
-        sys.executable,
-        "-m",
-        "accelbench.cli",
-        "--params",
-        str(params),
-        "train",
-        "cpu",
-        "--data",
-        str(prepared),
-        "--model",
-        str(tmp_path / "cpu.pt"),
-        "--metrics",
-        str(tmp_path / "metrics"),
-        "--quiet",
-    ]
+    params = write_params(tmp_path, epochs=epochs, batch_size=64)
+    return train_command(params, "cpu", prepared, tmp_path / "cpu.pt", tmp_path / "metrics")
 
 
 def test_closed_tracking_port_costs_seconds_and_loses_no_outputs(tmp_path, prepared) -> None:
@@ -218,32 +200,16 @@ def test_sigkill_then_rerun_resumes_to_bitwise_identical_weights(
 ) -> None:
     import torch
 
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"].update(epochs=5, batch_size=64)
-    raw["variants"] = {"cpu": {"device": "cpu", "threads": 1}}
-    params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump(raw))
+    params = write_params(
+        tmp_path, {"cpu": {"device": "cpu", "threads": 1}}, epochs=5, batch_size=64
+    )
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
 
     def command(run: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "accelbench.cli",
-            "--params",
-            str(params),
-            "train",
-            "cpu",
-            "--data",
-            str(prepared),
-            "--model",
-            str(tmp_path / run / "cpu.pt"),
-            "--metrics",
-            str(tmp_path / run / "metrics"),
-            "--checkpoint",
-            str(tmp_path / run / "checkpoint.pt"),
-            "--quiet",
-        ]
+        out = tmp_path / run
+        return train_command(
+            params, "cpu", prepared, out / "cpu.pt", out / "metrics", out / "checkpoint.pt"
+        )
 
     whole = subprocess.run(command("whole"), cwd=tmp_path, env=env, capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr[-3000:]

@@ -164,17 +164,16 @@ def variant_run(
     *,
     system_metrics: bool = False,
 ) -> Iterator[str]:
-    """A child run of the pipeline run for one variant; yields its run id.
+    """A child run of the pipeline run for one variant; yields its run id (None when tracking
+    is down: the body then runs untracked).
 
-    MLflow marks it FAILED if the body raises, FINISHED otherwise. With `system_metrics`,
+    The run ends FINISHED, FAILED or KILLED as the body did. With `system_metrics`,
     MLflow samples CPU, host memory and (through NVML, where there is a GPU) GPU utilization,
     memory and power every second; without a GPU those series are absent, not zeros.
     """
-    run_id = _start_variant_run(root, variant, params, tags, system_metrics)
-    if run_id is None:  # tracking is down: train anyway
-        yield None
-        return
-    with _final_status():
+    with _ended_as_it_went(
+        _start_variant_run(root, variant, params, tags, system_metrics)
+    ) as run_id:
         yield run_id
 
 
@@ -215,10 +214,16 @@ def _end_run(status: str) -> None:
 
 
 @contextmanager
-def _final_status() -> Iterator[None]:
-    """End the active run as what happened: FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED."""
+def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
+    """End the active run as what happened: FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED.
+
+    With no run (tracking is down) the body runs untracked.
+    """
+    if run_id is None:
+        yield None
+        return
     try:
-        yield
+        yield run_id
     except KeyboardInterrupt:
         _end_run("KILLED")
         raise
@@ -244,13 +249,15 @@ def log_dataset(name: str, images, labels, source: Path, digest: str, context: s
 
 @contextmanager
 def resume_run(root: Path, run_id: str) -> Iterator[str]:
-    """Re-open a variant's run (the evaluate stage adds to the run that training opened)."""
-    run = tolerant(lambda: (setup(root), mlflow.start_run(run_id=run_id))[1])()
-    if run is None:
-        yield None
-        return
-    with _final_status():
-        yield run.info.run_id
+    """Re-open a variant's run (evaluation, or training resumed from a checkpoint)."""
+    with _ended_as_it_went(_reopen_run(root, run_id)) as reopened:
+        yield reopened
+
+
+@tolerant
+def _reopen_run(root: Path, run_id: str) -> str:
+    setup(root)
+    return mlflow.start_run(run_id=run_id).info.run_id
 
 
 @tolerant
