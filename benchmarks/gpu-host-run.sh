@@ -6,15 +6,7 @@
 set -euo pipefail
 OUT="${OUT:-$PWD/gpu-run}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MLFLOW_DISABLE_TELEMETRY=true
-
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD/src" PATH="/tmp/site/bin:$PATH"
-# The stages call `accelbench`; without an installed entry point, a shim does.
-printf '#!/bin/sh\nexec python3 -m accelbench.cli "$@"\n' > /tmp/site/bin/accelbench
-chmod +x /tmp/site/bin/accelbench
-[ -d .git ] || { git init -q && git add -A && git -c user.name=run -c user.email=run@localhost commit -qm run; }
+source benchmarks/gpu-host-setup.sh
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu \
   --format=csv | tee "$OUT/nvidia-smi.csv"

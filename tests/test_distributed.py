@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from accelbench import data
 from accelbench.batches import EpochSampler, ResidentBatches
+from accelbench.models import SeedCNN
 from accelbench.params import ParamsError, parse_params
 from conftest import train_command, write_params
 
@@ -122,13 +123,18 @@ def test_cuda_ddp_without_gpus_is_skipped_or_refused(tmp_path, prepared, mlflow_
     assert "asks for 2 GPUs per node" in result.stderr
 
 
-def test_params_refuse_indivisible_batches_and_nccl_on_cpu() -> None:
+def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_over_gloo() -> None:
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nproc_per_node": 3}}}
     with pytest.raises(ParamsError, match="batch_size 512 must be divisible by the world size 3"):
         parse_params(raw)
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"backend": "nccl"}}}
     with pytest.raises(ParamsError, match="'nccl' needs device 'cuda'"):
+        parse_params(raw)
+    raw["variants"] = {
+        "ddp": {"device": "cuda", "cuda_graph": True, "distributed": {"backend": "gloo"}}
+    }
+    with pytest.raises(ParamsError, match=r"captures the gradient all-reduce.*not 'gloo'"):
         parse_params(raw)
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
     with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
@@ -154,13 +160,39 @@ def test_shards_of_each_global_batch_cover_it_exactly(prepared) -> None:
         assert torch.equal(torch.cat([halves[0][k], halves[1][k]]), batch)
 
 
+GPU_FAST = {"device": "cuda", "fused_optimizer": True, "channels_last": True}
+GRAPHED = {**GPU_FAST, "compile": "default", "cuda_graph": True}
+
+
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_nccl_ddp_on_two_gpus(tmp_path, prepared, mlflow_store) -> None:
-    params = _params(tmp_path, ddp={"device": "cuda", "distributed": {"nproc_per_node": 2}})
-    result = _run_train(params, "ddp", prepared, tmp_path, mlflow_store, 300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "ddp.pt").exists()
+@pytest.mark.parametrize(
+    ("settings", "nproc"),
+    [
+        pytest.param(GPU_FAST, 2, id="eager-2gpu"),
+        pytest.param(GRAPHED, 2, id="compiled-graphed-2gpu"),
+        pytest.param(GRAPHED, 1, id="compiled-graphed-1gpu"),
+    ],
+)
+def test_nccl_ddp_trains_like_one_process_on_the_same_global_batches(
+    tmp_path, prepared, mlflow_store, settings, nproc
+) -> None:
+    """The gradient all-reduce (eager, or captured in the step's CUDA graph) averages the
+    shards' gradients: the weights match one process training on the whole batches."""
+    if torch.cuda.device_count() < nproc:
+        pytest.skip(f"needs {nproc} GPUs")
+    ddp = {**settings, "distributed": {"nproc_per_node": nproc}}
+    params = _params(tmp_path, epochs=2, single=settings, ddp=ddp)
+    for name in ("single", "ddp"):
+        result = _run_train(params, name, prepared, tmp_path, mlflow_store, 400)
+        assert result.returncode == 0, result.stderr[-3000:]
+    single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
+    ddp_weights = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
+    torch.manual_seed(0)  # params.yaml's seed: the initial weights both runs started from
+    initial = SeedCNN(dropout=0.0).state_dict()
+    for key, value in single.items():
+        moved = (value - initial[key]).abs().max().item()
+        diff = (ddp_weights[key] - value).abs().max().item()
+        assert diff < 0.02 * moved, f"{key}: ddp vs single differ by {diff:.2e} (moved {moved:.2e})"
 
 
 def test_two_nodes_on_localhost_static_rendezvous(tmp_path, prepared, mlflow_store) -> None:

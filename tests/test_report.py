@@ -59,6 +59,12 @@ def test_report_has_speedups_scaling_and_figures(tmp_path) -> None:
             {},
         ),
         report.Row(
+            "ddp_bf16",
+            VariantParams(device="cuda", precision="bf16", distributed={"nproc_per_node": 2}),
+            _trained(0.1, world_size=2),
+            {},
+        ),
+        report.Row(
             "amp",
             VariantParams(device="cuda", precision="bf16"),
             {"status": "skipped", "reason": "no GPU"},
@@ -71,6 +77,8 @@ def test_report_has_speedups_scaling_and_figures(tmp_path) -> None:
     assert "50.0×" in md  # 10 s / 0.2 s
     assert "55 J" in md
     assert "| ddp | 2 | 0.125 s | 1.6× | 80% |" in md  # speedup over gpu, efficiency
+    assert "ddp_bf16 differs from gpu in precision: its speedup mixes" in md
+    assert "ddp differs" not in md  # same settings as gpu: the ratio is the scaling alone
     assert "Skipped amp: no GPU." in md
     assert "GTX 1080 Ti" in md  # the tutorials' figures
     for figure in ("summary.png", "epoch_times.png", "curves.png"):

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "--checkpoint", type=Path, help="training state saved every epoch; resumed when present"
     )
     train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record a torch.profiler trace of 20 steady-state steps (after epoch 1) into DIR; "
+        "slows this run, so its times are not figures of record",
+    )
 
     evaluate = sub.add_parser("evaluate", help="evaluate one trained variant")
     evaluate.add_argument("--model", type=Path, required=True)
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "prepare":
             stages.prepare_stage(args.raw, args.out)
         elif args.stage == "train":
-            outputs = stages.TrainOutputs(args.model, args.metrics, args.checkpoint)
+            outputs = stages.TrainOutputs(args.model, args.metrics, args.checkpoint, args.profile)
             stages.train_stage(
                 root,
                 params,

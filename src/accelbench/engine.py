@@ -199,11 +199,13 @@ class TrainStep:
     A replayed graph launches forward, backward and the optimizer as one unit, removing the
     per-kernel launch gaps that dominate a step of this small CNN on a fast GPU. Capture
     needs warm-up steps; they are undone (weights restored, optimizer state zeroed) so every
-    variant starts training from the same state.
+    variant starts training from the same state. Under DistributedDataParallel the graph
+    also holds DDP's gradient all-reduce (NCCL collectives can be captured).
 
-    `step_model` is `model` or its torch.compile'd wrapper (same weights). Batches of another
-    size than the first (the last, partial one of an epoch) run eagerly through the plain
-    `model`, so a compiled variant compiles one shape, not two, inside its timed epoch.
+    `model` is the module trained eagerly (the plain module, or its DDP wrapper); `step_model`
+    is `model` or its torch.compile'd wrapper (same weights). Batches of another size than the
+    first (the last, partial one of an epoch) run eagerly through `model`, so a compiled
+    variant compiles one shape, not two, inside its timed epoch.
     """
 
     def __init__(
@@ -215,8 +217,10 @@ class TrainStep:
         device: torch.device,
         shift_px: int = 0,
         accumulation_steps: int = 1,
+        warmup_steps: int = 3,
     ) -> None:
         self.model, self.step_model, self.shift_px = model, step_model, shift_px
+        self.warmup_steps = warmup_steps
         self.accumulation_steps = accumulation_steps
         self.optimizer, self.variant, self.device = optimizer, variant, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
@@ -281,7 +285,7 @@ class TrainStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up: compilation, autotuning, optimizer state
+            for _ in range(self.warmup_steps):  # compilation, autotuning, optimizer state
                 self.eager(static_images, static_labels)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
@@ -317,6 +321,25 @@ class TrainStep:
         static_labels.copy_(labels)
         self.graph.replay()
         return static_loss.detach().float()
+
+
+# PyTorch's CUDA semantics notes ("Usage with DistributedDataParallel"): whole-step capture
+# of a DDP step needs NCCL >= 2.9.6, DDP built on a side stream and at least 11 eager
+# DDP steps before capture (DDP rebuilds its buckets and samples runtime stats early on).
+DDP_CAPTURE_WARMUP_STEPS = 11
+
+
+def wrap_ddp(model: nn.Module, device: torch.device, graphed: bool) -> DistributedDataParallel:
+    """DistributedDataParallel around `model`; built on a side stream when it will be captured."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    if not graphed:
+        return DistributedDataParallel(model, device_ids=device_ids)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+    torch.cuda.current_stream(device).wait_stream(side)
+    return wrapped
 
 
 class NonFiniteLossError(RuntimeError):
@@ -366,15 +389,15 @@ def fit(
     that an interrupted and resumed run ends with the same weights as an uninterrupted one.
     """
     clock = DeviceClock(device)
-    step_model = eager_model = model
+    eager_model = model
     distributed = dist.is_available() and dist.is_initialized()
     if distributed:
         # Gradients are averaged across processes in backward; every step must go through it.
-        device_ids = [device.index] if device.type == "cuda" else None
-        step_model = eager_model = DistributedDataParallel(model, device_ids=device_ids)
-    elif variant.compile != "none":
+        eager_model = wrap_ddp(model, device, graphed=variant.cuda_graph)
+    step_model = eager_model
+    if variant.compile != "none":
         mode = None if variant.compile == "default" else variant.compile
-        step_model = torch.compile(model, mode=mode, dynamic=False)
+        step_model = torch.compile(eager_model, mode=mode, dynamic=False)
     optimizer = make_optimizer(model, train, variant, device)
     scheduler = make_scheduler(optimizer, train, len(train_batches))
     step = TrainStep(
@@ -385,6 +408,7 @@ def fit(
         device,
         train.shift_px,
         train.accumulation_steps,
+        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else 3,
     )
     records: list[EpochRecord] = []
     first_epoch = 0

@@ -124,12 +124,13 @@ class VariantParams(_Strict):
                 "'max-autotune-no-cudagraphs' with it, not 'reduce-overhead'"
             )
         if self.distributed is not None:
-            if self.cuda_graph or self.compile != "none":
-                raise ValueError(
-                    "distributed variants run eagerly: set cuda_graph: false and compile: none"
-                )
             if self.distributed.backend == "nccl" and self.device != "cuda":
                 raise ValueError("distributed.backend 'nccl' needs device 'cuda'; use 'gloo'")
+            if self.distributed.backend == "gloo" and self.cuda_graph:
+                raise ValueError(
+                    "cuda_graph: true captures the gradient all-reduce in the graph, which "
+                    "needs distributed.backend 'nccl' (or 'auto'), not 'gloo'"
+                )
         return self
 
     @property

@@ -269,6 +269,7 @@ def _scaling_lines(rows: list[Row]) -> list[str]:
         "| variant | processes | steady epoch | speedup vs gpu | scaling efficiency |",
         "|---|---|---|---|---|",
     ]
+    notes = []
     for row in distributed:
         world = row.train.get("world_size", 1)
         steady = row.train.get("steady_epoch_s")
@@ -277,13 +278,26 @@ def _scaling_lines(rows: list[Row]) -> list[str]:
             f"| {row.name} | {world} | {fmt_seconds(steady)} | {_cell(speedup, 'x')} | "
             f"{_cell(speedup / world if speedup else None, 'pct0')} |"
         )
+        differing = _settings_differing(row.variant, base.variant) if base else []
+        if differing:
+            notes.append(
+                f"{row.name} differs from gpu in {', '.join(differing)}: its speedup mixes "
+                "those settings' effect with the scaling."
+            )
     return [
         *lines,
         "",
-        "Scaling efficiency = speedup / processes. The gpu variant's settings "
-        "(compile, CUDA graph) may differ from the DDP variant's: compare the settings too.",
+        "Scaling efficiency = speedup / processes, at the same global batch "
+        "(each process takes batch / processes).",
+        *notes,
         "",
     ]
+
+
+def _settings_differing(variant: VariantParams, base: VariantParams) -> list[str]:
+    """Settings (other than `distributed`) in which two variants differ."""
+    ours, theirs = variant.model_dump(), base.model_dump()
+    return [k for k in ours if k != "distributed" and ours[k] != theirs[k]]
 
 
 def _curves_figure(path: Path, rows: list[Row], target: float) -> None:

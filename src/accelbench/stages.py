@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import data, engine, hardware, report
+from . import data, engine, hardware, profiling, report
 from .batches import LoaderBatches, ResidentBatches
 from .models import SeedCNN
 from .params import Params, TrainParams, VariantParams
@@ -95,6 +95,7 @@ class TrainOutputs:
         return self.metrics_dir / "epochs.csv"
 
     checkpoint: Path | None = None  # per-epoch training state, for resuming after a kill
+    profile: Path | None = None  # folder for a torch.profiler trace of steady-state steps
 
 
 def resolve_device(
@@ -382,38 +383,44 @@ def _train(
                 tracking.log_metrics(record.as_dict(), step=record.epoch)
 
         accumulation = train.accumulation_steps
-        for attempt in range(train.oom_retries + 1):
-            try:
-                records = engine.fit(
-                    model,
-                    train_batches,
-                    test_batches,
-                    train.model_copy(update={"accumulation_steps": accumulation}),
-                    variant,
-                    device,
-                    on_epoch=on_epoch,
-                    on_step=progress.step,
-                    energy_j=(
-                        hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
-                    ),
-                    resume_from=resume["state"] if resume else None,
-                    on_checkpoint=save_checkpoint if checkpoint else None,
-                )
-                break
-            except torch.cuda.OutOfMemoryError as exc:
-                per_pass = train.batch_size // world_size // accumulation
-                if attempt == train.oom_retries or per_pass < 2:
-                    message = _oom_message(name, train, accumulation, device, device_name)
-                    raise StageError(message) from exc
-                accumulation *= 2
-                log(
-                    f"train {name}: CUDA out of memory at {per_pass} samples per pass; "
-                    f"retrying from scratch with accumulation_steps {accumulation} "
-                    f"({per_pass // 2} per pass, same batch {train.batch_size})"
-                )
-                model, resume = _fresh_model(train, variant, device), None
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+        energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
+        profiler = profiling.step_profiler(out.profile, name, rank, len(train_batches))
+        with profiler as profile_step:
+
+            def on_step(samples: int) -> None:
+                progress.step(samples)
+                profile_step()
+
+            for attempt in range(train.oom_retries + 1):
+                try:
+                    records = engine.fit(
+                        model,
+                        train_batches,
+                        test_batches,
+                        train.model_copy(update={"accumulation_steps": accumulation}),
+                        variant,
+                        device,
+                        on_epoch=on_epoch,
+                        on_step=on_step,
+                        energy_j=energy_j,
+                        resume_from=resume["state"] if resume else None,
+                        on_checkpoint=save_checkpoint if checkpoint else None,
+                    )
+                    break
+                except torch.cuda.OutOfMemoryError as exc:
+                    per_pass = train.batch_size // world_size // accumulation
+                    if attempt == train.oom_retries or per_pass < 2:
+                        message = _oom_message(name, train, accumulation, device, device_name)
+                        raise StageError(message) from exc
+                    accumulation *= 2
+                    log(
+                        f"train {name}: CUDA out of memory at {per_pass} samples per pass; "
+                        f"retrying from scratch with accumulation_steps {accumulation} "
+                        f"({per_pass // 2} per pass, same batch {train.batch_size})"
+                    )
+                    model, resume = _fresh_model(train, variant, device), None
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
         progress.close()
         if not main_process:
             return {}
@@ -452,6 +459,8 @@ def _train(
         _atomic_save(final, out.model)
         tracking.log_metrics({k: v for k, v in summary.items() if k != "epochs"})
         tracking.log_artifact(out.epochs_csv)
+        for path in sorted(out.profile.glob(f"{name}-rank0.*")) if out.profile else ():
+            tracking.log_artifact(path, "profile")
         example = test_batches.images[:4].float().cpu().contiguous().numpy()
         tracking.log_model(_cpu_model(final), example)
     log(

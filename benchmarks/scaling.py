@@ -1,0 +1,162 @@
+"""DDP scaling: train single-GPU baselines and DDP variants at several global batch sizes.
+
+    python benchmarks/scaling.py --candidates benchmarks/h200-scaling.yaml \\
+        --batch-sizes 512 4096 --out scaling --profile
+
+Each candidate trains through `accelbench train` (so DDP variants go through torchrun, as in
+`dvc repro`), one after another on an otherwise idle machine. The candidates file is a
+params file plus a `baselines:` mapping (DDP variant -> the single-GPU variant with the same
+settings). Writes OUT/scaling.md and OUT/scaling.json: steady epoch time, throughput,
+speedup over the baseline and scaling efficiency (speedup / processes) at each batch size,
+and, with --profile, the GPU time per step read from each run's torch.profiler trace
+(profiled runs are a little slower: their epoch times are marked). Needs data/prepared
+(`dvc repro prepare`). Nothing here is a DVC output; docs/results/ records the outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from accelbench.params import parse_params
+
+
+def _run(
+    params: Path, name: str, data: Path, out: Path, profile: Path | None
+) -> tuple[int, dict[str, Any]]:
+    metrics = out / "metrics" / name
+    command = [
+        sys.executable, "-m", "accelbench.cli", "--params", str(params), "train", name,
+        "--data", str(data), "--model", str(out / "models" / f"{name}.pt"),
+        "--metrics", str(metrics), "--quiet",
+    ]  # fmt: skip
+    if profile is not None:
+        command += ["--profile", str(profile)]
+    log = out / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as sink:
+        code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, check=False)
+    train_json = metrics / "train.json"
+    return code.returncode, json.loads(train_json.read_text()) if train_json.exists() else {}
+
+
+def _row(name: str, batch: int, code: int, train: dict, base: dict | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"variant": name, "batch_size": batch, "returncode": code}
+    row["status"] = train.get("status", "failed") if code == 0 else "failed"
+    if row["status"] != "trained":
+        row["reason"] = train.get("reason")
+        return row
+    world = train.get("world_size", 1)
+    steady = train["steady_epoch_s"]
+    row |= {
+        "world_size": world,
+        "first_epoch_s": train["first_epoch_s"],
+        "steady_epoch_s": steady,
+        "steady_samples_per_s": train["steady_samples_per_s"],
+        "final_test_accuracy": train["final_test_accuracy"],
+        "peak_gpu_mem_mib": train.get("peak_gpu_mem_mib"),
+    }
+    if base and base.get("status") == "trained":
+        speedup = base["steady_epoch_s"] / steady
+        row |= {"speedup": speedup, "efficiency": speedup / world}
+    return row
+
+
+def _profile_summary(profile: Path | None, name: str) -> dict[str, Any] | None:
+    path = profile / f"{name}-rank0.json" if profile else None
+    return json.loads(path.read_text()) if path and path.exists() else None
+
+
+def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
+    def ms(value: float | None) -> str:
+        return f"{value:.3f}" if value is not None else "n/a"
+
+    lines = [
+        "| batch | variant | procs | first epoch s | steady epoch s | samples/s | speedup | "
+        "efficiency | test acc |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["status"] != "trained":
+            lines.append(f"| {r['batch_size']} | {r['variant']} | | {r['status']}: "
+                         f"{r.get('reason') or 'see logs/'} | | | | | |")  # fmt: skip
+            continue
+        lines.append(
+            f"| {r['batch_size']} | {r['variant']} | {r['world_size']} | "
+            f"{r['first_epoch_s']:.2f} | {r['steady_epoch_s']:.4f} | "
+            f"{r['steady_samples_per_s']:,.0f} | "
+            + (f"{r['speedup']:.2f}× | {r['efficiency']:.0%} | " if "speedup" in r else "| | ")
+            + f"{r['final_test_accuracy']:.2%} |"
+        )
+    if profiled:
+        lines += [
+            "",
+            "GPU time per step from each run's profile (rank 0, 20 steady steps, ms):",
+            "",
+            "| batch | variant | GPU span | busy | compute | all-reduce | exposed all-reduce | "
+            "idle | kernels/step |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            p = r.get("profile")
+            if not p or p.get("span_ms_per_step") is None:
+                continue
+            lines.append(
+                f"| {r['batch_size']} | {r['variant']} | {ms(p['span_ms_per_step'])} | "
+                f"{ms(p['busy_ms_per_step'])} | {ms(p['compute_ms_per_step'])} | "
+                f"{ms(p['allreduce_ms_per_step'])} | {ms(p['exposed_allreduce_ms_per_step'])} | "
+                f"{p['idle_share']:.0%} | {p['kernels_per_step']:.0f} |"
+            )
+        lines += ["", "Profiled runs: epoch times include the profiler's overhead in epoch 2."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--candidates", type=Path, default=Path("benchmarks/h200-scaling.yaml"))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512])
+    parser.add_argument("--data", type=Path, default=Path("data/prepared"))
+    parser.add_argument("--out", type=Path, default=Path("scaling"))
+    parser.add_argument("--only", nargs="+", help="these candidates only (default: all)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler traces too")
+    args = parser.parse_args(argv)
+
+    raw = yaml.safe_load(args.candidates.read_text())
+    baselines: dict[str, str] = raw.pop("baselines", {})
+    parse_params(raw, str(args.candidates))  # every candidate valid before anything runs
+    names = args.only or list(raw["variants"])
+    rows: list[dict[str, Any]] = []
+    for batch in args.batch_sizes:
+        out = args.out / f"batch{batch}"
+        out.mkdir(parents=True, exist_ok=True)
+        params_path = out / "params.yaml"
+        params_path.write_text(
+            yaml.safe_dump(raw | {"train": raw["train"] | {"batch_size": batch}})
+        )
+        parse_params(yaml.safe_load(params_path.read_text()), str(params_path))
+        profile = out / "profiles" if args.profile else None
+        trained: dict[str, dict] = {}
+        # Baselines first, so every DDP row can be set against its baseline.
+        for name in sorted(names, key=lambda n: n in baselines):
+            code, train = _run(params_path, name, args.data, out, profile)
+            trained[name] = train
+            base = trained.get(baselines[name]) if name in baselines else None
+            row = _row(name, batch, code, train, base)
+            row["profile"] = _profile_summary(profile, name)
+            rows.append(row)
+            print(json.dumps({k: row.get(k) for k in ("batch_size", "variant", "status",
+                  "steady_epoch_s", "speedup", "efficiency")}), flush=True)  # fmt: skip
+            (args.out / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
+            (args.out / "scaling.md").write_text(_markdown(rows, args.profile))
+    print(_markdown(rows, args.profile))
+    return 0 if all(r["status"] != "failed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""torch.profiler around a window of steady-state training steps, and what its trace says.
+
+`accelbench train VARIANT ... --profile DIR` records `active` steps after the first epoch
+(compilation and graph capture) and a few settling steps, one trace per process:
+
+    DIR/<variant>-rank<r>.trace.json   Chrome/Perfetto trace (open in ui.perfetto.dev)
+    DIR/<variant>-rank<r>.txt          operators and kernels by device time
+    DIR/<variant>-rank<r>.json         per step: GPU span, busy, compute, all-reduce, idle
+
+A profiled run is slower than an unprofiled one: its epoch times are not figures of record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)
+PROFILER_WARMUP_STEPS = 3
+
+
+def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by [start, end) intervals, overlaps counted once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
+    """Per-step GPU time from a Chrome trace written by torch.profiler.
+
+    span: first kernel start to last kernel end, per step (the GPU-side step time);
+    busy: time any kernel or copy ran; compute: non-NCCL work; allreduce: NCCL kernels;
+    exposed_allreduce: NCCL time not hidden under compute; idle_share: 1 - busy/span.
+    Times in milliseconds per step. GPU fields are None when the trace has no device work.
+    """
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    device = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
+        for e in events
+        if e.get("cat") in DEVICE_CATEGORIES
+    ]
+    summary: dict[str, Any] = {"steps": steps, "device_events": len(device)}
+    if not device or not steps:
+        keys = ("span", "busy", "compute", "allreduce", "exposed_allreduce")
+        return summary | {f"{k}_ms_per_step": None for k in keys} | {"idle_share": None}
+    nccl = [(s, e) for s, e, name in device if "nccl" in name.lower()]
+    other = [(s, e) for s, e, name in device if "nccl" not in name.lower()]
+    span = max(e for _, e, _ in device) - min(s for s, _, _ in device)
+    busy = _union_us((s, e) for s, e, _ in device)
+    compute = _union_us(other)
+    per_step = 1000.0 * steps  # µs -> ms, per step
+    return summary | {
+        "kernels_per_step": len(device) / steps,
+        "span_ms_per_step": span / per_step,
+        "busy_ms_per_step": busy / per_step,
+        "compute_ms_per_step": compute / per_step,
+        "allreduce_ms_per_step": _union_us(nccl) / per_step,
+        "exposed_allreduce_ms_per_step": (busy - compute) / per_step,
+        "idle_share": 1 - busy / span if span > 0 else None,
+    }
+
+
+@contextlib.contextmanager
+def step_profiler(
+    out_dir: Path | None, name: str, rank: int, steps_per_epoch: int, active: int = 20
+) -> Iterator[Callable[[], None]]:
+    """Yield a per-step callback; with `out_dir`, it drives a torch.profiler schedule."""
+    if out_dir is None:
+        yield lambda: None
+        return
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"{name}-rank{rank}"
+
+    def write(prof: profile) -> None:
+        trace_path = stem.with_suffix(".trace.json")
+        prof.export_chrome_trace(str(trace_path))
+        device_sort = "self_device_time_total" if torch.cuda.is_available() else None
+        table = prof.key_averages().table(
+            sort_by=device_sort or "self_cpu_time_total", row_limit=30
+        )
+        stem.with_suffix(".txt").write_text(table + "\n")
+        summary = summarize_trace(json.loads(trace_path.read_text()))
+        stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    wait = steps_per_epoch + SETTLE_STEPS
+    plan = schedule(wait=wait, warmup=PROFILER_WARMUP_STEPS, active=active, repeat=1)
+    with profile(activities=activities, schedule=plan, on_trace_ready=write) as prof:
+        yield prof.step

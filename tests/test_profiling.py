@@ -1,0 +1,76 @@
+"""The --profile option: a torch.profiler window after epoch 1, and the trace's step summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from accelbench.profiling import summarize_trace
+from conftest import train_command, write_params
+
+
+def _event(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_summary_splits_compute_from_allreduce_and_counts_overlap_once() -> None:
+    # Two steps over 0..1000 µs: compute 0-300 and 500-800; an all-reduce 250-450 overlapping
+    # compute by 50 µs; a copy 900-950; GPU idle 450-500 and 800-900.
+    trace = {
+        "traceEvents": [
+            _event("ProfilerStep#1", 0, 500, "user_annotation"),
+            _event("ProfilerStep#2", 500, 500, "user_annotation"),
+            _event("sm90_xmma_conv", 0, 300),
+            _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 250, 200),
+            _event("triton_poi_fused_adam", 500, 300),
+            _event("Memcpy DtoD", 900, 50, "gpu_memcpy"),
+            _event("aten::add", 0, 999, "cpu_op"),  # host work: not GPU time
+            {"ph": "i", "name": "instant", "cat": "kernel", "ts": 10},  # not a duration event
+        ]
+    }
+    summary = summarize_trace(trace)
+    assert summary["steps"] == 2
+    assert summary["device_events"] == 4
+    assert summary["span_ms_per_step"] == pytest.approx(0.475)  # 0..950 µs over 2 steps
+    assert summary["busy_ms_per_step"] == pytest.approx(0.4)  # 450 + 300 + 50 µs
+    assert summary["compute_ms_per_step"] == pytest.approx(0.325)  # 300 + 300 + 50 µs
+    assert summary["allreduce_ms_per_step"] == pytest.approx(0.1)
+    assert summary["exposed_allreduce_ms_per_step"] == pytest.approx(0.075)  # 150 µs not hidden
+    assert summary["idle_share"] == pytest.approx(1 - 800 / 950)
+
+
+def test_summary_of_a_cpu_only_trace_has_no_gpu_figures() -> None:
+    trace = {"traceEvents": [_event("ProfilerStep#7", 0, 10, "user_annotation")]}
+    summary = summarize_trace(trace)
+    assert summary["steps"] == 1
+    assert summary["span_ms_per_step"] is None and summary["idle_share"] is None
+
+
+def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, mlflow_store) -> None:
+    # 512 samples / batch 64 = 8 steps an epoch: epoch 1, 5 settling and 3 profiler warm-up
+    # steps pass before the 20 recorded ones, which end in epoch 5.
+    variants = {"cpu": {"device": "cpu", "threads": 1}}
+    params = write_params(tmp_path, variants, epochs=5, batch_size=64, schedule="constant")
+    model, metrics, profile = tmp_path / "cpu.pt", tmp_path / "metrics", tmp_path / "profile"
+    command = [*train_command(params, "cpu", prepared, model, metrics), "--profile", str(profile)]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    summary = json.loads((profile / "cpu-rank0.json").read_text())
+    assert summary["steps"] == 20
+    assert summary["span_ms_per_step"] is None  # no GPU here
+    assert "aten::convolution" in (profile / "cpu-rank0.txt").read_text()
+    trace = json.loads((profile / "cpu-rank0.trace.json").read_text())
+    steps = [e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#")]
+    assert steps[0] == "ProfilerStep#16"  # 8 (epoch 1) + 5 + 3 skipped: all after epoch 1
+
+    client = MlflowClient(mlflow_store)
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("accelbench").experiment_id], "tags.variant = 'cpu'"
+    )
+    run_id = run.info.run_id
+    logged = {a.path for a in client.list_artifacts(run_id, "profile")}
+    assert logged == {f"profile/cpu-rank0.{ext}" for ext in ("json", "txt", "trace.json")}

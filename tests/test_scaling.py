@@ -1,0 +1,47 @@
+"""benchmarks/scaling.py: baselines first, DDP rows set against them, one table per run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlflow_store) -> None:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"] |= {"epochs": 2, "shift_px": 0, "schedule": "constant"}
+    raw["variants"] = {
+        "ddp2": {"device": "cpu", "threads": 1, "distributed": {"nproc_per_node": 2}},
+        "single": {"device": "cpu", "threads": 1},
+    }
+    raw["baselines"] = {"ddp2": "single"}
+    candidates = tmp_path / "candidates.yaml"
+    candidates.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "scaling"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--candidates", str(candidates),
+         "--batch-sizes", "64", "128", "--data", str(prepared), "--out", str(out),
+         "--only", "single", "ddp2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = json.loads((out / "scaling.json").read_text())
+    assert [(r["batch_size"], r["variant"]) for r in rows] == [
+        (64, "single"), (64, "ddp2"), (128, "single"), (128, "ddp2"),
+    ]  # fmt: skip
+    for single, ddp in (rows[0:2], rows[2:4]):
+        assert ddp["world_size"] == 2 and "speedup" not in single
+        assert ddp["speedup"] == single["steady_epoch_s"] / ddp["steady_epoch_s"]
+        assert ddp["efficiency"] == ddp["speedup"] / 2
+    table = (out / "scaling.md").read_text()
+    assert "| 128 | ddp2 | 2 |" in table
+    assert (
+        yaml.safe_load((out / "batch128" / "params.yaml").read_text())["train"]["batch_size"] == 128
+    )
