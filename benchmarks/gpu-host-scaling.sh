@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# DDP scaling on an air-gapped multi-GPU host: how the GPUs are linked, benchmarks/scaling.py
-# at the default and a larger global batch (with profiles), then the GPU tests. Each phase has
-# a time limit so that what finished comes back. Writes to $OUT (default: ./scaling-run).
-#   BATCH_SIZES="512 4096" ONLY="gpu ddp2" bash benchmarks/gpu-host-scaling.sh
+# DDP scaling on an air-gapped multi-GPU host: how the GPUs are linked, then
+# benchmarks/scaling.py (with profiles) once per argument, then the GPU tests (RUN_TESTS=0 to
+# skip them). An argument is a global batch size, optionally with the candidates to run:
+#   bash benchmarks/gpu-host-scaling.sh 512 4096:gpu,ddp2,gpu_eager,ddp2_eager
+# Each phase has a time limit (PHASE_LIMIT_S, TEST_LIMIT_S) so what finished comes back.
+# Writes to $OUT (default: ./scaling-run).
 set -uo pipefail
 OUT="${OUT:-$PWD/scaling-run}"
 mkdir -p "$OUT"
@@ -17,10 +19,15 @@ source benchmarks/gpu-host-setup.sh
   nproc
 } > "$OUT/env.txt" 2>&1
 dvc repro prepare > "$OUT/prepare.log" 2>&1
-for batch in ${BATCH_SIZES:-512 4096}; do
+for phase in "${@:-512}"; do
+  batch="${phase%%:*}"
+  only=()
+  [[ "$phase" == *:* ]] && IFS=, read -ra names <<< "${phase#*:}" && only=(--only "${names[@]}")
   timeout "${PHASE_LIMIT_S:-300}" python3 benchmarks/scaling.py --batch-sizes "$batch" \
-    --out "$OUT/scaling-$batch" --profile ${ONLY:+--only $ONLY} 2>&1 | tee "$OUT/scaling-$batch.log"
+    --out "$OUT/scaling-$batch" --profile "${only[@]}" 2>&1 | tee "$OUT/scaling-$batch.log"
 done
-timeout "${TEST_LIMIT_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-  tests/test_distributed.py tests/test_engine.py > "$OUT/pytest-gpu.log" 2>&1
-echo "pytest -m gpu: exit $?" >> "$OUT/pytest-gpu.log"
+if [ "${RUN_TESTS:-1}" = 1 ]; then
+  timeout "${TEST_LIMIT_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests/test_distributed.py tests/test_engine.py > "$OUT/pytest-gpu.log" 2>&1
+  echo "pytest -m gpu: exit $?" >> "$OUT/pytest-gpu.log"
+fi
