@@ -25,6 +25,7 @@ for phase in "${@:-512}"; do
   [[ "$phase" == *:* ]] && IFS=, read -ra names <<< "${phase#*:}" && only=(--only "${names[@]}")
   timeout "${PHASE_LIMIT_S:-300}" python3 benchmarks/scaling.py --batch-sizes "$batch" \
     --out "$OUT/scaling-$batch" --profile "${only[@]}" 2>&1 | tee "$OUT/scaling-$batch.log"
+  tar czf "$OUT/scaling-$batch.tgz" -C "$OUT" "scaling-$batch"  # logs, metrics, profiles
 done
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   timeout "${TEST_LIMIT_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from mlflow.tracking import MlflowClient
 
-from accelbench.profiling import summarize_trace
+from accelbench.profiling import profile_window, summarize_trace
 from conftest import train_command, write_params
 
 
@@ -23,6 +23,7 @@ def test_summary_splits_compute_from_allreduce_and_counts_overlap_once() -> None
         "traceEvents": [
             _event("ProfilerStep#1", 0, 500, "user_annotation"),
             _event("ProfilerStep#2", 500, 500, "user_annotation"),
+            _event("ProfilerStep#2", 510, 480, "gpu_user_annotation"),  # the GPU track's copy
             _event("sm90_xmma_conv", 0, 300),
             _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 250, 200),
             _event("triton_poi_fused_adam", 500, 300),
@@ -49,11 +50,21 @@ def test_summary_of_a_cpu_only_trace_has_no_gpu_figures() -> None:
     assert summary["span_ms_per_step"] is None and summary["idle_share"] is None
 
 
+@pytest.mark.parametrize(
+    ("steps_per_epoch", "window"),
+    [(118, (5, 3, 20)), (33, (5, 3, 20)), (15, (5, 3, 6)), (5, (0, 1, 3)), (2, (0, 1, 1))],
+)
+def test_profile_window_stays_inside_epoch_2_before_its_last_batch(steps_per_epoch, window):
+    assert profile_window(steps_per_epoch, 20) == window
+    settle, warmup, active = window
+    assert settle + warmup + active <= max(steps_per_epoch - 1, warmup + active)
+
+
 def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, mlflow_store) -> None:
-    # 512 samples / batch 64 = 8 steps an epoch: epoch 1, 5 settling and 3 profiler warm-up
-    # steps pass before the 20 recorded ones, which end in epoch 5.
+    # 512 samples / batch 15 = 35 steps an epoch (the last one partial): epoch 1, 5 settling
+    # and 3 profiler warm-up steps pass before the 20 recorded ones, all in epoch 2.
     variants = {"cpu": {"device": "cpu", "threads": 1}}
-    params = write_params(tmp_path, variants, epochs=5, batch_size=64, schedule="constant")
+    params = write_params(tmp_path, variants, epochs=2, batch_size=15, schedule="constant")
     model, metrics, profile = tmp_path / "cpu.pt", tmp_path / "metrics", tmp_path / "profile"
     command = [*train_command(params, "cpu", prepared, model, metrics), "--profile", str(profile)]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -65,7 +76,7 @@ def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, ml
     assert "aten::convolution" in (profile / "cpu-rank0.txt").read_text()
     trace = json.loads((profile / "cpu-rank0.trace.json").read_text())
     steps = [e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#")]
-    assert steps[0] == "ProfilerStep#16"  # 8 (epoch 1) + 5 + 3 skipped: all after epoch 1
+    assert steps[0] == "ProfilerStep#43" and steps[-1] == "ProfilerStep#62"  # 35 + 5 + 3 skipped
 
     client = MlflowClient(mlflow_store)
     [run] = client.search_runs(

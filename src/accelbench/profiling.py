@@ -1,7 +1,8 @@
 """torch.profiler around a window of steady-state training steps, and what its trace says.
 
-`accelbench train VARIANT ... --profile DIR` records `active` steps after the first epoch
-(compilation and graph capture) and a few settling steps, one trace per process:
+`accelbench train VARIANT ... --profile DIR` records up to `active` full-batch steps of the
+second epoch (after compilation and graph capture, and a few settling steps; never the
+evaluation between epochs or an epoch's partial last batch), one trace per process:
 
     DIR/<variant>-rank<r>.trace.json   Chrome/Perfetto trace (open in ui.perfetto.dev)
     DIR/<variant>-rank<r>.txt          operators and kernels by device time
@@ -45,7 +46,8 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
     Times in milliseconds per step. GPU fields are None when the trace has no device work.
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    steps = sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    # One ProfilerStep#N span per step on the host, and copies on the GPU streams' tracks.
+    steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
     device = [
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
         for e in events
@@ -70,6 +72,15 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
         "exposed_allreduce_ms_per_step": (busy - compute) / per_step,
         "idle_share": 1 - busy / span if span > 0 else None,
     }
+
+
+def profile_window(steps_per_epoch: int, active: int) -> tuple[int, int, int]:
+    """(settle, warm-up, active) steps, all inside epoch 2 and before its last, partial batch."""
+    settle, warmup = SETTLE_STEPS, PROFILER_WARMUP_STEPS
+    room = steps_per_epoch - 1 - settle - warmup
+    if room < 1:  # short epochs: less settling, so that something is recorded
+        settle, warmup, room = 0, 1, steps_per_epoch - 2
+    return settle, warmup, max(1, min(active, room))
 
 
 @contextlib.contextmanager
@@ -99,7 +110,7 @@ def step_profiler(
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    wait = steps_per_epoch + SETTLE_STEPS
-    plan = schedule(wait=wait, warmup=PROFILER_WARMUP_STEPS, active=active, repeat=1)
+    settle, warmup, active = profile_window(steps_per_epoch, active)
+    plan = schedule(wait=steps_per_epoch + settle, warmup=warmup, active=active, repeat=1)
     with profile(activities=activities, schedule=plan, on_trace_ready=write) as prof:
         yield prof.step
