@@ -218,10 +218,9 @@ class TrainStep:
         shift_px: int = 0,
         accumulation_steps: int = 1,
         warmup_steps: int = 3,
-        capture_stream: torch.cuda.Stream | None = None,
     ) -> None:
         self.model, self.step_model, self.shift_px = model, step_model, shift_px
-        self.warmup_steps, self.capture_stream = warmup_steps, capture_stream
+        self.warmup_steps = warmup_steps
         self.accumulation_steps = accumulation_steps
         self.optimizer, self.variant, self.device = optimizer, variant, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
@@ -283,16 +282,14 @@ class TrainStep:
             for param, state in self.optimizer.state.items()
         }
         static_images, static_labels = images.clone(), labels.clone()
-        # One stream for warm-up and capture (and DDP's construction): autograd's gradient
-        # accumulators then sit on the stream that captures the backward pass.
-        side = self.capture_stream or torch.cuda.Stream(self.device)
+        side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(self.warmup_steps):  # compilation, autotuning, optimizer state
                 self.eager(static_images, static_labels)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
+        with torch.cuda.graph(graph):
             augmented = self.augment(static_images)
             with autocast(self.variant, self.device):
                 static_loss = F.cross_entropy(self.step_model(augmented), static_labels)
@@ -332,17 +329,16 @@ class TrainStep:
 DDP_CAPTURE_WARMUP_STEPS = 11
 
 
-def wrap_ddp(
-    model: nn.Module, device: torch.device, capture_stream: torch.cuda.Stream | None = None
-) -> DistributedDataParallel:
-    """DistributedDataParallel around `model`; built on the capture stream when captured."""
+def wrap_ddp(model: nn.Module, device: torch.device, graphed: bool) -> DistributedDataParallel:
+    """DistributedDataParallel around `model`; built on a side stream when it will be captured."""
     device_ids = [device.index] if device.type == "cuda" else None
-    if capture_stream is None:
+    if not graphed:
         return DistributedDataParallel(model, device_ids=device_ids)
-    capture_stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(capture_stream):
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
         wrapped = DistributedDataParallel(model, device_ids=device_ids)
-    torch.cuda.current_stream(device).wait_stream(capture_stream)
+    torch.cuda.current_stream(device).wait_stream(side)
     return wrapped
 
 
@@ -395,11 +391,9 @@ def fit(
     clock = DeviceClock(device)
     eager_model = model
     distributed = dist.is_available() and dist.is_initialized()
-    graphed = variant.cuda_graph and device.type == "cuda"
-    capture_stream = torch.cuda.Stream(device) if graphed else None
     if distributed:
         # Gradients are averaged across processes in backward; every step must go through it.
-        eager_model = wrap_ddp(model, device, capture_stream)
+        eager_model = wrap_ddp(model, device, graphed=variant.cuda_graph)
     step_model = eager_model
     if variant.compile != "none":
         mode = None if variant.compile == "default" else variant.compile
@@ -415,7 +409,6 @@ def fit(
         train.shift_px,
         train.accumulation_steps,
         warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else 3,
-        capture_stream=capture_stream,
     )
     records: list[EpochRecord] = []
     first_epoch = 0
