@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         "--profile",
         type=Path,
         metavar="DIR",
-        help="record a torch.profiler trace of 20 steady-state steps (after epoch 1) into DIR; "
+        help="record a torch.profiler trace of up to 20 full-batch steps of epoch 2 into DIR; "
         "slows this run, so its times are not figures of record",
     )
 
