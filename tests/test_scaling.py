@@ -45,3 +45,17 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
     assert (
         yaml.safe_load((out / "batch128" / "params.yaml").read_text())["train"]["batch_size"] == 128
     )
+
+
+def test_h200_candidates_pair_each_ddp_variant_with_a_baseline_of_the_same_settings() -> None:
+    from accelbench.params import parse_params
+    from accelbench.report import settings_differing
+
+    raw = yaml.safe_load((REPO / "benchmarks" / "h200-scaling.yaml").read_text())
+    baselines = raw.pop("baselines")
+    variants = parse_params(raw).variants
+    distributed = {name for name, v in variants.items() if v.distributed is not None}
+    assert set(baselines) == distributed
+    for ddp, base in baselines.items():
+        assert variants[base].distributed is None
+        assert settings_differing(variants[ddp], variants[base]) == [], (ddp, base)

@@ -278,7 +278,7 @@ def _scaling_lines(rows: list[Row]) -> list[str]:
             f"| {row.name} | {world} | {fmt_seconds(steady)} | {_cell(speedup, 'x')} | "
             f"{_cell(speedup / world if speedup else None, 'pct0')} |"
         )
-        differing = _settings_differing(row.variant, base.variant) if base else []
+        differing = settings_differing(row.variant, base.variant) if base else []
         if differing:
             notes.append(
                 f"{row.name} differs from gpu in {', '.join(differing)}: its speedup mixes "
@@ -294,7 +294,7 @@ def _scaling_lines(rows: list[Row]) -> list[str]:
     ]
 
 
-def _settings_differing(variant: VariantParams, base: VariantParams) -> list[str]:
+def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]:
     """Settings (other than `distributed`) in which two variants differ."""
     ours, theirs = variant.model_dump(), base.model_dump()
     return [k for k in ours if k != "distributed" and ours[k] != theirs[k]]
