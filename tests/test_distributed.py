@@ -179,7 +179,7 @@ def test_nccl_ddp_trains_like_one_process_on_the_same_global_batches(
     """The gradient all-reduce (eager, or captured in the step's CUDA graph) averages the
     shards' gradients: the weights match one process training on the whole batches."""
     if torch.cuda.device_count() < nproc:
-        pytest.skip(f"needs {nproc} GPUs")
+        pytest.skip(f"needs {nproc} GPU" + ("s" if nproc > 1 else ""))
     ddp = {**settings, "distributed": {"nproc_per_node": nproc}}
     params = _params(tmp_path, epochs=2, single=settings, ddp=ddp)
     for name in ("single", "ddp"):

@@ -34,6 +34,7 @@ def test_summary_splits_compute_from_allreduce_and_counts_overlap_once() -> None
     }
     summary = summarize_trace(trace)
     assert summary["steps"] == 2
+    assert summary["host_ms_per_step"] == pytest.approx(0.5)  # the GPU track's copy not counted
     assert summary["device_events"] == 4
     assert summary["span_ms_per_step"] == pytest.approx(0.475)  # 0..950 µs over 2 steps
     assert summary["busy_ms_per_step"] == pytest.approx(0.4)  # 450 + 300 + 50 µs
@@ -72,6 +73,7 @@ def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, ml
 
     summary = json.loads((profile / "cpu-rank0.json").read_text())
     assert summary["steps"] == 20
+    assert summary["host_ms_per_step"] > 0
     assert summary["span_ms_per_step"] is None  # no GPU here
     assert "aten::convolution" in (profile / "cpu-rank0.txt").read_text()
     trace = json.loads((profile / "cpu-rank0.trace.json").read_text())

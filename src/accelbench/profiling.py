@@ -40,6 +40,8 @@ def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
 def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
     """Per-step GPU time from a Chrome trace written by torch.profiler.
 
+    host: the host's ProfilerStep spans (on a CPU the step time; with a GPU, the time to
+    launch a step, which runs asynchronously);
     span: first kernel start to last kernel end, per step (the GPU-side step time);
     busy: time any kernel or copy ran; compute: non-NCCL work; allreduce: NCCL kernels;
     exposed_allreduce: NCCL time not hidden under compute; idle_share: 1 - busy/span.
@@ -47,13 +49,20 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     # One ProfilerStep#N span per step on the host, and copies on the GPU streams' tracks.
-    steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+    step_spans = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = len({e["name"] for e in step_spans})
+    host = [float(e.get("dur", 0)) for e in step_spans if e.get("cat") != "gpu_user_annotation"]
     device = [
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
         for e in events
         if e.get("cat") in DEVICE_CATEGORIES
     ]
-    summary: dict[str, Any] = {"steps": steps, "device_events": len(device)}
+    summary: dict[str, Any] = {
+        "steps": steps,
+        # the host's time per step: the step time on a CPU; on a GPU, launch time (async)
+        "host_ms_per_step": sum(host) / len(host) / 1000.0 if host else None,
+        "device_events": len(device),
+    }
     if not device or not steps:
         keys = ("span", "busy", "compute", "allreduce", "exposed_allreduce")
         return summary | {f"{k}_ms_per_step": None for k in keys} | {"idle_share": None}
