@@ -38,6 +38,8 @@ def _run(
     ]  # fmt: skip
     if profile is not None:
         command += ["--profile", str(profile)]
+        for stale in profile.glob(f"{name}-rank*.*"):  # an earlier sweep's, into the same --out
+            stale.unlink()
     log = out / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as sink:
@@ -97,18 +99,18 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
     if profiled:
         lines += [
             "",
-            "GPU time per step from each run's profile (rank 0, 20 steady steps, ms):",
+            "GPU time per step from each run's profile (rank 0, steps of epoch 2, ms):",
             "",
-            "| batch | variant | GPU span | busy | compute | all-reduce | exposed all-reduce | "
-            "idle | kernels/step |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| batch | variant | steps | GPU span | busy | compute | all-reduce | "
+            "exposed all-reduce | idle | kernels/step |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             p = r.get("profile")
             if not p or p.get("span_ms_per_step") is None:
                 continue
             lines.append(
-                f"| {r['batch_size']} | {r['variant']} | {ms(p['span_ms_per_step'])} | "
+                f"| {r['batch_size']} | {r['variant']} | {p['steps']} | {ms(p['span_ms_per_step'])} | "
                 f"{ms(p['busy_ms_per_step'])} | {ms(p['compute_ms_per_step'])} | "
                 f"{ms(p['allreduce_ms_per_step'])} | {ms(p['exposed_allreduce_ms_per_step'])} | "
                 f"{p['idle_share']:.0%} | {p['kernels_per_step']:.0f} |"

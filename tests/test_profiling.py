@@ -23,7 +23,10 @@ def test_summary_splits_compute_from_allreduce_and_counts_overlap_once() -> None
         "traceEvents": [
             _event("ProfilerStep#1", 0, 500, "user_annotation"),
             _event("ProfilerStep#2", 500, 500, "user_annotation"),
-            _event("ProfilerStep#2", 510, 480, "gpu_user_annotation"),  # the GPU track's copy
+            _event("ProfilerStep#1", 0, 480, "gpu_user_annotation"),  # the GPU track's copies
+            _event("ProfilerStep#2", 500, 450, "gpu_user_annotation"),
+            _event("warm_up_kernel", -400, 100),  # a profiler warm-up step's work: left out
+            _event("late_kernel", 980, 40),  # after the last step's GPU work: left out
             _event("sm90_xmma_conv", 0, 300),
             _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 250, 200),
             _event("triton_poi_fused_adam", 500, 300),
@@ -53,12 +56,18 @@ def test_summary_of_a_cpu_only_trace_has_no_gpu_figures() -> None:
 
 @pytest.mark.parametrize(
     ("steps_per_epoch", "window"),
-    [(118, (5, 3, 20)), (33, (5, 3, 20)), (15, (5, 3, 6)), (5, (0, 1, 3)), (2, (0, 1, 1))],
+    [(118, (5, 3, 20)), (33, (5, 3, 20)), (15, (5, 3, 6)), (5, (0, 1, 3)), (3, (0, 1, 1))],
 )
 def test_profile_window_stays_inside_epoch_2_before_its_last_batch(steps_per_epoch, window):
     assert profile_window(steps_per_epoch, 20) == window
     settle, warmup, active = window
-    assert settle + warmup + active <= max(steps_per_epoch - 1, warmup + active)
+    assert settle + warmup + active <= steps_per_epoch - 1
+
+
+@pytest.mark.parametrize("steps_per_epoch", [1, 2])
+def test_profile_window_refuses_epochs_too_short_to_hold_it(steps_per_epoch):
+    with pytest.raises(ValueError, match="too short to profile"):
+        profile_window(steps_per_epoch, 20)
 
 
 def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, mlflow_store) -> None:
@@ -79,6 +88,15 @@ def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, ml
     trace = json.loads((profile / "cpu-rank0.trace.json").read_text())
     steps = [e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#")]
     assert steps[0] == "ProfilerStep#43" and steps[-1] == "ProfilerStep#62"  # 35 + 5 + 3 skipped
+
+    # A second, refused request leaves the first profile alone and says why, before training.
+    one_epoch = write_params(tmp_path, variants, epochs=1, batch_size=15)
+    command[command.index(str(params))] = str(one_epoch)
+    refused = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2
+    assert "--profile records the second epoch this run trains" in refused.stderr
+    assert "has 1 left (train.epochs 1)" in refused.stderr
+    assert (profile / "cpu-rank0.json").exists()
 
     client = MlflowClient(mlflow_store)
     [run] = client.search_runs(

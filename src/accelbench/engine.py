@@ -457,13 +457,16 @@ def fit(
             skipped = int(step.skipped_steps.item())
             step.skipped_steps.zero_()
         if distributed:  # epoch totals over every process (one collective per epoch)
+            readings = [energy or 0.0, energy is not None]
             totals = torch.tensor(
-                [loss_sum, nonfinite, samples, energy or 0.0], dtype=torch.float64, device=device
+                [loss_sum, nonfinite, samples, *readings], dtype=torch.float64, device=device
             )
             dist.all_reduce(totals)
             loss_sum, nonfinite, samples = totals[0].item(), int(totals[1]), int(totals[2])
-            # every process reads its own GPU's counter: the run's energy is their sum
-            energy = totals[3].item() if energy is not None else None
+            # Every process reads its own GPU's counter: the run's energy is their sum, and
+            # unknown unless every process had a reading.
+            complete = int(totals[4]) == dist.get_world_size()
+            energy = totals[3].item() if complete else None
 
         # The plain module: evaluation is not what is benchmarked, and a compiled module
         # would recompile for eval mode and the test batch shapes.

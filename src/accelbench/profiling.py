@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
-
-import torch
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)
@@ -42,7 +41,9 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
 
     host: the host's ProfilerStep spans (on a CPU the step time; with a GPU, the time to
     launch a step, which runs asynchronously);
-    span: first kernel start to last kernel end, per step (the GPU-side step time);
+    span: the GPU-side step time: from the start of the first recorded step's GPU work to the
+    end of the last one's (the profiler's GPU-track ProfilerStep spans; work launched in its
+    warm-up steps or after the window is left out, clipped at the edges);
     busy: time any kernel or copy ran; compute: non-NCCL work; allreduce: NCCL kernels;
     exposed_allreduce: NCCL time not hidden under compute; idle_share: 1 - busy/span.
     Times in milliseconds per step. GPU fields are None when the trace has no device work.
@@ -57,6 +58,16 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
         for e in events
         if e.get("cat") in DEVICE_CATEGORIES
     ]
+    gpu_steps = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
+        for e in step_spans
+        if e.get("cat") == "gpu_user_annotation"
+    ]
+    if gpu_steps:  # the recorded steps' GPU window: clip to it, drop what lies outside
+        first, last = min(s for s, _ in gpu_steps), max(e for _, e in gpu_steps)
+        device = [
+            (max(s, first), min(e, last), name) for s, e, name in device if s < last and e > first
+        ]
     summary: dict[str, Any] = {
         "steps": steps,
         # the host's time per step: the step time on a CPU; on a GPU, launch time (async)
@@ -68,7 +79,10 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
         return summary | {f"{k}_ms_per_step": None for k in keys} | {"idle_share": None}
     nccl = [(s, e) for s, e, name in device if "nccl" in name.lower()]
     other = [(s, e) for s, e, name in device if "nccl" not in name.lower()]
-    span = max(e for _, e, _ in device) - min(s for s, _, _ in device)
+    if gpu_steps:
+        span = last - first
+    else:
+        span = max(e for _, e, _ in device) - min(s for s, _, _ in device)
     busy = _union_us((s, e) for s, e, _ in device)
     compute = _union_us(other)
     per_step = 1000.0 * steps  # µs -> ms, per step
@@ -83,8 +97,13 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+MIN_STEPS_PER_EPOCH = 3  # a warm-up step and a recorded one, before the epoch's last batch
+
+
 def profile_window(steps_per_epoch: int, active: int) -> tuple[int, int, int]:
     """(settle, warm-up, active) steps, all inside epoch 2 and before its last, partial batch."""
+    if steps_per_epoch < MIN_STEPS_PER_EPOCH:
+        raise ValueError(f"an epoch of {steps_per_epoch} steps is too short to profile")
     settle, warmup = SETTLE_STEPS, PROFILER_WARMUP_STEPS
     room = steps_per_epoch - 1 - settle - warmup
     if room < 1:  # short epochs: less settling, so that something is recorded
@@ -94,9 +113,19 @@ def profile_window(steps_per_epoch: int, active: int) -> tuple[int, int, int]:
 
 @contextlib.contextmanager
 def step_profiler(
-    out_dir: Path | None, name: str, rank: int, steps_per_epoch: int, active: int = 20
+    out_dir: Path | None,
+    name: str,
+    rank: int,
+    steps_per_epoch: int,
+    *,
+    cuda: bool,
+    active: int = 20,
 ) -> Iterator[Callable[[], None]]:
-    """Yield a per-step callback; with `out_dir`, it drives a torch.profiler schedule."""
+    """Yield a per-step callback; with `out_dir`, it drives a torch.profiler schedule.
+
+    Steps are counted from entry: the recorded ones lie in the second epoch trained inside
+    the context. Files of an earlier profile of this variant and rank are removed first.
+    """
     if out_dir is None:
         yield lambda: None
         return
@@ -104,22 +133,22 @@ def step_profiler(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"{name}-rank{rank}"
+    for stale in out_dir.glob(f"{stem.name}.*"):
+        stale.unlink()
 
     def write(prof: profile) -> None:
         trace_path = stem.with_suffix(".trace.json")
         prof.export_chrome_trace(str(trace_path))
-        device_sort = "self_device_time_total" if torch.cuda.is_available() else None
-        table = prof.key_averages().table(
-            sort_by=device_sort or "self_cpu_time_total", row_limit=30
-        )
+        sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort_by, row_limit=30)
         stem.with_suffix(".txt").write_text(table + "\n")
         summary = summarize_trace(json.loads(trace_path.read_text()))
         stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    activities = [ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(ProfilerActivity.CUDA)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     settle, warmup, active = profile_window(steps_per_epoch, active)
     plan = schedule(wait=steps_per_epoch + settle, warmup=warmup, active=active, repeat=1)
     with profile(activities=activities, schedule=plan, on_trace_ready=write) as prof:
         yield prof.step
+    if not stem.with_suffix(".json").exists():
+        print(f"profile: no steps of {name} were recorded (rank {rank})", file=sys.stderr)

@@ -350,6 +350,8 @@ def _train(
     fingerprint = hashlib.sha256(json.dumps(run_params, sort_keys=True).encode()).hexdigest()
     checkpoint = out.checkpoint if world_size == 1 else None  # DDP runs start over
     resume = _load_checkpoint(checkpoint, fingerprint, name)
+    if out.profile is not None:
+        _check_profile_request(name, train, len(train_batches), resume)
     if not main_process:
         tracked = contextlib.nullcontext(None)
     elif resume and resume["mlflow_run_id"]:
@@ -384,15 +386,17 @@ def _train(
 
         accumulation = train.accumulation_steps
         energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
-        profiler = profiling.step_profiler(out.profile, name, rank, len(train_batches))
-        with profiler as profile_step:
+        for attempt in range(train.oom_retries + 1):
+            try:
+                # one profile per attempt: an OOM retry starts counting steps again
+                with profiling.step_profiler(
+                    out.profile, name, rank, len(train_batches), cuda=variant.uses_cuda
+                ) as profile_step:
 
-            def on_step(samples: int) -> None:
-                progress.step(samples)
-                profile_step()
+                    def on_step(samples: int, profile_step=profile_step) -> None:
+                        progress.step(samples)
+                        profile_step()
 
-            for attempt in range(train.oom_retries + 1):
-                try:
                     records = engine.fit(
                         model,
                         train_batches,
@@ -406,21 +410,21 @@ def _train(
                         resume_from=resume["state"] if resume else None,
                         on_checkpoint=save_checkpoint if checkpoint else None,
                     )
-                    break
-                except torch.cuda.OutOfMemoryError as exc:
-                    per_pass = train.batch_size // world_size // accumulation
-                    if attempt == train.oom_retries or per_pass < 2:
-                        message = _oom_message(name, train, accumulation, device, device_name)
-                        raise StageError(message) from exc
-                    accumulation *= 2
-                    log(
-                        f"train {name}: CUDA out of memory at {per_pass} samples per pass; "
-                        f"retrying from scratch with accumulation_steps {accumulation} "
-                        f"({per_pass // 2} per pass, same batch {train.batch_size})"
-                    )
-                    model, resume = _fresh_model(train, variant, device), None
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+                break
+            except torch.cuda.OutOfMemoryError as exc:
+                per_pass = train.batch_size // world_size // accumulation
+                if attempt == train.oom_retries or per_pass < 2:
+                    message = _oom_message(name, train, accumulation, device, device_name)
+                    raise StageError(message) from exc
+                accumulation *= 2
+                log(
+                    f"train {name}: CUDA out of memory at {per_pass} samples per pass; "
+                    f"retrying from scratch with accumulation_steps {accumulation} "
+                    f"({per_pass // 2} per pass, same batch {train.batch_size})"
+                )
+                model, resume = _fresh_model(train, variant, device), None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
         progress.close()
         if not main_process:
             return {}
@@ -471,6 +475,25 @@ def _train(
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)  # finished: the outputs are the record now
     return summary
+
+
+def _check_profile_request(
+    name: str, train: TrainParams, steps_per_epoch: int, resume: dict[str, Any] | None
+) -> None:
+    """--profile records the second epoch this run trains: refuse what cannot reach it."""
+    if steps_per_epoch < profiling.MIN_STEPS_PER_EPOCH:
+        raise StageError(
+            f"--profile: an epoch of {name!r} has {steps_per_epoch} steps; profiling needs at "
+            f"least {profiling.MIN_STEPS_PER_EPOCH} (lower train.batch_size)"
+        )
+    done = resume["state"]["epochs_done"] if resume else 0
+    if train.epochs - done < 2:
+        resuming = f", resuming after epoch {done}" if done else ""
+        raise StageError(
+            f"--profile records the second epoch this run trains, but {name!r} has "
+            f"{train.epochs - done} left (train.epochs {train.epochs}{resuming}); raise "
+            "train.epochs or drop --profile"
+        )
 
 
 def _fresh_model(train: TrainParams, variant: VariantParams, device: torch.device) -> SeedCNN:
