@@ -54,6 +54,19 @@ def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
     assert plain[0].gpu_energy_j is None
 
 
+def test_steady_energy_is_the_mean_so_a_coarse_counter_averages_out() -> None:
+    # An H200's 0.13 s epochs read 37 J or 83 J as the counter's steps fall (docs/results/h200-x2.md).
+    records = [
+        engine.EpochRecord(
+            epoch=i + 1, train_loss=0.1, train_time_s=0.13, data_wait_s=0.0, samples=60000,
+            samples_per_s=1.0, test_loss=0.1, test_accuracy=0.99, nonfinite_steps=0, lr=1e-3,
+            peak_gpu_mem_mib=None, gpu_energy_j=joules,
+        )
+        for i, joules in enumerate([2000.0, 37.0, 83.0, 37.0, 37.0, 83.0, 37.0])
+    ]  # fmt: skip
+    assert engine.summarize(records, 0.99)["steady_gpu_energy_j_per_epoch"] == 314.0 / 6
+
+
 def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:
     _, records = _train(prepared, epochs=2, schedule="onecycle")
     assert records[0].lr != records[1].lr

@@ -557,5 +557,7 @@ def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, f
             else None
         ),
         "peak_gpu_mem_mib": max(gpu_mem) if gpu_mem else None,
-        "steady_gpu_energy_j_per_epoch": statistics.median(energy) if energy else None,
+        # A mean, not a median: NVML's counter advances in steps, so a short epoch reads one
+        # step more or less than it used; over all steady epochs those errors cancel.
+        "steady_gpu_energy_j_per_epoch": statistics.fmean(energy) if energy else None,
     }
