@@ -120,18 +120,34 @@ def peak_tflops(device_name: str, precision: str, tf32: bool) -> float | None:
     return None
 
 
-def gpu_energy_reader(index: int = 0):
-    """A function returning the GPU's energy counter in joules (NVML), or None if it has none.
+def gpu_energy_reader(device: int = 0):
+    """A function returning CUDA device `device`'s energy counter in joules (NVML), or None.
 
     NVML counts millijoules since the driver loaded (Volta and newer); differences between two
-    readings are the energy the board used in between.
+    readings are the energy the board used in between. NVML numbers GPUs as the driver does,
+    torch as CUDA_VISIBLE_DEVICES lists them: the board is found by its UUID, and where that
+    fails the index is trusted only when no CUDA_VISIBLE_DEVICES reorders the devices (no
+    reading rather than another GPU's).
     """
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = _nvml_handle(pynvml, device)
+        if handle is None:
+            return None
         pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     except Exception:  # no NVML, no driver, or no energy counter on this GPU
         return None
     return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+
+
+def _nvml_handle(pynvml, device: int):
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"
+        return pynvml.nvmlDeviceGetHandleByUUID(prefix + uuid)
+    except Exception:
+        if os.environ.get("CUDA_VISIBLE_DEVICES"):
+            return None
+        return pynvml.nvmlDeviceGetHandleByIndex(device)

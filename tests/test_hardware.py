@@ -1,0 +1,55 @@
+"""The NVML energy reader finds the board torch trains on, or gives no reading."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from accelbench import hardware
+
+BOARDS = {"GPU-aaaa": "board0", "GPU-bbbb": "board1"}  # NVML's order: board0, board1
+ENERGY_MJ = {"board0": 1_000, "board1": 250_000}
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    module = types.ModuleType("pynvml")
+    module.nvmlInit = lambda: None
+
+    def by_uuid(uuid):
+        if uuid not in BOARDS:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return BOARDS[uuid]
+
+    module.nvmlDeviceGetHandleByUUID = by_uuid
+    module.nvmlDeviceGetHandleByIndex = lambda index: ["board0", "board1"][index]
+    module.nvmlDeviceGetTotalEnergyConsumption = lambda handle: ENERGY_MJ[handle]
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    return module
+
+
+def _torch_sees(monkeypatch, uuids: list[str]) -> None:
+    props = [types.SimpleNamespace(uuid=u) for u in uuids]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+
+
+def test_reader_follows_the_uuid_when_cuda_visible_devices_reorders(nvml, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    _torch_sees(monkeypatch, ["bbbb"])  # torch's device 0 is NVML's board 1
+    assert hardware.gpu_energy_reader(0)() == 250.0
+
+
+def test_no_reading_rather_than_another_boards(nvml, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    _torch_sees(monkeypatch, ["cccc"])  # a UUID NVML does not know
+    assert hardware.gpu_energy_reader(0) is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # no reordering: the index is NVML's too
+    assert hardware.gpu_energy_reader(1)() == 250.0
+
+
+def test_no_nvml_means_no_reading(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    assert hardware.gpu_energy_reader(0) is None
