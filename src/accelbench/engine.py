@@ -250,17 +250,25 @@ class TrainStep:
         loss = torch.zeros((), device=images.device)
         # Gradient accumulation: the batch in chunks, each loss weighted by its share of the
         # batch, so the update equals one pass over the whole batch (with less memory).
-        for chunk, chunk_labels in zip(
-            images.tensor_split(self.accumulation_steps),
-            labels.tensor_split(self.accumulation_steps),
-            strict=True,
-        ):
-            if len(chunk_labels) == 0:
-                continue
-            with autocast(self.variant, self.device):
-                chunk_loss = F.cross_entropy(module(self.augment(chunk)), chunk_labels)
-            share = len(chunk_labels) / total
-            self.scaler.scale(chunk_loss * share).backward()
+        chunks = [
+            (chunk, chunk_labels)
+            for chunk, chunk_labels in zip(
+                images.tensor_split(self.accumulation_steps),
+                labels.tensor_split(self.accumulation_steps),
+                strict=True,
+            )
+            if len(chunk_labels)
+        ]
+        for i, (chunk, chunk_labels) in enumerate(chunks):
+            # Under DDP only the last chunk's backward all-reduces (the accumulated gradients):
+            # one collective per step on every process, however its shard was chunked.
+            last = i == len(chunks) - 1
+            ddp = isinstance(self.model, DistributedDataParallel)
+            with contextlib.nullcontext() if last or not ddp else self.model.no_sync():
+                with autocast(self.variant, self.device):
+                    chunk_loss = F.cross_entropy(module(self.augment(chunk)), chunk_labels)
+                share = len(chunk_labels) / total
+                self.scaler.scale(chunk_loss * share).backward()
             loss = loss + chunk_loss.detach().float() * share
         return self._optimizer_step(loss)
 
