@@ -138,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out / f"batch{batch}"
         out.mkdir(parents=True, exist_ok=True)
         params_path = out / "params.yaml"
-        params_path.write_text(
-            yaml.safe_dump(raw | {"train": raw["train"] | {"batch_size": batch}})
-        )
-        parse_params(yaml.safe_load(params_path.read_text()), str(params_path))
+        batch_raw = raw | {"train": raw["train"] | {"batch_size": batch}}
+        parse_params(batch_raw, f"{args.candidates} at batch {batch}")
+        params_path.write_text(yaml.safe_dump(batch_raw))
         profile = out / "profiles" if args.profile else None
         trained: dict[str, dict] = {}
         # Baselines first, so every DDP row can be set against its baseline.

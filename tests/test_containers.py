@@ -11,7 +11,8 @@ from pathlib import Path
 import json5
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
 

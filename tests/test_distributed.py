@@ -19,13 +19,12 @@ from accelbench import data
 from accelbench.batches import EpochSampler, ResidentBatches
 from accelbench.models import SeedCNN
 from accelbench.params import ParamsError, parse_params
-from conftest import train_command, write_params
+from conftest import REPO, train_command, write_params
 
-REPO = Path(__file__).resolve().parents[1]
 DDP = {"device": "cpu", "distributed": {"nproc_per_node": 2, "backend": "gloo"}}
 
 
-def _params(tmp_path: Path, epochs: int = 1, **variants) -> Path:
+def _params(tmp_path: Path, epochs: int = 1, train: dict | None = None, **variants) -> Path:
     return write_params(
         tmp_path,
         variants,
@@ -34,6 +33,7 @@ def _params(tmp_path: Path, epochs: int = 1, **variants) -> Path:
         dropout=0.0,
         shift_px=0,
         schedule="constant",
+        **(train or {}),
     )
 
 
@@ -59,16 +59,30 @@ def _run_train(params: Path, name: str, prepared: Path, tmp_path: Path, store: s
     )
 
 
+def _start_train(params: Path, name: str, prepared: Path, folder: Path, store: str):
+    """The train command in the background, its output (stderr too) on a text pipe."""
+    return subprocess.Popen(
+        _train_cmd(params, name, prepared, folder),
+        cwd=folder,
+        env=_env(store),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize("accumulation", [1, 3], ids=["one-pass", "accumulated"])
 def test_ddp_matches_a_single_process_on_the_same_global_batches(
     tmp_path, prepared, mlflow_store, accumulation
 ) -> None:
     """Accumulated, each process's 32-sample shard of a 64-sample batch goes in chunks of 11,
     11 and 10 and only the last chunk's backward all-reduces: still the same update."""
-    params = _params(tmp_path, single={"device": "cpu", "threads": 1}, ddp=DDP)
-    raw = yaml.safe_load(params.read_text())
-    raw["train"]["accumulation_steps"] = accumulation
-    params.write_text(yaml.safe_dump(raw))
+    params = _params(
+        tmp_path,
+        train={"accumulation_steps": accumulation},
+        single={"device": "cpu", "threads": 1},
+        ddp=DDP,
+    )
     for name in ("single", "ddp"):
         result = _run_train(params, name, prepared, tmp_path, mlflow_store, 240)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -89,14 +103,7 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
 def test_a_dying_rank_fails_the_stage_within_bounded_time(tmp_path, prepared, mlflow_store) -> None:
     params = _params(tmp_path, epochs=50, ddp=DDP)
     started = time.monotonic()
-    process = subprocess.Popen(
-        _train_cmd(params, "ddp", prepared, tmp_path),
-        cwd=tmp_path,
-        env=_env(mlflow_store),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = _start_train(params, "ddp", prepared, tmp_path, mlflow_store)
     victim = None
     while victim is None and time.monotonic() - started < 120:
         for child in psutil.Process(process.pid).children(recursive=True):
@@ -220,16 +227,7 @@ def test_two_nodes_on_localhost_static_rendezvous(tmp_path, prepared, mlflow_sto
             "rdzv_endpoint": f"127.0.0.1:{port}",
         }
         params = _params(node_dir, ddp={"device": "cpu", "distributed": cfg})
-        processes.append(
-            subprocess.Popen(
-                _train_cmd(params, "ddp", prepared, node_dir),
-                cwd=node_dir,
-                env=_env(mlflow_store),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+        processes.append(_start_train(params, "ddp", prepared, node_dir, mlflow_store))
     outputs = [p.communicate(timeout=240)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     assert (tmp_path / "node0" / "ddp.pt").exists()

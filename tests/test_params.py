@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from accelbench.params import ParamsError, load_params, parse_params
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 @pytest.fixture

@@ -13,9 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from accelbench import tracking
-from conftest import train_command, write_params
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, train_command, write_params
 
 
 def _runs(store: str, name: str):

@@ -6,11 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlflow_store) -> None:

@@ -13,8 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from accelbench import data, stages, tracking
 from accelbench.params import parse_params
-
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def small_params(**train_overrides):

@@ -7,16 +7,15 @@ import importlib.util
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import REPO
 from test_stages import run_all, small_params
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
-import mlflow_ui  # noqa: E402
+import mlflow_ui
 
 pytestmark = pytest.mark.browser
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def _load_tool():
@@ -213,6 +213,17 @@ def _build(proj: Path, dest: Path, kind: str) -> Path:
     return dest / proc.stdout.strip().splitlines()[-1]
 
 
+def _inputs(tmp_path: Path, lock: str, skip: str, leftover: str) -> tuple[Path, Path, Path]:
+    """The lock and host-skip files, and an output folder holding one earlier wheel."""
+    lock_path, skip_path = tmp_path / "test.lock", tmp_path / "host.txt"
+    lock_path.write_text(lock)
+    skip_path.write_text(skip)
+    out = tmp_path / "wheelhouse"
+    out.mkdir()
+    (out / leftover).write_bytes(b"an earlier run's wheel")
+    return lock_path, skip_path, out
+
+
 def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     tmp_path, offline_pip, capsys
 ):
@@ -221,14 +232,13 @@ def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     wheel = _build(_make_project(tmp_path, "binfake", "1.0"), index, "wheel")
     assert sdist.name == "purefake-0.1.tar.gz"  # only an sdist: must be built
     assert wheel.name == "binfake-1.0-py3-none-any.whl"  # a wheel: must be downloaded
-    lock = tmp_path / "test.lock"
     # host_pkg and devtool exist nowhere: the run only passes if they are skipped/excluded.
-    lock.write_text("purefake==0.1\nBinFake==1.0\nHost_Pkg==9.9\ndevtool==1.0\n")
-    skip = tmp_path / "host.txt"
-    skip.write_text("# the host has\nhost-pkg\n")
-    out = tmp_path / "wheelhouse"
-    out.mkdir()
-    (out / "stale-0.0-py3-none-any.whl").write_bytes(b"old")  # a previous run's leftover
+    lock, skip, out = _inputs(
+        tmp_path,
+        "purefake==0.1\nBinFake==1.0\nHost_Pkg==9.9\ndevtool==1.0\n",
+        "# the host has\nhost-pkg\n",
+        leftover="stale-0.0-py3-none-any.whl",  # must be gone after a successful run
+    )
 
     rc = wh.main(
         [
@@ -284,13 +294,9 @@ def test_compiled_sdist_and_missing_pin_fail_clearly_and_leave_out_alone(
 ):
     index = tmp_path / "index"
     _build(_make_project(tmp_path, "cfake", "0.1", compiled=True), index, "sdist")
-    lock = tmp_path / "test.lock"
-    lock.write_text("cfake==0.1\nnowhere==1.0\n")
-    skip = tmp_path / "host.txt"
-    skip.write_text("")
-    out = tmp_path / "wheelhouse"
-    out.mkdir()
-    (out / "keep-1.0-py3-none-any.whl").write_bytes(b"previous good wheelhouse")
+    lock, skip, out = _inputs(
+        tmp_path, "cfake==0.1\nnowhere==1.0\n", "", leftover="keep-1.0-py3-none-any.whl"
+    )  # a failed run must leave the earlier wheelhouse as it was
 
     rc = wh.main(
         ["--lock", str(lock), "--skip-file", str(skip), "--out", str(out), "--no-index",

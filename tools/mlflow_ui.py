@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from accelbench.tracking import EXPERIMENT, ROLE_TAG
+
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -116,7 +118,7 @@ def _api(url: str, path: str, payload: dict) -> dict:
         return json.load(response)
 
 
-def visit(url: str, screenshot: Path, experiment: str = "accelbench") -> dict[str, str]:
+def visit(url: str, screenshot: Path, experiment: str = EXPERIMENT) -> dict[str, str]:
     """Walk the UI; return the text a user saw on each page (and save the compare view)."""
     from playwright.sync_api import sync_playwright
 
@@ -127,7 +129,7 @@ def visit(url: str, screenshot: Path, experiment: str = "accelbench") -> dict[st
     runs = _api(url, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
     tags = lambda run: {t["key"]: t["value"] for t in run["data"].get("tags", [])}  # noqa: E731
     parent = max(
-        (r for r in runs if tags(r).get("accelbench.role") == "pipeline"),
+        (r for r in runs if tags(r).get(ROLE_TAG) == "pipeline"),
         key=lambda r: int(r["info"]["start_time"]),
     )
     children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]

@@ -193,6 +193,23 @@ def random_shift(images: torch.Tensor, max_px: int, fill: float) -> torch.Tensor
     return padded[batch, 0, rows, cols].unsqueeze(1)
 
 
+CAPTURE_WARMUP_STEPS = 3  # eager steps before capture: compilation, autotuning, Adam state
+# PyTorch's CUDA semantics notes ("Usage with DistributedDataParallel"): whole-step capture
+# of a DDP step needs NCCL >= 2.9.6, DDP built on a side stream and at least 11 eager
+# DDP steps before capture (DDP rebuilds its buckets and samples runtime stats early on).
+DDP_CAPTURE_WARMUP_STEPS = 11
+
+
+@contextlib.contextmanager
+def side_stream(device: torch.device) -> Iterator[torch.cuda.Stream]:
+    """Run the body on a new CUDA stream that starts after, and rejoins, the current one."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        yield stream
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
 class TrainStep:
     """One optimizer step; with `cuda_graph`, the whole step is captured once and replayed.
 
@@ -217,10 +234,11 @@ class TrainStep:
         device: torch.device,
         shift_px: int = 0,
         accumulation_steps: int = 1,
-        warmup_steps: int = 3,
+        warmup_steps: int = CAPTURE_WARMUP_STEPS,
     ) -> None:
         self.model, self.step_model, self.shift_px = model, step_model, shift_px
         self.warmup_steps = warmup_steps
+        self.ddp = isinstance(model, DistributedDataParallel)
         self.accumulation_steps = accumulation_steps
         self.optimizer, self.variant, self.device = optimizer, variant, device
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
@@ -242,8 +260,7 @@ class TrainStep:
     ) -> torch.Tensor:
         module = module or self.step_model
         if self.accumulation_steps == 1:
-            with autocast(self.variant, self.device):
-                loss = F.cross_entropy(module(self.augment(images)), labels)
+            loss = self._loss(module, images, labels)
             self.scaler.scale(loss).backward()
             return self._optimizer_step(loss.detach().float())
         total = len(labels)
@@ -263,14 +280,16 @@ class TrainStep:
             # Under DDP only the last chunk's backward all-reduces (the accumulated gradients):
             # one collective per step on every process, however its shard was chunked.
             last = i == len(chunks) - 1
-            ddp = isinstance(self.model, DistributedDataParallel)
-            with contextlib.nullcontext() if last or not ddp else self.model.no_sync():
-                with autocast(self.variant, self.device):
-                    chunk_loss = F.cross_entropy(module(self.augment(chunk)), chunk_labels)
+            with contextlib.nullcontext() if last or not self.ddp else self.model.no_sync():
+                chunk_loss = self._loss(module, chunk, chunk_labels)
                 share = len(chunk_labels) / total
                 self.scaler.scale(chunk_loss * share).backward()
             loss = loss + chunk_loss.detach().float() * share
         return self._optimizer_step(loss)
+
+    def _loss(self, module: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with autocast(self.variant, self.device):
+            return F.cross_entropy(module(self.augment(images)), labels)
 
     def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
         self.scaler.step(self.optimizer)
@@ -290,17 +309,12 @@ class TrainStep:
             for param, state in self.optimizer.state.items()
         }
         static_images, static_labels = images.clone(), labels.clone()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        with side_stream(self.device):
             for _ in range(self.warmup_steps):  # compilation, autotuning, optimizer state
                 self.eager(static_images, static_labels)
-        torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            augmented = self.augment(static_images)
-            with autocast(self.variant, self.device):
-                static_loss = F.cross_entropy(self.step_model(augmented), static_labels)
+            static_loss = self._loss(self.step_model, static_images, static_labels)
             static_loss.backward()
             self.optimizer.step()
         # Undo the warm-up: same starting point as an eager run (copies keep the addresses
@@ -331,23 +345,13 @@ class TrainStep:
         return static_loss.detach().float()
 
 
-# PyTorch's CUDA semantics notes ("Usage with DistributedDataParallel"): whole-step capture
-# of a DDP step needs NCCL >= 2.9.6, DDP built on a side stream and at least 11 eager
-# DDP steps before capture (DDP rebuilds its buckets and samples runtime stats early on).
-DDP_CAPTURE_WARMUP_STEPS = 11
-
-
 def wrap_ddp(model: nn.Module, device: torch.device, graphed: bool) -> DistributedDataParallel:
     """DistributedDataParallel around `model`; built on a side stream when it will be captured."""
     device_ids = [device.index] if device.type == "cuda" else None
     if not graphed:
         return DistributedDataParallel(model, device_ids=device_ids)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
-    torch.cuda.current_stream(device).wait_stream(side)
-    return wrapped
+    with side_stream(device):
+        return DistributedDataParallel(model, device_ids=device_ids)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -416,7 +420,7 @@ def fit(
         device,
         train.shift_px,
         train.accumulation_steps,
-        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else 3,
+        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else CAPTURE_WARMUP_STEPS,
     )
     records: list[EpochRecord] = []
     first_epoch = 0
@@ -436,6 +440,7 @@ def fit(
         batches = iter(train_batches.epoch(epoch))
         start = clock.now()
         energy_start = energy_j() if energy_j else None
+        lr = optimizer.param_groups[0]["lr"]
         while True:
             waited_from = time.perf_counter()
             batch = next(batches, None)
@@ -444,8 +449,9 @@ def fit(
                 break
             images, labels = batch
             losses[len(sizes)] = step(images, labels)
-            lr = optimizer.param_groups[0]["lr"]  # the rate this step used
-            lr = lr.clone() if isinstance(lr, torch.Tensor) else lr  # no host sync
+            if len(sizes) == steps - 1:  # the epoch's last step: record the rate it used
+                lr = optimizer.param_groups[0]["lr"]
+                lr = lr.clone() if isinstance(lr, torch.Tensor) else lr  # no host sync
             if scheduler is not None:
                 scheduler.step()
             sizes.append(len(labels))

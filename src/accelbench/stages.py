@@ -481,11 +481,13 @@ def _check_profile_request(
     name: str, train: TrainParams, steps_per_epoch: int, resume: dict[str, Any] | None
 ) -> None:
     """--profile records the second epoch this run trains: refuse what cannot reach it."""
-    if steps_per_epoch < profiling.MIN_STEPS_PER_EPOCH:
+    try:
+        profiling.profile_window(steps_per_epoch, 1)
+    except ValueError:
         raise StageError(
             f"--profile: an epoch of {name!r} has {steps_per_epoch} steps; profiling needs at "
             f"least {profiling.MIN_STEPS_PER_EPOCH} (lower train.batch_size)"
-        )
+        ) from None
     done = resume["state"]["epochs_done"] if resume else 0
     if train.epochs - done < 2:
         resuming = f", resuming after epoch {done}" if done else ""
@@ -606,20 +608,18 @@ def evaluate_stage(
     if not checkpoint.get("mlflow_run_id"):
         log(f"evaluate {name}: training was not tracked in MLflow; results are in {eval_json}")
         return payload
-    try:
-        with tracking.resume_run(root, checkpoint["mlflow_run_id"]):
-            tracking.log_metrics(
-                {
-                    "eval_test_accuracy": result.accuracy,
-                    "eval_test_loss": result.loss,
-                    "eval_macro_f1": payload["macro_f1"],
-                    "inference_samples_per_s": result.samples_per_s,
-                }
-            )
-            tracking.log_artifact(confusion_png)
-            tracking.log_artifact(eval_json)
-    except Exception as exc:  # the store may have been reset since training
-        log(f"evaluate {name}: could not add to MLflow run {checkpoint['mlflow_run_id']}: {exc}")
+    # Tracking calls are tolerant: a store reset since training is reported once, as an outage.
+    with tracking.resume_run(root, checkpoint["mlflow_run_id"]):
+        tracking.log_metrics(
+            {
+                "eval_test_accuracy": result.accuracy,
+                "eval_test_loss": result.loss,
+                "eval_macro_f1": payload["macro_f1"],
+                "inference_samples_per_s": result.samples_per_s,
+            }
+        )
+        tracking.log_artifact(confusion_png)
+        tracking.log_artifact(eval_json)
     log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {payload['macro_f1']:.4f}")
     return payload
 
