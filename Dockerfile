@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # accelbench: the pipeline in a CUDA container whose driver requirement matches torch's build.
 #
 #   docker build -t accelbench .                 # torch 2.14.1 from PyPI: CUDA 13.0, driver >= 580
@@ -8,13 +7,17 @@
 #   docker build --build-arg CUDA_VERSION=12.8.1 --build-arg TORCH_CUDA=cu128 -t accelbench:cu128 .
 # torch wheels bundle their CUDA libraries, so the base is CUDA's `base` flavour (no toolkit);
 # it sets NVIDIA_REQUIRE_CUDA, so the container runtime refuses a driver that is too old.
+# No `# syntax=` line: that would make BuildKit fetch a frontend image before building, and
+# nothing but the base image should need a registry.
 
 ARG CUDA_VERSION=13.0.1
 ARG UBUNTU=24.04
 
 FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU} AS runtime
-# cu130 = the lock's torch from PyPI; cu126 / cu128 / ... = torch from PyPI's download.pytorch.org index
+# cu130 = the lock's torch from PyPI; cu126 / cu128 / ... = torch from PyTorch's own index
 ARG TORCH_CUDA=cu130
+# PYTHONPATH: the checkout mounted at /workspace is the code that runs (the image's copy when
+# none is mounted), so nothing is installed at start and any uid can run the image.
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -22,42 +25,45 @@ ENV DEBIAN_FRONTEND=noninteractive \
     MLFLOW_DISABLE_TELEMETRY=true \
     DO_NOT_TRACK=true \
     VIRTUAL_ENV=/opt/venv \
-    PATH=/opt/venv/bin:$PATH
+    ACCELBENCH_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/workspace/src
+# setpriv (util-linux) lets the entry point drop root for the checkout's owner.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential git \
+    && apt-get install -y --no-install-recommends \
+         python3 python3-venv python3-dev build-essential git util-linux \
     && rm -rf /var/lib/apt/lists/*
 
-# Dependencies first, from the same lock as `make setup` and CI: this layer is cached until
-# requirements.lock changes.
-COPY requirements.lock /tmp/requirements.lock
+# Dependencies first, from the same lock as `make setup` and CI, in one layer owned by root
+# and readable by every uid: cached until requirements.lock changes.
+COPY requirements.lock docker/requirements_for_flavour.py /tmp/lock/
 RUN python3 -m venv /opt/venv \
-    && if [ "$TORCH_CUDA" = "cu130" ]; then \
-         pip install -r /tmp/requirements.lock; \
-       else \
-         grep -vE '^(torch|torchvision|triton|nvidia-|cuda-)' /tmp/requirements.lock > /tmp/no-torch.lock \
-         && pip install -r /tmp/no-torch.lock \
-         && pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" \
-              "$(grep '^torch==' /tmp/requirements.lock)" "$(grep '^torchvision==' /tmp/requirements.lock)"; \
-       fi
+    && python3 /tmp/lock/requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/requirements.lock /tmp/lock \
+    && pip install -r /tmp/lock/requirements.txt \
+    && if [ -s /tmp/lock/torch.txt ]; then \
+         pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" -r /tmp/lock/torch.txt; \
+       fi \
+    && rm -rf /tmp/lock
 
-RUN useradd --create-home --uid 1000 --shell /bin/bash dev
+# Ubuntu's images come with a user `ubuntu` at uid 1000: the image's user `dev` takes it over.
+RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
+    && useradd --create-home --uid 1000 --shell /bin/bash dev
+COPY . /opt/accelbench
+RUN pip install --no-deps --no-build-isolation -e /opt/accelbench
 WORKDIR /workspace
-COPY --chown=1000:1000 . /opt/accelbench
-RUN pip install --no-deps --no-build-isolation -e /opt/accelbench \
-    && chown -R 1000:1000 /opt/venv
-USER 1000
 
 # The MLflow UI (`make ui HOST=0.0.0.0`, or `mlflow server --host 0.0.0.0`).
 EXPOSE 5000
-# `accelbench doctor`, then `dvc repro` in the checkout mounted at /workspace (or the image's copy).
+# Runs every command as the owner of /workspace (see the script), the default one included:
+# `accelbench doctor`, then `dvc repro` in the mounted checkout (or the image's copy).
+ENTRYPOINT ["/opt/accelbench/docker/entrypoint.sh"]
 CMD ["/opt/accelbench/docker/run-pipeline.sh"]
 
 # The devcontainer: the same runtime plus shell comforts; the test tools (pytest, ruff,
-# hadolint) come from the lock already.
+# hadolint) come from the lock already. VS Code connects as `dev` (uid changed to the host
+# user's by its updateRemoteUserUID); the venv needs no writes, so any uid works.
 FROM runtime AS dev
-USER 0
 RUN apt-get update \
     && apt-get install -y --no-install-recommends make less sudo \
     && rm -rf /var/lib/apt/lists/* \
     && echo "dev ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/dev
-USER 1000

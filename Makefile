@@ -1,6 +1,7 @@
 # accelbench: the commands a user needs. `make help` lists them.
 PYTHON ?= python3
-VENV   := .venv
+# The image (and so the devcontainer) brings its own environment and says where: ACCELBENCH_ENV.
+VENV   := $(or $(ACCELBENCH_ENV),.venv)
 BIN    := $(CURDIR)/$(VENV)/bin
 PORT   ?= 5000
 HOST   ?= 127.0.0.1
@@ -12,12 +13,17 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup repro test lint format ui lock wheelhouse clean
+.PHONY: help setup repro test lint format ui lock wheelhouse container-test clean
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
-setup: $(VENV)/.installed  ## create .venv from requirements.lock (only when missing or stale)
+ifdef ACCELBENCH_ENV
+setup:  ## create .venv from requirements.lock (only when missing or stale)
+	@echo "Using the image's environment $(ACCELBENCH_ENV) (rebuild the image after a lock change)."
+else
+setup: $(VENV)/.installed
+endif
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +59,9 @@ lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
 
 wheelhouse:  ## wheels for an air-gapped Python $(PY) x86_64 host into .whl/ (make wheelhouse PY=3.12)
 	$(PYTHON) tools/wheelhouse.py --python-version $(PY) --out .whl
+
+container-test: setup  ## build the image and run the pipeline in it (root, buildah + podman; ~15 min)
+	bash tools/container-test.sh
 
 clean:  ## remove pipeline outputs, the MLflow store and the DVC cache (keeps .venv)
 	rm -rf data models metrics reports env checkpoints mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The image's default command: check the GPU stack, then run the pipeline.
-# A checkout mounted at /workspace is used (and installed over the image's copy); otherwise
-# the copy baked into the image at /opt/accelbench runs.
+# A checkout mounted at /workspace is what runs (PYTHONPATH puts its src/ first, so nothing is
+# installed at start and any uid can run it); otherwise a copy of the image's own checkout.
 set -euo pipefail
 if [ -f /workspace/dvc.yaml ]; then
-  pip install --quiet --no-deps --no-build-isolation -e /workspace
   cd /workspace
 else
-  cd /opt/accelbench
-  [ -d .git ] || git init --quiet   # DVC keeps its bookkeeping next to a git repository
+  copy="$HOME/accelbench"
+  if [ ! -d "$copy" ]; then
+    cp -r /opt/accelbench "$copy"
+    git -C "$copy" init --quiet   # DVC keeps its bookkeeping next to a git repository
+  fi
+  cd "$copy"
+  export PYTHONPATH="$copy/src"
 fi
 status=0
 accelbench doctor || status=$?

@@ -63,8 +63,14 @@ def start_server(store: Path, timeout_s: float = 90) -> tuple[str, subprocess.Po
         "--workers",
         "1",
     ]
+    # From the store's folder: its artifact locations are relative to it (tracking.relative_artifacts).
     process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        command,
+        env=env,
+        cwd=store.resolve().parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

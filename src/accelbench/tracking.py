@@ -1,9 +1,15 @@
 """Everything MLflow, in one place.
 
 One `dvc repro` = one parent run ("pipeline") holding one child run per variant. Stages are
-separate processes, so the parent is found again by its tags: the newest RUNNING pipeline
-run of this working copy on this host. The compare stage, which runs last, logs the report
-to it and finishes it; a repro that re-runs no training stage opens no run at all.
+separate processes, so the first one to need the parent writes its run id to
+`.accelbench/pipeline-run` in the checkout, and the others read it there: the same checkout
+finds its run from the host and from a container alike, whatever the path or host name. The
+compare stage, which runs last, logs the report to it, finishes it and removes the file; a
+repro that re-runs no training stage opens no run at all.
+
+The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
+*relative* location, so the store and its artifacts can move together: to another path, or
+into a container that mounts the checkout at /workspace.
 """
 
 from __future__ import annotations
@@ -11,16 +17,18 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import mlflow
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 T = TypeVar("T")
@@ -29,11 +37,14 @@ ROLE_TAG = "accelbench.role"
 WORKDIR_TAG = "accelbench.workdir"
 HOST_TAG = "accelbench.host"
 KIND_TAG = "mlflow.experimentKind"
+STORE = "mlflow.db"
+ARTIFACTS = "mlartifacts"
+PIPELINE_RUN_FILE = Path(".accelbench") / "pipeline-run"
 
 
 def tracking_uri(root: Path) -> str:
     """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path inside the repo."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / 'mlflow.db').resolve()}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / STORE).resolve()}"
 
 
 # A tracking server that is down must cost seconds, not MLflow's default minutes of retries.
@@ -85,13 +96,53 @@ def setup(root: Path) -> str:
     if experiment is not None:
         experiment_id = experiment.experiment_id
     else:
-        artifacts = (root / "mlartifacts").resolve().as_uri() if own_store else None
+        artifacts = (root / ARTIFACTS).resolve().as_uri() if own_store else None
         # The UI opens a model-training experiment on its runs, not on the GenAI overview.
         experiment_id = mlflow.create_experiment(
             EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
         )
+    if own_store:
+        relative_artifacts(root / STORE)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+# Where MLflow keeps artifact locations in a SQLite store: (table, column, experiment column).
+_LOCATIONS = (
+    ("experiments", "artifact_location", "experiment_id"),
+    ("runs", "artifact_uri", "experiment_id"),
+    ("logged_models", "artifact_location", "experiment_id"),
+)
+
+
+def relative_artifacts(store: Path) -> int:
+    """Make the store's artifact locations under `mlartifacts/` relative; returns rows changed.
+
+    MLflow turns a local artifact location into an absolute path when it creates an experiment
+    and copies that path into every run and logged model, so a store moved to another folder,
+    or opened in a container that mounts the checkout elsewhere, points at artifacts that are
+    not there. A relative location (`mlartifacts/<experiment>/...`) resolves against the
+    working directory, which is the repository root for every stage, `make ui` and the image's
+    commands. Absolute locations written before (by older versions, or on another machine)
+    are rewritten too; other stores and remote locations are left alone.
+    """
+    changed = 0
+    with closing(sqlite3.connect(store)) as db, db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+        rows = db.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
+        for experiment_id, location in rows:
+            suffix = f"/{ARTIFACTS}/{experiment_id}"
+            if not (location.startswith("file:") and location.endswith(suffix)):
+                continue
+            relative = f"{ARTIFACTS}/{experiment_id}"
+            for table, column, key in _LOCATIONS:
+                if table in tables:
+                    changed += db.execute(
+                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                        f"WHERE {key} = ? AND substr({column}, 1, ?) = ?",
+                        (relative, len(location) + 1, experiment_id, len(location), location),
+                    ).rowcount
+    return changed
 
 
 def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -129,26 +180,35 @@ def _common_tags(root: Path, role: str) -> dict[str, str]:
     return tags
 
 
-def open_pipeline_run_id(root: Path, experiment_id: str) -> str | None:
-    """The newest RUNNING parent run of this working copy on this host, if any."""
-    query = " and ".join(
-        [f"tags.`{ROLE_TAG}` = 'pipeline'", "attributes.status = 'RUNNING'"]
-        + [f"tags.`{key}` = '{value}'" for key, value in _identity(root).items()]
-    )
-    found = MlflowClient().search_runs(
-        [experiment_id], filter_string=query, order_by=["attributes.start_time DESC"], max_results=1
-    )
-    return found[0].info.run_id if found else None
+def open_pipeline_run_id(root: Path) -> str | None:
+    """The RUNNING pipeline run this checkout started, if the current store has it."""
+    pointer = root / PIPELINE_RUN_FILE
+    try:
+        run_id = pointer.read_text().strip()
+    except OSError:
+        return None
+    try:
+        run = MlflowClient().get_run(run_id)
+    except MlflowException:  # another store, or the run was deleted
+        return None
+    if run.info.status != "RUNNING" or run.data.tags.get(ROLE_TAG) != "pipeline":
+        return None
+    return run_id
 
 
 def pipeline_run_id(root: Path, experiment_id: str) -> str:
-    """The RUNNING parent run of this working copy, created if there is none."""
-    if run_id := open_pipeline_run_id(root, experiment_id):
+    """The RUNNING parent run of this checkout, created (and its id kept) if there is none."""
+    if run_id := open_pipeline_run_id(root):
         return run_id
     name = "pipeline " + datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     run = MlflowClient().create_run(
         experiment_id, tags=_common_tags(root, "pipeline"), run_name=name
     )
+    pointer = root / PIPELINE_RUN_FILE
+    pointer.parent.mkdir(exist_ok=True)
+    partial = pointer.with_name(f".{pointer.name}.tmp")
+    partial.write_text(run.info.run_id + "\n")
+    partial.replace(pointer)
     return run.info.run_id
 
 
@@ -301,13 +361,15 @@ def log_model(model, input_example) -> None:
 @tolerant
 def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, float]) -> str | None:
     """Log the comparison to the open pipeline run and finish it; None if no run is open."""
-    run_id = open_pipeline_run_id(root, setup(root))
+    setup(root)
+    run_id = open_pipeline_run_id(root)
     if run_id is None:
         return None
     with mlflow.start_run(run_id=run_id):
         for path in artifacts:
             mlflow.log_artifact(str(path))
         log_metrics(metrics)
+    (root / PIPELINE_RUN_FILE).unlink(missing_ok=True)
     return run_id
 
 
