@@ -55,6 +55,10 @@ fi
 cleanup() {
   status=$?
   set +e
+  if [ -n "${ACCELBENCH_CONTAINER_KEEP:-}" ]; then  # for working on this script: keep the layers
+    say "kept $WORK (ACCELBENCH_CONTAINER_KEEP)"
+    exit "$status"
+  fi
   if [ -d "$WORK/storage" ]; then
     podman rm --all --force >/dev/null 2>&1
     buildah rm --all >/dev/null 2>&1
@@ -68,7 +72,8 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-rm -rf "$WORK"
+[ -n "${ACCELBENCH_CONTAINER_KEEP:-}" ] || rm -rf "$WORK"
+rm -rf "$WORK/checkout" "$WORK/owner-home"
 mkdir -p "$WORK/storage" "$WORK/run" "$CACHE"
 cat >"$WORK/containers.conf" <<EOF
 [containers]
@@ -111,7 +116,7 @@ rm -f "$rootfs/usr/local/share/ca-certificates/"*.crt
 if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
   cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
 fi
-TMPDIR=/tmp chroot "$rootfs" /usr/sbin/update-ca-certificates --fresh >/dev/null
+TMPDIR=/tmp chroot "$rootfs" /usr/sbin/update-ca-certificates --fresh >/dev/null 2>&1
 tar -C "$rootfs" --numeric-owner --exclude=./.complete -c . \
   | podman import --quiet \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$BASE" >/dev/null
@@ -137,7 +142,7 @@ say "built runtime in $build_runtime_s s, dev in $build_dev_s s; runtime image $
 podman history --format '{{.Size}}\t{{.CreatedBy}}' "$IMAGE:runtime" | cut -c1-150 >"$WORK/layers.txt"
 awk -v max="$MAX_IMAGE_GB" -v b="$size" 'BEGIN { exit !(b / 1e9 <= max) }' \
   || { cat "$WORK/layers.txt"; fail "the image is $size_gb GB, over $MAX_IMAGE_GB GB"; }
-big_layers=$(podman history --format '{{.Size}}' --human=false "$IMAGE:runtime" | awk '$1 > 1e9' | wc -l)
+big_layers=$(podman history --format '{{.Size}}' "$IMAGE:runtime" | awk '$2 == "GB" && $1 >= 1' | wc -l)
 [ "$big_layers" = 1 ] \
   || { cat "$WORK/layers.txt"; fail "$big_layers layers over 1 GB: the Python environment is written more than once"; }
 

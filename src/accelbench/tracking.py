@@ -131,10 +131,12 @@ def relative_artifacts(store: Path) -> int:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
         rows = db.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
         for experiment_id, location in rows:
-            suffix = f"/{ARTIFACTS}/{experiment_id}"
-            if not (location.startswith("file:") and location.endswith(suffix)):
+            folder = f"/{ARTIFACTS}"
+            if not location.startswith("file:") or folder not in location:
                 continue
-            relative = f"{ARTIFACTS}/{experiment_id}"
+            relative = ARTIFACTS + location[location.rindex(folder) + len(folder) :]
+            if relative not in (ARTIFACTS, f"{ARTIFACTS}/{experiment_id}"):
+                continue  # an artifact root of the user's own choosing
             for table, column, key in _LOCATIONS:
                 if table in tables:
                     changed += db.execute(
