@@ -30,14 +30,19 @@ if [ -e "$WORKSPACE/dvc.yaml" ] && [ ! -w "$WORKSPACE" ]; then
   exit 1
 fi
 
-# A uid without an entry in /etc/passwd (any --user) has no name and no home: give it both, so
-# getpass (torch.compile's cache), git, DVC and matplotlib work.
+# A uid without an entry in /etc/passwd (Docker's --user) has no name and no home, and Podman
+# makes the working directory its home: give it both, never inside the checkout, so getpass
+# (torch.compile's cache), git, DVC and matplotlib work and leave the checkout clean.
 if ! name=$(id -un 2>/dev/null); then
   name="uid$uid"
 fi
 export USER="$name" LOGNAME="$name"
 home=$(getent passwd "$uid" | cut -d: -f6 || true)
-if [ -z "$home" ] || [ ! -w "$home" ]; then
+case "$home" in
+  "" | / | "$WORKSPACE" | "$WORKSPACE"/*) home="/tmp/home-$uid" ;;
+esac
+mkdir -p "$home" 2>/dev/null || true
+if [ ! -w "$home" ]; then
   home="/tmp/home-$uid"
   mkdir -p "$home"
 fi
