@@ -239,7 +239,8 @@ if [ ! -x "$npm_prefix/bin/devcontainer" ]; then
   npm install --silent --prefix "$npm_prefix" --global "$DEVCONTAINER_CLI" >/dev/null
 fi
 devcontainer="$npm_prefix/bin/devcontainer"
-"$devcontainer" read-configuration --workspace-folder "$checkout" --docker-path podman \
+# From this repository, as the images above were built: the build then reuses their layers.
+"$devcontainer" read-configuration --workspace-folder "$REPO" --docker-path podman \
   >"$WORK/devcontainer.json" 2>"$WORK/devcontainer.log" \
   || { cat "$WORK/devcontainer.log"; fail "devcontainer read-configuration"; }
 post_create=$("$PYTHON" - "$WORK/devcontainer.json" <<'EOF'
@@ -251,7 +252,7 @@ print(config["postCreateCommand"])
 EOF
 ) || fail "devcontainer.json as the reference implementation reads it: $post_create"
 started=$(date +%s)
-"$devcontainer" build --workspace-folder "$checkout" --docker-path podman --image-name "$IMAGE:devcontainer" \
+"$devcontainer" build --workspace-folder "$REPO" --docker-path podman --image-name "$IMAGE:devcontainer" \
   --log-level info >"$WORK/devcontainer-build.log" 2>&1 \
   || { tail -n 40 "$WORK/devcontainer-build.log"; fail "devcontainer build"; }
 ok "devcontainer read-configuration and build (podman): $(elapsed "$started") s"
