@@ -16,8 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from accelbench import engine, stages
-from accelbench.models import SeedCNN
+from accelbench import build, engine, placement
 from accelbench.params import parse_params
 
 
@@ -55,22 +54,42 @@ def main(argv: list[str] | None = None) -> int:
     names = args.variants or list(params.variants)
 
     rows = []
+    recipe = params.train
     for name in names:
         variant = params.variant(name)
-        device, device_name = stages.resolve_device(name, variant, params)
-        if device is None:
-            rows.append((name, f"skipped: {device_name}", "", "", "", ""))
+        if variant.distributed is not None:
+            rows.append((name, "skipped: DDP (benchmarks/scaling.py)", "", "", "", ""))
             continue
-        engine.configure_backends(variant)
-        engine.seed_everything(params.train.seed)
-        model = SeedCNN().to(device)
-        train_batches, test_batches = stages.build_batches(params, variant, args.data, device)
-        records = engine.fit(model, train_batches, test_batches, params.train, variant, device)
-        summary = engine.summarize(records, params.train.target_accuracy)
+        where = placement.place(name, variant, require_gpu=recipe.require_gpu)
+        if where.skip_reason is not None:
+            rows.append((name, f"skipped: {where.skip_reason}", "", "", "", ""))
+            continue
+        # Built as the pipeline builds them (build.py), so a tuning row is a pipeline row.
+        device = where.device
+        engine.configure_backends(variant, recipe.deterministic)
+        model = build.fresh_model(recipe, variant, device)
+        train_batches = build.train_batches(recipe, variant, args.data, device)
+        test_batches = build.eval_batches(
+            args.data,
+            device,
+            recipe.eval_batch_size,
+            recipe.test_subset,
+            channels_last=variant.channels_last,
+        )
+        records = engine.fit(
+            model,
+            train_batches,
+            test_batches,
+            recipe,
+            variant,
+            device,
+            accumulation_steps=recipe.accumulation_steps,
+        )
+        summary = engine.summarize(records)
         rows.append(
             (
                 name,
-                device_name[:30],
+                where.device_name[:30],
                 f"{summary['first_epoch_s']:.3f}",
                 f"{summary['steady_epoch_s']:.3f}" if summary["steady_epoch_s"] else "n/a",
                 f"{summary['data_wait_fraction']:.0%}",

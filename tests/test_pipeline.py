@@ -13,7 +13,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, shared_mnist
+from helpers import REPO, shared_mnist
 
 pytestmark = pytest.mark.slow
 
