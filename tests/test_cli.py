@@ -9,10 +9,8 @@ import subprocess
 import sys
 import time
 
-import yaml
-
 from accelbench.cli import main
-from helpers import REPO, cpu_train_command, mlflow_runs
+from helpers import REPO, cpu_train_command, mlflow_runs, write_params
 
 
 def test_sigterm_marks_the_run_killed_and_writes_no_outputs(
@@ -38,10 +36,7 @@ def test_sigterm_marks_the_run_killed_and_writes_no_outputs(
 
 
 def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"]["batch_size"] = 0
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(raw))
+    path = write_params(tmp_path, batch_size=0)
     assert main(["--params", str(path), "download", "--out", str(tmp_path / "raw")]) == 2
     assert "train.batch_size = 0" in capsys.readouterr().err
     assert not (tmp_path / "raw").exists()

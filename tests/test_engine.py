@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelbench import data, engine
-from accelbench.batches import ResidentBatches
+from accelbench import engine
 from accelbench.models import SeedCNN
 from accelbench.params import TrainParams, VariantParams
 from helpers import fit_small
@@ -128,9 +127,7 @@ def test_graph_captured_step_matches_eager_steps(prepared) -> None:
         torch.backends.cudnn.deterministic = True
         engine.seed_everything(0)
         model = SeedCNN(dropout=0.0).to(device)
-        batches = ResidentBatches(data.load_split(prepared, "train"), device, 100, 0)
-        test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
-        records = engine.fit(model, batches, test, train, variant, device)
+        _, records = fit_small(prepared, train, variant, device, model=model)
         weights[graphed] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         assert records[-1].samples == 512
     engine.seed_everything(0)
@@ -171,11 +168,7 @@ def test_graph_captured_step_with_random_shifts_trains(prepared) -> None:
     variant = VariantParams(device="cuda", precision="bf16", cuda_graph=True, channels_last=True)
     engine.seed_everything(0)
     model = SeedCNN().to(device, memory_format=torch.channels_last)
-    batches = ResidentBatches(
-        data.load_split(prepared, "train"), device, 128, 0, channels_last=True
-    )
-    test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
-    records = engine.fit(model, batches, test, train, variant, device)
+    _, records = fit_small(prepared, train, variant, device, model=model)  # channels_last batches
     assert records[-1].train_loss < records[0].train_loss
     assert all(r.nonfinite_steps == 0 for r in records)
 
@@ -274,11 +267,7 @@ def test_deterministic_mode_on_the_gpu(prepared) -> None:
     try:
         for _ in range(2):
             engine.configure_backends(variant, True)
-            engine.seed_everything(0)
-            model = SeedCNN().to(cuda)
-            batches = ResidentBatches(data.load_split(prepared, "train"), cuda, 128, 0)
-            test = ResidentBatches(data.load_split(prepared, "test"), cuda, 256, 0, shuffle=False)
-            engine.fit(model, batches, test, train, variant, cuda)
+            model, _ = fit_small(prepared, train, variant, cuda)  # seeded with train.seed 0
             weights.append({k: v.cpu() for k, v in model.state_dict().items()})
     finally:
         engine.configure_backends(variant, False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from .. import build, data, engine, hardware, profiling, torchrun, tracking
+from ..batches import ResidentBatches
 from ..checkpoint import Checkpointer, Resume
 from ..console import log
 from ..oom import retry_on_oom
@@ -100,47 +102,112 @@ def train(
     out: TrainOutputs,
     quiet: bool,
 ) -> TrainSummary | None:
-    device, main_process = placement.device, placement.main
     engine.configure_backends(variant, recipe.deterministic)
     flops_per_sample = build.flops_per_sample(recipe)
-    model = build.fresh_model(recipe, variant, device)
-    shard = {"rank": placement.rank, "world_size": placement.world_size}
-    batches = build.train_batches(recipe, variant, prepared_dir, device, **shard)
-    test_batches = build.eval_batches(
-        prepared_dir,
-        device,
-        recipe.eval_batch_size,
-        recipe.test_subset,
-        channels_last=variant.channels_last,
-    )
-    if main_process:
-        log(_start_line(name, recipe, variant, placement, batches.num_samples))
+    fitting = _Fitting.build(name, recipe, variant, placement, prepared_dir, out.profile)
+    steps = len(fitting.batches)
+    if placement.main:
+        log(_start_line(name, recipe, variant, placement, fitting.batches.num_samples))
     run_params = _run_params(name, recipe, variant)
     checkpoint_path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
     checkpointer = Checkpointer(checkpoint_path, run_params, name)
     resume = checkpointer.load()
     if out.profile is not None:
         epochs_done = resume.epochs_done if resume else 0
-        profiling.check_request(name, recipe.epochs, len(batches), epochs_done)
+        profiling.check_request(name, recipe.epochs, steps, epochs_done)
     with _tracked_run(root, name, run_params, variant, placement, resume) as run_id:
-        if main_process and resume is None:
+        if placement.main and resume is None:
             _log_datasets(prepared_dir, recipe)
-        progress = EpochProgress(name, recipe.epochs, len(batches), quiet=quiet or not main_process)
+        progress = EpochProgress(name, recipe.epochs, steps, quiet=quiet or not placement.main)
+        records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
+        progress.close()
+        if not placement.main:
+            return None
+        summary = summarize_run(
+            records,
+            variant,
+            placement,
+            accumulation_steps=accumulation,
+            flops_per_sample=flops_per_sample,
+        )
+        state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
+        model_file = ModelFile(name, "trained", run_id, run_params, state_dict)
+        write_json(out.metrics.train_json, summary.to_json())
+        write_epochs_csv(out.metrics.epochs_csv, [r.as_dict() for r in records])
+        model_file.save(out.model)
+        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4])
+    log(
+        f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
+        f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
+        f"{summary.final_test_accuracy:.2%}"
+    )
+    checkpointer.discard()
+    return summary
+
+
+@dataclass
+class _Fitting:
+    """A variant's model and batches in this process, and how they are fitted: once, or
+    again from scratch after each CUDA out-of-memory error (`oom.retry_on_oom`)."""
+
+    name: str
+    recipe: TrainRecipe
+    variant: VariantParams
+    placement: Placement
+    model: torch.nn.Module
+    batches: engine.BatchSource
+    test_batches: ResidentBatches
+    profile_dir: Path | None
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        recipe: TrainRecipe,
+        variant: VariantParams,
+        placement: Placement,
+        prepared_dir: Path,
+        profile_dir: Path | None,
+    ) -> _Fitting:
+        device = placement.device
+        model = build.fresh_model(recipe, variant, device)
+        shard = {"rank": placement.rank, "world_size": placement.world_size}
+        batches = build.train_batches(recipe, variant, prepared_dir, device, **shard)
+        test_batches = build.eval_batches(
+            prepared_dir,
+            device,
+            recipe.eval_batch_size,
+            recipe.test_subset,
+            channels_last=variant.channels_last,
+        )
+        return cls(name, recipe, variant, placement, model, batches, test_batches, profile_dir)
+
+    def fit(
+        self,
+        progress: EpochProgress,
+        resume: Resume | None,
+        on_checkpoint: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[list[engine.EpochRecord], int]:
+        """Epoch records, and the accumulation steps they were trained with."""
+        recipe, variant, placement = self.recipe, self.variant, self.placement
+        device = placement.device
+        energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
-            if main_process:
+            if placement.main:
                 tracking.log_metrics(record.as_dict(), step=record.epoch)
 
-        energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
-
         def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
-            nonlocal model
             if fresh:  # after an OOM: from scratch, the checkpoint's state left behind
-                model = build.fresh_model(recipe, variant, device)
+                self.model = build.fresh_model(recipe, variant, device)
             # one profile per attempt: an OOM retry starts counting steps again
             with profiling.step_profiler(
-                out.profile, name, placement.rank, len(batches), cuda=variant.uses_cuda
+                self.profile_dir,
+                self.name,
+                placement.rank,
+                len(self.batches),
+                cuda=variant.uses_cuda,
             ) as profile_step:
 
                 def on_step(samples: int) -> None:
@@ -148,9 +215,9 @@ def train(
                     profile_step()
 
                 return engine.fit(
-                    model,
-                    batches,
-                    test_batches,
+                    self.model,
+                    self.batches,
+                    self.test_batches,
                     recipe,
                     variant,
                     device,
@@ -160,40 +227,17 @@ def train(
                     on_step=on_step,
                     energy_j=energy_j,
                     resume_from=resume.state if resume and not fresh else None,
-                    on_checkpoint=checkpointer.saver(run_id),
+                    on_checkpoint=on_checkpoint,
                 )
 
-        records, accumulation = retry_on_oom(
+        return retry_on_oom(
             attempt,
-            name=name,
+            name=self.name,
             batch_size=recipe.batch_size,
             accumulation_steps=recipe.accumulation_steps,
             retries=recipe.oom_retries,
             placement=placement,
         )
-        progress.close()
-        if not main_process:
-            return None
-        summary = summarize_run(
-            records,
-            variant,
-            placement,
-            accumulation_steps=accumulation,
-            flops_per_sample=flops_per_sample,
-        )
-        state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        model_file = ModelFile(name, "trained", run_id, run_params, state_dict)
-        write_json(out.metrics.train_json, summary.to_json())
-        write_epochs_csv(out.metrics.epochs_csv, [r.as_dict() for r in records])
-        model_file.save(out.model)
-        _track_outputs(name, summary, model_file, out, test_batches.images[:4])
-    log(
-        f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
-        f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
-        f"{summary.final_test_accuracy:.2%}"
-    )
-    checkpointer.discard()
-    return summary
 
 
 def record_skip(
