@@ -5,8 +5,8 @@
 
 Each candidate trains through `accelbench train` (so DDP variants go through torchrun, as in
 `dvc repro`), one after another on an otherwise idle machine. The candidates file is a
-params file plus a `baselines:` mapping (DDP variant -> the single-GPU variant with the same
-settings). Writes OUT/scaling.md and OUT/scaling.json: steady epoch time, throughput,
+params file; its `report.scaling_baselines` maps each DDP variant to the single-GPU variant
+with the same settings, as the pipeline's report reads it. Writes OUT/scaling.md and OUT/scaling.json: steady epoch time, throughput,
 speedup over the baseline and scaling efficiency (speedup / processes) at each batch size,
 and, with --profile, the GPU time per step read from each run's torch.profiler trace
 (profiled runs are a little slower: their epoch times are marked). Needs data/prepared
@@ -25,11 +25,19 @@ from typing import Any
 import yaml
 
 from accelbench.params import parse_params
+from accelbench.results import (
+    MetricsFiles,
+    TrainResult,
+    TrainSummary,
+    read_train,
+    scaling_efficiency,
+    speedup,
+)
 
 
 def _run(
     params: Path, name: str, data: Path, out: Path, profile: Path | None
-) -> tuple[int, dict[str, Any]]:
+) -> tuple[int, TrainResult | None]:
     metrics = out / "metrics" / name
     command = [
         sys.executable, "-m", "accelbench.cli", "--params", str(params), "train", name,
@@ -44,29 +52,29 @@ def _run(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as sink:
         code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, check=False)
-    train_json = metrics / "train.json"
-    return code.returncode, json.loads(train_json.read_text()) if train_json.exists() else {}
+    train_json = MetricsFiles(metrics).train_json
+    return code.returncode, read_train(train_json) if train_json.exists() else None
 
 
-def _row(name: str, batch: int, code: int, train: dict, base: dict | None) -> dict[str, Any]:
+def _row(
+    name: str, batch: int, code: int, train: TrainResult | None, base: TrainResult | None
+) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": name, "batch_size": batch, "returncode": code}
-    row["status"] = train.get("status", "failed") if code == 0 else "failed"
-    if row["status"] != "trained":
-        row["reason"] = train.get("reason")
+    row["status"] = train.status if code == 0 and train is not None else "failed"
+    if not isinstance(train, TrainSummary) or row["status"] != "trained":
+        row["reason"] = getattr(train, "reason", None)
         return row
-    world = train.get("world_size", 1)
-    steady = train["steady_epoch_s"]
     row |= {
-        "world_size": world,
-        "first_epoch_s": train["first_epoch_s"],
-        "steady_epoch_s": steady,
-        "steady_samples_per_s": train["steady_samples_per_s"],
-        "final_test_accuracy": train["final_test_accuracy"],
-        "peak_gpu_mem_mib": train.get("peak_gpu_mem_mib"),
+        "world_size": train.world_size,
+        "first_epoch_s": train.first_epoch_s,
+        "steady_epoch_s": train.steady_epoch_s,
+        "steady_samples_per_s": train.steady_samples_per_s,
+        "final_test_accuracy": train.final_test_accuracy,
+        "peak_gpu_mem_mib": train.peak_gpu_mem_mib,
     }
-    if base and base.get("status") == "trained":
-        speedup = base["steady_epoch_s"] / steady
-        row |= {"speedup": speedup, "efficiency": speedup / world}
+    ratio = speedup(base, train)
+    if ratio is not None:
+        row |= {"speedup": ratio, "efficiency": scaling_efficiency(ratio, train.world_size)}
     return row
 
 
@@ -130,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     raw = yaml.safe_load(args.candidates.read_text())
-    baselines: dict[str, str] = raw.pop("baselines", {})
-    parse_params(raw, str(args.candidates))  # every candidate valid before anything runs
+    # every candidate valid before anything runs
+    baselines = parse_params(raw, str(args.candidates)).report.scaling_baselines
     names = args.only or list(raw["variants"])
     rows: list[dict[str, Any]] = []
     for batch in args.batch_sizes:
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         parse_params(batch_raw, f"{args.candidates} at batch {batch}")
         params_path.write_text(yaml.safe_dump(batch_raw))
         profile = out / "profiles" if args.profile else None
-        trained: dict[str, dict] = {}
+        trained: dict[str, TrainResult | None] = {}
         # Baselines first, so every DDP row can be set against its baseline.
         for name in sorted(names, key=lambda n: n in baselines):
             code, train = _run(params_path, name, args.data, out, profile)

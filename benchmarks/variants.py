@@ -16,9 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from accelbench import engine, stages
-from accelbench.models import SeedCNN
-from accelbench.params import parse_params
+from accelbench import build, engine, placement
+from accelbench.params import TrainParams, VariantParams, parse_params
 
 
 def _apply(raw: dict, assignment: str) -> None:
@@ -29,6 +28,38 @@ def _apply(raw: dict, assignment: str) -> None:
     for part in path:
         target = target[part]
     target[leaf] = yaml.safe_load(value)
+
+
+def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path) -> tuple:
+    """One table row: train `name` as the pipeline would, in this process."""
+    if variant.distributed is not None:
+        return (name, "skipped: DDP (benchmarks/scaling.py)", "", "", "", "")
+    where = placement.place(name, variant, require_gpu=recipe.require_gpu)
+    if where.skip_reason is not None:
+        return (name, f"skipped: {where.skip_reason}", "", "", "", "")
+    # Built as the pipeline builds them (build.py), so a tuning row is a pipeline row.
+    device = where.device
+    engine.configure_backends(variant, recipe.deterministic)
+    model = build.fresh_model(recipe, variant, device)
+    train_batches = build.train_batches(recipe, variant, prepared, device)
+    test_batches = build.eval_batches(
+        prepared, device, recipe.eval_batch_size, recipe.test_subset,
+        channels_last=variant.channels_last,
+    )  # fmt: skip
+    records = engine.fit(
+        model, train_batches, test_batches, recipe, variant, device,
+        accumulation_steps=recipe.accumulation_steps,
+    )  # fmt: skip
+    summary = engine.summarize(records)
+    print(f"{name}: done", file=sys.stderr, flush=True)
+    return (
+        name,
+        where.device_name[:30],
+        f"{summary['first_epoch_s']:.3f}",
+        f"{summary['steady_epoch_s']:.3f}" if summary["steady_epoch_s"] else "n/a",
+        f"{summary['data_wait_fraction']:.0%}",
+        f"{summary['final_test_accuracy']:.2%}",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,31 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     params = parse_params(raw, str(args.params))
     names = args.variants or list(params.variants)
 
-    rows = []
-    for name in names:
-        variant = params.variant(name)
-        device, device_name = stages.resolve_device(name, variant, params)
-        if device is None:
-            rows.append((name, f"skipped: {device_name}", "", "", "", ""))
-            continue
-        engine.configure_backends(variant)
-        engine.seed_everything(params.train.seed)
-        model = SeedCNN().to(device)
-        train_batches, test_batches = stages.build_batches(params, variant, args.data, device)
-        records = engine.fit(model, train_batches, test_batches, params.train, variant, device)
-        summary = engine.summarize(records, params.train.target_accuracy)
-        rows.append(
-            (
-                name,
-                device_name[:30],
-                f"{summary['first_epoch_s']:.3f}",
-                f"{summary['steady_epoch_s']:.3f}" if summary["steady_epoch_s"] else "n/a",
-                f"{summary['data_wait_fraction']:.0%}",
-                f"{summary['final_test_accuracy']:.2%}",
-            )
-        )
-        print(f"{name}: done", file=sys.stderr, flush=True)
-
+    rows = [_time(name, params.variant(name), params.train, args.data) for name in names]
     head = ("variant", "device", "first epoch s", "steady epoch s", "data wait", "test acc")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for row in [head, *rows]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from accelbench import data
-from conftest import idx_bytes
+from helpers import idx_bytes
 
 STEM = "train-labels-idx1-ubyte"
 

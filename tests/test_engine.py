@@ -1,24 +1,24 @@
+"""engine.py: fit, evaluate, the train step, and the run-level summary."""
+
 from __future__ import annotations
+
+import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from accelbench import data, engine
-from accelbench.batches import LoaderBatches, ResidentBatches, epoch_permutation
+from accelbench import engine
 from accelbench.models import SeedCNN
-from accelbench.params import LoaderParams, TrainParams, VariantParams
+from accelbench.params import TrainParams, VariantParams
+from helpers import fit_small
 
-CPU = torch.device("cpu")
 FP32 = VariantParams(device="cpu", precision="fp32")
 
 
 def _train(prepared, *, epochs=3, seed=0, variant=FP32, **overrides) -> tuple[SeedCNN, list]:
     train = TrainParams(epochs=epochs, batch_size=64, seed=seed, lr=2e-3, **overrides)
-    engine.seed_everything(seed)
-    model = SeedCNN()
-    batches = ResidentBatches(data.load_split(prepared, "train"), CPU, train.batch_size, seed)
-    test = ResidentBatches(data.load_split(prepared, "test"), CPU, 256, seed, shuffle=False)
-    return model, engine.fit(model, batches, test, train, variant, CPU)
+    return fit_small(prepared, train, variant)
 
 
 def test_loss_falls_and_accuracy_rises(prepared) -> None:
@@ -43,13 +43,9 @@ def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
     readings = iter(range(0, 1000, 7))  # a cumulative counter, in joules
 
     train = TrainParams(epochs=2, batch_size=128)
-    batches = ResidentBatches(data.load_split(prepared, "train"), CPU, 128, 0)
-    test = ResidentBatches(data.load_split(prepared, "test"), CPU, 256, 0, shuffle=False)
-    records = engine.fit(
-        SeedCNN(), batches, test, train, FP32, CPU, energy_j=lambda: float(next(readings))
-    )
+    _, records = fit_small(prepared, train, energy_j=lambda: float(next(readings)))
     assert [r.gpu_energy_j for r in records] == [7.0, 7.0]
-    assert engine.summarize(records, 0.99)["steady_gpu_energy_j_per_epoch"] == 7.0
+    assert engine.summarize(records)["steady_gpu_energy_j_per_epoch"] == 7.0
     _, plain = _train(prepared, epochs=1)
     assert plain[0].gpu_energy_j is None
 
@@ -64,7 +60,7 @@ def test_steady_energy_is_the_mean_so_a_coarse_counter_averages_out() -> None:
         )
         for i, joules in enumerate([2000.0, 37.0, 83.0, 37.0, 37.0, 83.0, 37.0])
     ]  # fmt: skip
-    assert engine.summarize(records, 0.99)["steady_gpu_energy_j_per_epoch"] == 314.0 / 6
+    assert engine.summarize(records)["steady_gpu_energy_j_per_epoch"] == 314.0 / 6
 
 
 def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:
@@ -78,40 +74,6 @@ def test_bf16_autocast_on_cpu_trains(prepared) -> None:
     assert records[0].test_accuracy > 0.3
 
 
-def test_resident_source_yields_every_sample_once_in_a_seeded_order(prepared) -> None:
-    split = data.load_split(prepared, "train")
-    source = ResidentBatches(split, CPU, 100, seed=5)
-    labels = torch.cat([y for _, y in source.epoch(0)])
-    images = torch.cat([x for x, _ in source.epoch(0)])
-    assert len(labels) == 512 and len(source) == 6
-    order = epoch_permutation(5, 0, 512)
-    assert torch.equal(labels, torch.as_tensor(split.labels).long()[order])
-    assert sorted(order.tolist()) == list(range(512))
-    # the order is a function of (seed, epoch) alone
-    assert torch.equal(epoch_permutation(5, 0, 512), order)
-    assert not torch.equal(epoch_permutation(5, 1, 512), order)
-    assert not torch.equal(epoch_permutation(6, 0, 512), order)
-    assert images.shape == (512, 1, 28, 28)
-    assert abs(images.mean().item()) < 3  # normalized, not raw 0..255
-
-
-def test_dataloader_source_matches_resident_batches(prepared) -> None:
-    split = data.load_split(prepared, "train")
-    resident = ResidentBatches(split, CPU, 128, seed=1)
-    loader = LoaderBatches(
-        prepared,
-        512,
-        CPU,
-        128,
-        1,
-        LoaderParams(num_workers=0, pin_memory=False, persistent_workers=False),
-    )
-    for epoch in (0, 1):
-        for (xa, ya), (xb, yb) in zip(resident.epoch(epoch), loader.epoch(epoch), strict=True):
-            assert torch.equal(ya, yb)
-            torch.testing.assert_close(xa, xb)
-
-
 def test_flops_per_sample_matches_the_architecture() -> None:
     forward = 2 * (26 * 26 * 32 * 9 + 24 * 24 * 64 * 32 * 9 + 9216 * 10)
     flops = engine.train_flops_per_sample(SeedCNN())
@@ -122,20 +84,19 @@ def _record(epoch, time_s, acc) -> engine.EpochRecord:
     return engine.EpochRecord(epoch, 1.0, time_s, 0.0, 100, 100 / time_s, 1.0, acc, 0, 1e-3, None)
 
 
-def test_summarize_separates_first_epoch_and_finds_time_to_target() -> None:
+def test_summarize_separates_first_epoch_from_the_steady_state() -> None:
     records = [
         _record(1, 5.0, 0.9),
         _record(2, 1.0, 0.985),
         _record(3, 2.0, 0.991),
         _record(4, 1.5, 0.99),
     ]
-    summary = engine.summarize(records, 0.99)
+    summary = engine.summarize(records)
     assert summary["first_epoch_s"] == 5.0
     assert summary["steady_epoch_s"] == 1.5
     assert summary["total_train_s"] == 9.5
-    assert summary["time_to_target_s"] == 8.0 and summary["epoch_to_target"] == 3
-    assert engine.summarize(records[:2], 0.99)["time_to_target_s"] is None
-    assert engine.summarize(records[:1], 0.99)["steady_epoch_s"] is None
+    assert summary["best_test_accuracy"] == 0.991
+    assert engine.summarize(records[:1])["steady_epoch_s"] is None
 
 
 @pytest.mark.gpu
@@ -166,9 +127,7 @@ def test_graph_captured_step_matches_eager_steps(prepared) -> None:
         torch.backends.cudnn.deterministic = True
         engine.seed_everything(0)
         model = SeedCNN(dropout=0.0).to(device)
-        batches = ResidentBatches(data.load_split(prepared, "train"), device, 100, 0)
-        test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
-        records = engine.fit(model, batches, test, train, variant, device)
+        _, records = fit_small(prepared, train, variant, device, model=model)
         weights[graphed] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         assert records[-1].samples == 512
     engine.seed_everything(0)
@@ -209,10 +168,108 @@ def test_graph_captured_step_with_random_shifts_trains(prepared) -> None:
     variant = VariantParams(device="cuda", precision="bf16", cuda_graph=True, channels_last=True)
     engine.seed_everything(0)
     model = SeedCNN().to(device, memory_format=torch.channels_last)
-    batches = ResidentBatches(
-        data.load_split(prepared, "train"), device, 128, 0, channels_last=True
-    )
-    test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
-    records = engine.fit(model, batches, test, train, variant, device)
+    _, records = fit_small(prepared, train, variant, device, model=model)  # channels_last batches
     assert records[-1].train_loss < records[0].train_loss
     assert all(r.nonfinite_steps == 0 for r in records)
+
+
+# --- faults: non-finite losses, GradScaler, determinism, accumulation ------------------------
+
+
+def _poison_cross_entropy(monkeypatch, bad_calls) -> None:
+    """Training steps whose 1-based call number `bad_calls(n)` accepts get an infinite loss."""
+    calls = {"n": 0}
+
+    def cross_entropy(logits, labels, **kwargs):
+        loss = F.cross_entropy(logits, labels, **kwargs)
+        if logits.requires_grad:  # training steps only
+            calls["n"] += 1
+            if bad_calls(calls["n"]):
+                loss = loss * float("inf")
+        return loss
+
+    monkeypatch.setattr(engine, "F", types.SimpleNamespace(cross_entropy=cross_entropy, pad=F.pad))
+
+
+def test_consecutive_nonfinite_losses_fail_naming_epoch_and_step(prepared, monkeypatch) -> None:
+    _poison_cross_entropy(monkeypatch, lambda n: n > 5)  # from epoch 2, step 2 on
+    train = TrainParams(epochs=3, batch_size=128, max_nonfinite_steps=2)  # 4 steps an epoch
+    with pytest.raises(engine.NonFiniteLossError, match=r"epoch 2, step 3: 2 consecutive") as info:
+        fit_small(prepared, train)
+    assert "lower train.lr" in str(info.value)
+
+
+def test_the_limit_counts_consecutive_steps_only() -> None:
+    finite = torch.tensor([True, False, True, False, False, True])
+    engine.check_nonfinite(finite, 1, 3, VariantParams(device="cpu"))  # two in a row: allowed
+    fp16 = VariantParams(device="cuda", precision="fp16")
+    with pytest.raises(engine.NonFiniteLossError, match=r"epoch 4, step 5.*precision 'bf16'"):
+        engine.check_nonfinite(finite, 4, 2, fp16)
+
+
+def test_gradscaler_skipped_steps_are_counted(prepared, monkeypatch) -> None:
+    """fp16 + GradScaler, on the CPU: an inf loss gives inf gradients, a skipped step."""
+    _poison_cross_entropy(monkeypatch, lambda n: n in (2, 3))  # epoch 1 of 4 steps
+    fp16 = VariantParams.model_construct(device="cpu", precision="fp16")  # GPU-only in params
+    train = TrainParams(epochs=2, batch_size=128, shift_px=0)
+    model, records = fit_small(prepared, train, fp16)
+    assert [r.scaler_skipped_steps for r in records] == [2, 0]
+    assert [r.nonfinite_steps for r in records] == [2, 0]
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # never trained on inf
+    assert engine.summarize(records)["scaler_skipped_steps"] == 2
+
+
+def test_deterministic_mode_gives_identical_weights(prepared) -> None:
+    variant = VariantParams(device="cpu")
+    train = TrainParams(epochs=1, batch_size=128, deterministic=True, shift_px=2)
+    environ: dict[str, str] = {}
+    engine.request_determinism(environ)
+    assert environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    weights = []
+    try:
+        for _ in range(2):
+            engine.configure_backends(variant, train.deterministic)
+            assert torch.are_deterministic_algorithms_enabled()
+            model, _ = fit_small(prepared, train, variant)
+            weights.append(model.state_dict())
+    finally:
+        engine.configure_backends(variant, False)
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name
+
+
+def test_accumulated_chunks_give_the_update_of_one_whole_batch(prepared) -> None:
+    weights = {}
+    for k in (1, 4):
+        train = TrainParams(epochs=1, batch_size=128, dropout=0.0, accumulation_steps=k)
+        model, records = fit_small(prepared, train, accumulation_steps=k)
+        weights[k] = (model.state_dict(), records[0].train_loss)
+    for name, value in weights[1][0].items():
+        torch.testing.assert_close(weights[4][0][name], value, rtol=1e-4, atol=1e-6, msg=name)
+    assert abs(weights[4][1] - weights[1][1]) < 1e-5
+
+
+def test_fit_takes_accumulation_as_its_argument_not_from_the_recipe(prepared) -> None:
+    """OOM retries change the passes per step; fit must use what it is given."""
+    train = TrainParams(epochs=1, batch_size=128, dropout=0.0, accumulation_steps=4)
+    _, given = fit_small(prepared, train, accumulation_steps=1)
+    _, whole = fit_small(prepared, train.model_copy(update={"accumulation_steps": 1}))
+    assert given[0].train_loss == whole[0].train_loss
+
+
+@pytest.mark.gpu
+def test_deterministic_mode_on_the_gpu(prepared) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda, variant = torch.device("cuda"), VariantParams(device="cuda")
+    train = TrainParams(epochs=1, batch_size=128, deterministic=True)
+    weights = []
+    try:
+        for _ in range(2):
+            engine.configure_backends(variant, True)
+            model, _ = fit_small(prepared, train, variant, cuda)  # seeded with train.seed 0
+            weights.append({k: v.cpu() for k, v in model.state_dict().items()})
+    finally:
+        engine.configure_backends(variant, False)
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name

@@ -53,3 +53,30 @@ def test_no_reading_rather_than_another_boards(nvml, monkeypatch) -> None:
 def test_no_nvml_means_no_reading(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
     assert hardware.gpu_energy_reader(0) is None
+
+
+def test_env_facts_and_the_doctor_share_one_probe(monkeypatch) -> None:
+    """env/cuda.json and `accelbench doctor` read the same GpuProbe: NVML starts once."""
+    from accelbench import doctor
+
+    probe = hardware.GpuProbe(
+        torch_cuda="13.0",
+        driver="580.1",
+        driver_cuda="13.0",
+        nvml_gpus=("NVIDIA H200",) * 2,
+        cuda_available=True,
+        torch_gpus=("NVIDIA H200",) * 2,
+        capability=(9, 0),
+        memory_gib=139.8,
+        cudnn=91900,
+        bf16=True,
+    )
+    facts = hardware.cuda_facts(probe)
+    assert facts["gpu_count"] == 2 and facts["compute_capability"] == "9.0"
+    assert facts["nvidia_driver"] == "580.1" and facts["gpu_memory_gib"] == 139.8
+    monkeypatch.setattr(hardware, "_nvml", lambda: pytest.fail("the probe was asked again"))
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_90"])
+    monkeypatch.setattr(torch, "arange", lambda *a, **k: pytest.fail("no kernel without a GPU"))
+    cpu_only = hardware.GpuProbe("13.0", None, None, (), cuda_available=False)
+    assert hardware.cuda_facts(cpu_only)["reason"].startswith("no NVIDIA driver found")
+    assert doctor.gather(cpu_only).driver is None

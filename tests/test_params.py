@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from accelbench.params import ParamsError, load_params, parse_params
-from conftest import REPO
+from helpers import REPO
 
 
 @pytest.fixture
@@ -103,3 +103,53 @@ def test_missing_and_malformed_files(tmp_path) -> None:
     broken.write_text("- a list\n")
     with pytest.raises(ParamsError, match="expected a mapping"):
         load_params(broken)
+
+
+def test_the_loader_belongs_to_the_variant_that_uses_it(raw) -> None:
+    raw["train"]["loader"] = {"num_workers": 2}
+    assert "train.loader: moved: set it on the variant that uses it" in _error(raw)
+    del raw["train"]["loader"]
+    raw["variants"]["cpu"]["loader"] = {"num_workers": 2}
+    assert "only by variants with batches 'dataloader'" in _error(raw)
+
+
+def test_report_baselines_name_variants_of_the_right_kind(raw) -> None:
+    params = parse_params(raw)
+    assert params.report.speedup_baseline == "cpu" and params.report.scaling_baselines == {
+        "ddp": "gpu"
+    }
+    bad = copy.deepcopy(raw)
+    bad["report"]["speedup_baseline"] = "tpu"
+    assert "report.speedup_baseline = 'tpu': not a variant (params.yaml defines: cpu" in _error(bad)
+    bad = copy.deepcopy(raw)
+    bad["report"]["scaling_baselines"] = {"gpu": "cpu"}
+    assert "report.scaling_baselines.gpu: 'gpu' is not a variant with a distributed:" in _error(bad)
+    bad["report"]["scaling_baselines"] = {"ddp": "ddp"}
+    assert "the baseline must be a single-process variant" in _error(bad)
+
+
+def test_the_recipe_is_the_train_section_less_what_no_training_output_depends_on() -> None:
+    from accelbench.params import TrainParams, TrainRecipe
+
+    assert set(TrainParams.model_fields) - set(TrainRecipe.model_fields) == {
+        "target_accuracy",
+        "require_gpu",
+    }
+
+
+def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_over_gloo() -> None:
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nproc_per_node": 3}}}
+    with pytest.raises(ParamsError, match="batch_size 512 must be divisible by the world size 3"):
+        parse_params(raw)
+    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"backend": "nccl"}}}
+    with pytest.raises(ParamsError, match="'nccl' needs device 'cuda'"):
+        parse_params(raw)
+    raw["variants"] = {
+        "ddp": {"device": "cuda", "cuda_graph": True, "distributed": {"backend": "gloo"}}
+    }
+    with pytest.raises(ParamsError, match=r"captures the gradient all-reduce.*not 'gloo'"):
+        parse_params(raw)
+    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
+    with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
+        parse_params(raw)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, shared_mnist
+from helpers import REPO, repo_params_raw, shared_mnist
 
 pytestmark = pytest.mark.slow
 
@@ -69,12 +69,9 @@ def _small_repo(tmp_path: Path, only_cpu: bool = False, **train) -> tuple[Path, 
         pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
     repo = tmp_path / "repo"
     _copy_repo(repo)
-    params_path = repo / "params.yaml"
-    params = yaml.safe_load(params_path.read_text())
-    params["train"].update(train)
-    if only_cpu:
-        params["variants"] = {"cpu": params["variants"]["cpu"]}
-    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    cpu_only = {"cpu": repo_params_raw()["variants"]["cpu"]} if only_cpu else None
+    params = repo_params_raw(cpu_only, **train)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return repo, mirror, params
 
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from accelbench.profiling import profile_window, summarize_trace
-from conftest import train_command, write_params
+from helpers import train_command, write_params
 
 
 def _event(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:

@@ -9,17 +9,16 @@ import sys
 
 import yaml
 
-from conftest import REPO
+from helpers import REPO, repo_params_raw
 
 
 def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlflow_store) -> None:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"] |= {"epochs": 2, "shift_px": 0, "schedule": "constant"}
-    raw["variants"] = {
+    variants = {
         "ddp2": {"device": "cpu", "threads": 1, "distributed": {"nproc_per_node": 2}},
         "single": {"device": "cpu", "threads": 1},
     }
-    raw["baselines"] = {"ddp2": "single"}
+    raw = repo_params_raw(variants, epochs=2, shift_px=0, schedule="constant")
+    raw["report"] = {"scaling_baselines": {"ddp2": "single"}}
     candidates = tmp_path / "candidates.yaml"
     candidates.write_text(yaml.safe_dump(raw))
     out = tmp_path / "scaling"
@@ -51,8 +50,8 @@ def test_h200_candidates_pair_each_ddp_variant_with_a_baseline_of_the_same_setti
     from accelbench.report import settings_differing
 
     raw = yaml.safe_load((REPO / "benchmarks" / "h200-scaling.yaml").read_text())
-    baselines = raw.pop("baselines")
-    variants = parse_params(raw).variants
+    params = parse_params(raw)
+    baselines, variants = params.report.scaling_baselines, params.variants
     distributed = {name for name, v in variants.items() if v.distributed is not None}
     assert set(baselines) == distributed
     for ddp, base in baselines.items():

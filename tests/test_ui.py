@@ -11,8 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
-from test_stages import run_all, small_params
+from helpers import REPO, run_all_stages, small_params
 
 sys.path.insert(0, str(REPO / "tools"))
 import mlflow_ui
@@ -36,7 +35,7 @@ def test_compare_view_shows_the_variants_side_by_side(tmp_path, prepared, monkey
     store = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
     params = small_params()
-    run_all(tmp_path, params, prepared)
+    run_all_stages(tmp_path, params, prepared)
 
     with mlflow_ui.mlflow_server(store) as url:
         seen = mlflow_ui.visit(url, tmp_path / "compare.png")

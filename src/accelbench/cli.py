@@ -1,19 +1,22 @@
-"""`accelbench <stage>`: parse arguments, validate params.yaml, call the stage.
+"""`accelbench <stage>`: parse arguments, validate params.yaml, call the stage's module.
 
 Every stage validates the whole params.yaml first, so bad input fails `dvc repro` at its
-first stage, before any download or training.
+first stage, before any download or training; the stage then reads only its own keys
+(its module's `select`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-from .params import ParamsError, load_params
+from .console import AccelbenchError
+from .params import load_params
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,64 +86,39 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+STAGES = ("env", "download", "prepare", "train", "evaluate", "compare")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _interrupt_on_sigterm()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
-        from . import doctor
-
+        doctor = importlib.import_module("accelbench.doctor")
         report = doctor.diagnose(doctor.gather(), require_gpu=args.require_gpu)
         print(doctor.render(report))
         return report.exit_code
     root = Path.cwd()
     started = time.perf_counter()
-    from . import data, stages  # heavy imports after argument parsing
-
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a DDP stage re-runs itself
     try:
         params = load_params(args.params)
-        if params.train.deterministic:
-            stages.engine.request_determinism(os.environ)
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
         elif args.stage == "runs":
-            from . import tracking
-
-            print(tracking.summary_markdown(root))
-        elif args.stage == "env":
-            stages.env_stage(args.out)
-        elif args.stage == "download":
-            stages.download_stage(params, args.out)
-        elif args.stage == "prepare":
-            stages.prepare_stage(args.raw, args.out)
-        elif args.stage == "train":
-            outputs = stages.TrainOutputs(args.model, args.metrics, args.checkpoint, args.profile)
-            stages.train_stage(
-                root,
-                params,
-                args.variant,
-                args.data,
-                outputs,
-                quiet=args.quiet,
-                argv=list(sys.argv[1:] if argv is None else argv),
-            )
-        elif args.stage == "evaluate":
-            stages.evaluate_stage(root, params, args.model, args.data, args.metrics)
-        elif args.stage == "compare":
-            stages.compare_stage(root, params, args.env, args.metrics, args.out)
-    except (
-        ParamsError,
-        data.DownloadError,
-        data.IdxFormatError,
-        stages.StageError,
-        stages.engine.NonFiniteLossError,
-    ) as exc:
+            print(importlib.import_module("accelbench.tracking").summary_markdown(root))
+        else:
+            # Imported by name: a stage's code is its own module's imports, no other stage's
+            # (dvc.yaml's deps list exactly them).
+            stage = importlib.import_module(f"accelbench.stages.{args.stage}")
+            stage.main(args, params, root)
+    except AccelbenchError as exc:
         print(f"accelbench {args.stage}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         print(f"accelbench {args.stage}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
         return 130
-    if args.stage not in ("check", "runs") and os.environ.get("LOCAL_RANK", "0") == "0":
+    if args.stage in STAGES and os.environ.get("LOCAL_RANK", "0") == "0":
         elapsed = time.perf_counter() - started
         print(f"accelbench {args.stage}: done in {elapsed:.1f} s (wall)", file=sys.stderr)
     return 0

@@ -23,6 +23,8 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from .console import AccelbenchError
+
 MIRROR_ENV = "ACCELBENCH_MNIST_MIRROR"
 
 # SHA-256 of the decompressed IDX files (the canonical MNIST contents).
@@ -38,7 +40,7 @@ LABELS_MAGIC = 2049
 _CHUNK = 1 << 20
 
 
-class DownloadError(RuntimeError):
+class DownloadError(AccelbenchError, RuntimeError):
     """Every mirror failed for a file; the message names each mirror and why."""
 
 
@@ -46,7 +48,7 @@ class ChecksumError(ValueError):
     pass
 
 
-class IdxFormatError(ValueError):
+class IdxFormatError(AccelbenchError, ValueError):
     """An IDX file's header or size is not what MNIST's format promises."""
 
 

@@ -1,7 +1,8 @@
 """`accelbench doctor`: does this machine's NVIDIA driver, GPU and torch build fit together?
 
-`gather()` asks NVML and torch; `diagnose()` is pure and decides. Tests feed `diagnose()`
-(and `gather()`, through fakes) every case a CPU-only machine cannot show.
+`gather()` takes `hardware.probe_gpus()` (NVML and torch, asked once; the env stage shares
+its probe) and runs a small kernel; `diagnose()` is pure and decides. Tests feed
+`diagnose()` (and `gather()`, through fakes) every case a CPU-only machine cannot show.
 
 Exit codes: 0 the GPU is ready; 3 CPU only (no NVIDIA driver, or no GPU) and nothing asked
 for a GPU; 1 something is wrong (each problem is printed with what to do).
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from .hardware import GpuProbe, probe_gpus
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -132,52 +135,25 @@ def diagnose(facts: Facts, *, require_gpu: bool = False) -> Report:
     return report
 
 
-def _nvml() -> dict[str, Any]:
-    try:
-        import pynvml
-    except ImportError:
-        return {}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return {}
-    try:
-        decode = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()  # e.g. 13000
-        count = pynvml.nvmlDeviceGetCount()
-        return {
-            "driver": decode(pynvml.nvmlSystemGetDriverVersion()),
-            "driver_cuda": f"{cuda // 1000}.{cuda % 1000 // 10}",
-            "gpus": tuple(
-                decode(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                for i in range(count)
-            ),
-        }
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def gather() -> Facts:
+def gather(probe: GpuProbe | None = None) -> Facts:
+    """The probe's facts (asked now unless given), torch's build architectures and, where
+    torch sees a GPU, whether a small kernel runs on it."""
     import torch
 
-    nvml = _nvml()
-    available = torch.cuda.is_available()
+    probe = probe if probe is not None else probe_gpus()
     facts: dict[str, Any] = {
         "torch_version": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "arch_list": tuple(torch.cuda.get_arch_list()) if torch.version.cuda else (),
-        "driver": nvml.get("driver"),
-        "driver_cuda": nvml.get("driver_cuda"),
-        "nvml_gpus": nvml.get("gpus", ()),
-        "cuda_available": available,
+        "torch_cuda": probe.torch_cuda,
+        "cudnn": probe.cudnn,
+        "arch_list": tuple(torch.cuda.get_arch_list()) if probe.torch_cuda else (),
+        "driver": probe.driver,
+        "driver_cuda": probe.driver_cuda,
+        "nvml_gpus": probe.nvml_gpus,
+        "cuda_available": probe.cuda_available,
     }
-    if available:
-        facts["torch_gpus"] = tuple(
-            torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
-        )
-        facts["capability"] = torch.cuda.get_device_capability(0)
-        facts["bf16"] = torch.cuda.is_bf16_supported()
+    if probe.cuda_available:
+        facts |= {"torch_gpus": probe.torch_gpus, "capability": probe.capability}
+        facts["bf16"] = probe.bf16
         try:
             x = torch.arange(1024, device="cuda", dtype=torch.float32)
             facts["kernel_ok"] = float((x * 2).sum().item()) == float(1023 * 1024)

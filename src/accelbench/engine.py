@@ -14,7 +14,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -25,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
 from .batches import MNIST_MEAN, MNIST_STD
-from .params import TrainParams, VariantParams
+from .console import AccelbenchError
+from .params import TrainRecipe, VariantParams
 from .timing import DeviceClock
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -120,7 +121,7 @@ def request_determinism(environ: dict[str, str]) -> None:
 
 
 def make_optimizer(
-    model: nn.Module, train: TrainParams, variant: VariantParams, device: torch.device
+    model: nn.Module, train: TrainRecipe, variant: VariantParams, device: torch.device
 ):
     fused = True if variant.fused_optimizer else None
     if variant.cuda_graph:
@@ -131,7 +132,7 @@ def make_optimizer(
     return torch.optim.Adam(model.parameters(), lr=train.lr, fused=fused)
 
 
-def make_scheduler(optimizer, train: TrainParams, steps_per_epoch: int):
+def make_scheduler(optimizer, train: TrainRecipe, steps_per_epoch: int):
     if train.schedule == "constant":
         return None
     return torch.optim.lr_scheduler.OneCycleLR(
@@ -354,7 +355,7 @@ def wrap_ddp(model: nn.Module, device: torch.device, graphed: bool) -> Distribut
         return DistributedDataParallel(model, device_ids=device_ids)
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(AccelbenchError, RuntimeError):
     """Training produced non-finite losses for too many consecutive steps."""
 
 
@@ -383,10 +384,12 @@ def fit(
     model: nn.Module,
     train_batches: BatchSource,
     test_batches: BatchSource,
-    train: TrainParams,
+    train: TrainRecipe,
     variant: VariantParams,
     device: torch.device,
     *,
+    accumulation_steps: int = 1,
+    distributed: bool = False,
     on_epoch: EpochCallback | None = None,
     on_step: StepCallback | None = None,
     energy_j: Callable[[], float] | None = None,
@@ -395,32 +398,17 @@ def fit(
 ) -> list[EpochRecord]:
     """Train for `train.epochs` epochs; evaluate on the test set after each (untimed).
 
-    `energy_j`, if given, reads a cumulative energy counter (joules) at the same
-    synchronized epoch boundaries as the clock. `on_checkpoint` receives the complete
-    training state after every epoch; `resume_from` (such a state) continues from it, so
-    that an interrupted and resumed run ends with the same weights as an uninterrupted one.
+    `accumulation_steps` splits every batch into that many forward/backward passes (same
+    update); `distributed` trains under DistributedDataParallel in the process group this
+    process has joined, and sums each epoch's figures over its processes. `energy_j`, if
+    given, reads a cumulative energy counter (joules) at the same synchronized epoch
+    boundaries as the clock. `on_checkpoint` receives the complete training state after every
+    epoch; `resume_from` (such a state) continues from it, so that an interrupted and resumed
+    run ends with the same weights as an uninterrupted one.
     """
     clock = DeviceClock(device)
-    eager_model = model
-    distributed = dist.is_available() and dist.is_initialized()
-    if distributed:
-        # Gradients are averaged across processes in backward; every step must go through it.
-        eager_model = wrap_ddp(model, device, graphed=variant.cuda_graph)
-    step_model = eager_model
-    if variant.compile != "none":
-        mode = None if variant.compile == "default" else variant.compile
-        step_model = torch.compile(eager_model, mode=mode, dynamic=False)
-    optimizer = make_optimizer(model, train, variant, device)
-    scheduler = make_scheduler(optimizer, train, len(train_batches))
-    step = TrainStep(
-        eager_model,
-        step_model,
-        optimizer,
-        variant,
-        device,
-        train.shift_px,
-        train.accumulation_steps,
-        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else CAPTURE_WARMUP_STEPS,
+    step, optimizer, scheduler = _make_step(
+        model, train, variant, device, len(train_batches), accumulation_steps, distributed
     )
     records: list[EpochRecord] = []
     first_epoch = 0
@@ -429,79 +417,21 @@ def fit(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
-    steps = len(train_batches)
     # Per-step losses stay on the device (one copy kernel a step, no host sync); the host
     # reads them once per epoch to sum them and to check for non-finite values.
-    losses = torch.empty(steps, device=device)
+    losses = torch.empty(len(train_batches), device=device)
     for epoch in range(first_epoch, train.epochs):
         model.train()
-        sizes: list[int] = []
-        data_wait_s = 0.0
-        batches = iter(train_batches.epoch(epoch))
-        start = clock.now()
-        energy_start = energy_j() if energy_j else None
-        lr = optimizer.param_groups[0]["lr"]
-        while True:
-            waited_from = time.perf_counter()
-            batch = next(batches, None)
-            data_wait_s += time.perf_counter() - waited_from
-            if batch is None:
-                break
-            images, labels = batch
-            losses[len(sizes)] = step(images, labels)
-            if len(sizes) == steps - 1:  # the epoch's last step: record the rate it used
-                lr = optimizer.param_groups[0]["lr"]
-                lr = lr.clone() if isinstance(lr, torch.Tensor) else lr  # no host sync
-            if scheduler is not None:
-                scheduler.step()
-            sizes.append(len(labels))
-            if on_step is not None:
-                on_step(len(labels))
-        train_time_s = clock.now() - start
-        energy = energy_j() - energy_start if energy_j else None
-        step_losses = losses[: len(sizes)].double().cpu()
-        finite = torch.isfinite(step_losses)
-        check_nonfinite(finite, epoch + 1, train.max_nonfinite_steps, variant)
-        weights = torch.tensor(sizes, dtype=torch.float64)
-        loss_sum = (step_losses[finite] * weights[finite]).sum().item()
-        nonfinite = int((~finite).sum())
-        samples = sum(sizes)
-        skipped = None
-        if step.scaler.is_enabled():
-            skipped = int(step.skipped_steps.item())
-            step.skipped_steps.zero_()
-        if distributed:  # epoch totals over every process (one collective per epoch)
-            readings = [energy or 0.0, energy is not None]
-            totals = torch.tensor(
-                [loss_sum, nonfinite, samples, *readings], dtype=torch.float64, device=device
-            )
-            dist.all_reduce(totals)
-            loss_sum, nonfinite, samples = totals[0].item(), int(totals[1]), int(totals[2])
-            # Every process reads its own GPU's counter: the run's energy is their sum, and
-            # unknown unless every process had a reading.
-            complete = int(totals[4]) == dist.get_world_size()
-            energy = totals[3].item() if complete else None
-
+        totals = _train_epoch(
+            step, scheduler, train_batches.epoch(epoch), losses, clock, energy_j, on_step
+        )
+        check_nonfinite(totals.finite, epoch + 1, train.max_nonfinite_steps, variant)
+        if distributed:
+            totals = _summed_over_processes(totals, device)
         # The plain module: evaluation is not what is benchmarked, and a compiled module
         # would recompile for eval mode and the test batch shapes.
         result = evaluate(model, test_batches, variant, device)
-        record = EpochRecord(
-            epoch=epoch + 1,
-            train_loss=loss_sum / samples,  # over the finite steps
-            train_time_s=train_time_s,
-            data_wait_s=data_wait_s,
-            samples=samples,
-            samples_per_s=samples / train_time_s,
-            test_loss=result.loss,
-            test_accuracy=result.accuracy,
-            nonfinite_steps=nonfinite,
-            lr=float(lr),
-            peak_gpu_mem_mib=(
-                torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-            ),
-            gpu_energy_j=energy,
-            scaler_skipped_steps=skipped,
-        )
+        record = totals.record(epoch + 1, result, device)
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
@@ -510,6 +440,150 @@ def fit(
                 _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
             )
     return records
+
+
+def _make_step(
+    model: nn.Module,
+    train: TrainRecipe,
+    variant: VariantParams,
+    device: torch.device,
+    steps_per_epoch: int,
+    accumulation_steps: int,
+    distributed: bool,
+) -> tuple[TrainStep, torch.optim.Optimizer, Any]:
+    """The step (DDP-wrapped and compiled as the variant says), its optimizer and schedule."""
+    eager_model = model
+    if distributed:
+        # Gradients are averaged across processes in backward; every step must go through it.
+        eager_model = wrap_ddp(model, device, graphed=variant.cuda_graph)
+    step_model = eager_model
+    if variant.compile != "none":
+        mode = None if variant.compile == "default" else variant.compile
+        step_model = torch.compile(eager_model, mode=mode, dynamic=False)
+    optimizer = make_optimizer(model, train, variant, device)
+    scheduler = make_scheduler(optimizer, train, steps_per_epoch)
+    step = TrainStep(
+        eager_model,
+        step_model,
+        optimizer,
+        variant,
+        device,
+        train.shift_px,
+        accumulation_steps,
+        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else CAPTURE_WARMUP_STEPS,
+    )
+    return step, optimizer, scheduler
+
+
+@dataclass(frozen=True)
+class _EpochTotals:
+    """One epoch's training figures, before evaluation (over this process, or all)."""
+
+    finite: torch.Tensor  # per step: was the loss finite (bool, CPU)
+    loss_sum: float  # sample-weighted, over the finite steps
+    nonfinite: int
+    samples: int
+    train_time_s: float
+    data_wait_s: float
+    lr: float  # the rate the epoch's last step used
+    energy_j: float | None
+    scaler_skipped: int | None
+
+    def record(self, epoch: int, result: EvalResult, device: torch.device) -> EpochRecord:
+        return EpochRecord(
+            epoch=epoch,
+            train_loss=self.loss_sum / self.samples,  # over the finite steps
+            train_time_s=self.train_time_s,
+            data_wait_s=self.data_wait_s,
+            samples=self.samples,
+            samples_per_s=self.samples / self.train_time_s,
+            test_loss=result.loss,
+            test_accuracy=result.accuracy,
+            nonfinite_steps=self.nonfinite,
+            lr=self.lr,
+            peak_gpu_mem_mib=(
+                torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+            ),
+            gpu_energy_j=self.energy_j,
+            scaler_skipped_steps=self.scaler_skipped,
+        )
+
+
+def _train_epoch(
+    step: TrainStep,
+    scheduler: Any,
+    batches: Iterator[Batch],
+    losses: torch.Tensor,
+    clock: DeviceClock,
+    energy_j: Callable[[], float] | None,
+    on_step: StepCallback | None,
+) -> _EpochTotals:
+    """One timed pass over the batches; the clock and the energy counter are read only
+    around it, after a synchronize."""
+    optimizer, steps = step.optimizer, len(losses)
+    sizes: list[int] = []
+    data_wait_s = 0.0
+    batches = iter(batches)
+    start = clock.now()
+    energy_start = energy_j() if energy_j else None
+    lr = optimizer.param_groups[0]["lr"]
+    while True:
+        waited_from = time.perf_counter()
+        batch = next(batches, None)
+        data_wait_s += time.perf_counter() - waited_from
+        if batch is None:
+            break
+        images, labels = batch
+        losses[len(sizes)] = step(images, labels)
+        if len(sizes) == steps - 1:  # the epoch's last step: record the rate it used
+            lr = optimizer.param_groups[0]["lr"]
+            lr = lr.clone() if isinstance(lr, torch.Tensor) else lr  # no host sync
+        if scheduler is not None:
+            scheduler.step()
+        sizes.append(len(labels))
+        if on_step is not None:
+            on_step(len(labels))
+    train_time_s = clock.now() - start
+    energy = energy_j() - energy_start if energy_j else None
+    step_losses = losses[: len(sizes)].double().cpu()
+    finite = torch.isfinite(step_losses)
+    weights = torch.tensor(sizes, dtype=torch.float64)
+    skipped = None
+    if step.scaler.is_enabled():
+        skipped = int(step.skipped_steps.item())
+        step.skipped_steps.zero_()
+    return _EpochTotals(
+        finite=finite,
+        loss_sum=(step_losses[finite] * weights[finite]).sum().item(),
+        nonfinite=int((~finite).sum()),
+        samples=sum(sizes),
+        train_time_s=train_time_s,
+        data_wait_s=data_wait_s,
+        lr=float(lr),
+        energy_j=energy,
+        scaler_skipped=skipped,
+    )
+
+
+def _summed_over_processes(totals: _EpochTotals, device: torch.device) -> _EpochTotals:
+    """Epoch totals over every process (one collective per epoch)."""
+    readings = [totals.energy_j or 0.0, totals.energy_j is not None]
+    summed = torch.tensor(
+        [totals.loss_sum, totals.nonfinite, totals.samples, *readings],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(summed)
+    # Every process reads its own GPU's counter: the run's energy is their sum, and unknown
+    # unless every process had a reading.
+    complete = int(summed[4]) == dist.get_world_size()
+    return replace(
+        totals,
+        loss_sum=summed[0].item(),
+        nonfinite=int(summed[1]),
+        samples=int(summed[2]),
+        energy_j=summed[3].item() if complete else None,
+    )
 
 
 def _training_state(epochs_done, model, optimizer, scheduler, scaler, records) -> dict[str, Any]:
@@ -537,17 +611,10 @@ def _restore(state, model, optimizer, scheduler, scaler) -> tuple[int, list[Epoc
     return state["epochs_done"], [EpochRecord(**r) for r in state["records"]]
 
 
-def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, float | int | None]:
+def summarize(records: list[EpochRecord]) -> dict[str, float | int | None]:
     """Run-level figures: first epoch apart from the steady state (median of epochs 2..N)."""
     times = [r.train_time_s for r in records]
     steady = times[1:]
-    elapsed = 0.0
-    time_to_target = epoch_to_target = None
-    for record in records:
-        elapsed += record.train_time_s
-        if record.test_accuracy >= target_accuracy:
-            time_to_target, epoch_to_target = elapsed, record.epoch
-            break
     steady_s = statistics.median(steady) if steady else None
     samples = records[-1].samples
     gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
@@ -562,8 +629,6 @@ def summarize(records: list[EpochRecord], target_accuracy: float) -> dict[str, f
         "final_train_loss": records[-1].train_loss,
         "final_test_accuracy": records[-1].test_accuracy,
         "best_test_accuracy": max(r.test_accuracy for r in records),
-        "time_to_target_s": time_to_target,
-        "epoch_to_target": epoch_to_target,
         "nonfinite_steps": sum(r.nonfinite_steps for r in records),
         "scaler_skipped_steps": (
             sum(r.scaler_skipped_steps for r in records)

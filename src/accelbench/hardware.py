@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -51,55 +52,102 @@ def cpu_facts() -> dict[str, Any]:
     }
 
 
-def nvidia_driver_version() -> str | None:
-    """The NVIDIA driver's version through NVML, or None where there is no driver."""
+@dataclass(frozen=True)
+class GpuProbe:
+    """What NVML (the driver) and torch say about this machine's GPUs, asked once.
+
+    The env stage records it (`cuda_facts`), `accelbench doctor` diagnoses it, and a stage
+    that cannot place a CUDA variant quotes `unavailable_reason`.
+    """
+
+    torch_cuda: str | None  # the CUDA runtime torch was built with ("13.0"); None: CPU build
+    driver: str | None  # NVIDIA driver version (NVML); None without a driver
+    driver_cuda: str | None  # newest CUDA the driver supports ("13.0")
+    nvml_gpus: tuple[str, ...]  # GPUs the driver sees
+    cuda_available: bool
+    torch_gpus: tuple[str, ...] = ()  # GPUs torch can use (CUDA_VISIBLE_DEVICES applies)
+    capability: tuple[int, int] | None = None  # of GPU 0
+    memory_gib: float | None = None  # of GPU 0
+    cudnn: int | None = None
+    bf16: bool | None = None
+
+    @property
+    def unavailable_reason(self) -> str:
+        if self.torch_cuda is None:
+            return f"torch {torch.__version__} is a CPU-only build"
+        if self.driver is None:
+            return "no NVIDIA driver found (NVML could not start): no GPU on this machine"
+        return "torch.cuda.is_available() is False (driver too old for this torch build?)"
+
+
+def _nvml() -> dict[str, Any]:
+    """Driver version, its newest CUDA and the GPUs it sees; {} where NVML cannot start."""
     try:
         import pynvml
     except ImportError:
-        return None
+        return {}
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return None
+        return {}
     try:
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
+        decode = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()  # e.g. 13000
+        count = pynvml.nvmlDeviceGetCount()
+        return {
+            "driver": decode(pynvml.nvmlSystemGetDriverVersion()),
+            "driver_cuda": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "nvml_gpus": tuple(
+                decode(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(count)
+            ),
+        }
     finally:
         pynvml.nvmlShutdown()
 
 
-def cuda_facts() -> dict[str, Any]:
+def probe_gpus() -> GpuProbe:
+    """Ask NVML (once) and torch about the GPUs; never fails on a machine without one."""
+    nvml = _nvml()
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    probe = GpuProbe(
+        torch_cuda=torch.version.cuda,
+        driver=nvml.get("driver"),
+        driver_cuda=nvml.get("driver_cuda"),
+        nvml_gpus=nvml.get("nvml_gpus", ()),
+        cuda_available=torch.cuda.is_available(),
+        cudnn=cudnn,
+    )
+    if not probe.cuda_available:
+        return probe
+    return replace(
+        probe,
+        torch_gpus=tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())),
+        capability=torch.cuda.get_device_capability(0),
+        memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+        bf16=torch.cuda.is_bf16_supported(),
+    )
+
+
+def cuda_facts(probe: GpuProbe) -> dict[str, Any]:
+    """env/cuda.json: the probe's stable facts."""
     facts: dict[str, Any] = {
-        "torch_cuda_runtime": torch.version.cuda,
-        "nvidia_driver": nvidia_driver_version(),
+        "torch_cuda_runtime": probe.torch_cuda,
+        "nvidia_driver": probe.driver,
         **software_facts(),
     }
-    if not torch.cuda.is_available():
-        facts["cuda_available"] = False
-        facts["reason"] = cuda_unavailable_reason(facts)
-        return facts
-    count = torch.cuda.device_count()
-    names = [torch.cuda.get_device_name(i) for i in range(count)]
-    capability = torch.cuda.get_device_capability(0)
-    facts.update(
-        cuda_available=True,
-        gpu_count=count,
-        gpu_names=names,
-        compute_capability=f"{capability[0]}.{capability[1]}",
-        gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-        cudnn=torch.backends.cudnn.version(),
-        bf16_supported=torch.cuda.is_bf16_supported(),
-    )
-    return facts
-
-
-def cuda_unavailable_reason(facts: dict[str, Any] | None = None) -> str:
-    facts = facts if facts is not None else {}
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} is a CPU-only build"
-    if facts.get("nvidia_driver") is None and nvidia_driver_version() is None:
-        return "no NVIDIA driver found (NVML could not start): no GPU on this machine"
-    return "torch.cuda.is_available() is False (driver too old for this torch build?)"
+    if not probe.cuda_available:
+        return facts | {"cuda_available": False, "reason": probe.unavailable_reason}
+    major, minor = probe.capability or (0, 0)
+    return facts | {
+        "cuda_available": True,
+        "gpu_count": len(probe.torch_gpus),
+        "gpu_names": list(probe.torch_gpus),
+        "compute_capability": f"{major}.{minor}",
+        "gpu_memory_gib": probe.memory_gib,
+        "cudnn": probe.cudnn,
+        "bf16_supported": probe.bf16,
+    }
 
 
 # Dense peak rates (TFLOP/s) from the vendors' datasheets, SXM parts; leads, not measurements.

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .console import AccelbenchError
+
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -26,7 +28,7 @@ CompileMode = Literal[
 Schedule = Literal["constant", "onecycle"]
 
 
-class ParamsError(ValueError):
+class ParamsError(AccelbenchError, ValueError):
     """params.yaml is missing, unreadable or invalid; the message lists every problem."""
 
 
@@ -49,8 +51,8 @@ class LoaderParams(_Strict):
     prefetch_factor: PositiveInt = 2
 
 
-class TrainParams(_Strict):
-    """Shared by every variant: only what a variant names may differ."""
+class TrainRecipe(_Strict):
+    """How every variant trains: the `train:` keys a training stage reads (and dvc.yaml lists)."""
 
     seed: NonNegativeInt = 0
     epochs: PositiveInt = 10
@@ -65,12 +67,16 @@ class TrainParams(_Strict):
     accumulation_steps: PositiveInt = 1  # forward/backward passes per optimizer step
     oom_retries: NonNegativeInt = 0  # on CUDA OOM: halve the per-pass batch, double accumulation
     max_nonfinite_steps: PositiveInt = 20  # consecutive NaN/inf losses before the stage fails
-    target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
-    require_gpu: bool = False
     deterministic: bool = False  # deterministic algorithms (slower); for bitwise-repeatable runs
-    loader: LoaderParams = LoaderParams()
+
+
+class TrainParams(TrainRecipe):
+    """The `train:` section: the recipe, plus two keys no training output depends on."""
+
+    target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.99  # the report's "time to reach"
+    require_gpu: bool = False  # refuse, rather than skip, a variant this machine cannot run
 
 
 class DistributedParams(_Strict):
@@ -101,6 +107,7 @@ class VariantParams(_Strict):
     fused_optimizer: bool = False
     cuda_graph: bool = False  # capture the whole training step in one CUDA graph
     distributed: DistributedParams | None = None  # set: a DDP variant launched by torchrun
+    loader: LoaderParams | None = None  # batches: dataloader only; unset = LoaderParams()
 
     @model_validator(mode="after")
     def _check_combinations(self) -> VariantParams:
@@ -123,6 +130,8 @@ class VariantParams(_Strict):
                 "cuda_graph: true already captures the step; use compile 'default' or "
                 "'max-autotune-no-cudagraphs' with it, not 'reduce-overhead'"
             )
+        if self.loader is not None and self.batches != "dataloader":
+            raise ValueError("loader: is read only by variants with batches 'dataloader'")
         if self.distributed is not None:
             if self.distributed.backend == "nccl" and self.device != "cuda":
                 raise ValueError("distributed.backend 'nccl' needs device 'cuda'; use 'gloo'")
@@ -138,10 +147,19 @@ class VariantParams(_Strict):
         return self.device == "cuda"
 
 
+class ReportParams(_Strict):
+    """Read by the compare stage only: changing them redraws the report, retrains nothing."""
+
+    speedup_baseline: str | None = None  # every "speedup vs" is over this variant's steady epoch
+    # DDP variant -> the single-process variant with its settings: the scaling table's base
+    scaling_baselines: dict[str, str] = Field(default_factory=dict)
+
+
 class Params(_Strict):
     data: DataParams
     train: TrainParams
     variants: dict[str, VariantParams] = Field(min_length=1)
+    report: ReportParams = ReportParams()
 
     @model_validator(mode="after")
     def _check_names(self) -> Params:
@@ -158,7 +176,23 @@ class Params(_Strict):
                     f"by the world size {variant.distributed.world_size} (each process takes an "
                     "equal share of every global batch)"
                 )
+        self._check_baselines()
         return self
+
+    def _check_baselines(self) -> None:
+        defined = f"params.yaml defines: {', '.join(self.variants)}"
+        base = self.report.speedup_baseline
+        if base is not None and base not in self.variants:
+            raise ValueError(f"report.speedup_baseline = {base!r}: not a variant ({defined})")
+        for ddp, base in self.report.scaling_baselines.items():
+            key = f"report.scaling_baselines.{ddp}"
+            if ddp not in self.variants or self.variants[ddp].distributed is None:
+                raise ValueError(f"{key}: {ddp!r} is not a variant with a distributed: section")
+            if base not in self.variants or self.variants[base].distributed is not None:
+                raise ValueError(
+                    f"{key} = {base!r}: the baseline must be a single-process variant "
+                    f"(no distributed: section; {defined})"
+                )
 
     def variant(self, name: str) -> VariantParams:
         if name not in self.variants:
@@ -188,11 +222,20 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
+# Keys that moved, and where to now.
+MOVED = {
+    ("train", "loader"): "set it on the variant that uses it, as variants.<name>.loader "
+    "(batches: dataloader only), so that other variants do not depend on it",
+}
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"
     if not loc:  # a check across keys: the message names them
         return error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden" and loc in MOVED:
+        return f"{key}: moved: {MOVED[loc]}"
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc)
         allowed = ", ".join(owner.model_fields) if owner else "see README"

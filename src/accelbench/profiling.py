@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .console import StageError
+
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)
 PROFILER_WARMUP_STEPS = 3
@@ -109,6 +111,24 @@ def profile_window(steps_per_epoch: int, active: int) -> tuple[int, int, int]:
     if room < 1:  # short epochs: less settling, so that something is recorded
         settle, warmup, room = 0, 1, steps_per_epoch - 2
     return settle, warmup, max(1, min(active, room))
+
+
+def check_request(name: str, epochs: int, steps_per_epoch: int, epochs_done: int) -> None:
+    """--profile records the second epoch this run trains: refuse what cannot reach it."""
+    try:
+        profile_window(steps_per_epoch, 1)
+    except ValueError:
+        raise StageError(
+            f"--profile: an epoch of {name!r} has {steps_per_epoch} steps; profiling needs at "
+            f"least {MIN_STEPS_PER_EPOCH} (lower train.batch_size)"
+        ) from None
+    if epochs - epochs_done < 2:
+        resuming = f", resuming after epoch {epochs_done}" if epochs_done else ""
+        raise StageError(
+            f"--profile records the second epoch this run trains, but {name!r} has "
+            f"{epochs - epochs_done} left (train.epochs {epochs}{resuming}); raise "
+            "train.epochs or drop --profile"
+        )
 
 
 @contextlib.contextmanager

@@ -1,10 +1,9 @@
-"""The comparison: a Markdown table, figures, and the progress lines printed while training."""
+"""The comparison: a Markdown table and figures, from the variants' typed results."""
 
 from __future__ import annotations
 
-import csv
 import json
-import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,9 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .params import TrainParams, VariantParams
+from .params import VariantParams
+from .progress import fmt_seconds
+from .results import EvalResult, EvalSummary, TrainResult, TrainSummary, scaling_efficiency, speedup
 
 # Published figures of the tutorials this project grew from (seed CNN, batch 512).
 TUTORIAL_FIGURES = [
@@ -26,121 +27,34 @@ TUTORIAL_FIGURES = [
 ]
 
 
-def fmt_seconds(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+@dataclass(frozen=True)
+class ReportSpec:
+    """What the report needs from params.yaml (the compare stage's keys, no more)."""
 
-
-class EpochProgress:
-    """A tqdm bar per epoch on a terminal; one plain line per epoch otherwise (CI logs)."""
-
-    def __init__(self, name: str, epochs: int, steps: int, *, quiet: bool = False) -> None:
-        self.name, self.epochs, self.steps, self.quiet = name, epochs, steps, quiet
-        self.interactive = sys.stderr.isatty() and not quiet
-        self.bar = None
-        self.epoch = 0
-
-    def step(self, samples: int) -> None:
-        if not self.interactive:
-            return
-        if self.bar is None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(
-                total=self.steps,
-                desc=f"{self.name} epoch {self.epoch + 1}/{self.epochs}",
-                unit="batch",
-                leave=False,
-                file=sys.stderr,
-            )
-        self.bar.update(1)
-
-    def epoch_done(self, record) -> None:
-        self.epoch = record.epoch
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        if not self.quiet:
-            print(
-                f"{self.name} epoch {record.epoch}/{self.epochs}: train {record.train_time_s:.3f} s "
-                f"({record.samples_per_s:,.0f} samples/s), loss {record.train_loss:.4f}, "
-                f"test accuracy {record.test_accuracy:.2%}"
-                + (
-                    f", {record.nonfinite_steps} NON-FINITE steps" if record.nonfinite_steps else ""
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def write_confusion_csv(path: Path, pairs: tuple[np.ndarray, np.ndarray] | None) -> None:
-    """One row per test sample (actual, predicted): DVC's `confusion` plot template."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["actual", "predicted"])
-        if pairs is not None:
-            writer.writerows(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
-
-
-def placeholder_figure(path: Path, text: str) -> None:
-    fig, ax = plt.subplots(figsize=(5, 2))
-    ax.axis("off")
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def confusion_figure(path: Path, matrix: np.ndarray, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(6, 5.2))
-    image = ax.imshow(np.log1p(matrix), cmap="Blues")
-    for (i, j), count in np.ndenumerate(matrix):
-        ax.text(
-            j,
-            i,
-            str(count),
-            ha="center",
-            va="center",
-            fontsize=7,
-            color="white" if i == j else "black",
-        )
-    ax.set(
-        xticks=range(10),
-        yticks=range(10),
-        xlabel="predicted digit",
-        ylabel="actual digit",
-        title=title,
-    )
-    fig.colorbar(image, ax=ax, label="log(1 + count)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def read_epochs_csv(path: Path) -> list[dict[str, float]]:
-    with path.open() as handle:
-        return [
-            {k: float(v) if v not in ("", "None") else float("nan") for k, v in row.items()}
-            for row in csv.DictReader(handle)
-        ]
+    target_accuracy: float
+    speedup_baseline: str | None  # the variant every "speedup vs" is measured against
+    scaling_baselines: Mapping[str, str]  # DDP variant -> its single-process baseline
+    recipe: str  # one line: batch, epochs, lr, schedule, seed, subsets
 
 
 @dataclass
 class Row:
     name: str
     variant: VariantParams
-    train: dict[str, Any]
-    eval: dict[str, Any]
+    train: TrainResult
+    eval: EvalResult | None = None
     epochs: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def trained(self) -> bool:
-        return self.train.get("status") == "trained"
+        return isinstance(self.train, TrainSummary)
+
+    @property
+    def test_accuracy(self) -> float:
+        """The evaluate stage's figure, else the last epoch's (both on the test set)."""
+        if isinstance(self.eval, EvalSummary):
+            return self.eval.test_accuracy
+        return self.train.final_test_accuracy
 
 
 @dataclass
@@ -149,16 +63,20 @@ class ReportResult:
     headline: dict[str, Any]
 
 
-def _speedups(rows: list[Row]) -> dict[str, float | None]:
-    baseline = next((r for r in rows if r.name == "cpu" and r.trained), None)
-    if baseline is None:
-        baseline = next((r for r in rows if r.variant.device == "cpu" and r.trained), None)
-    base = baseline.train.get("steady_epoch_s") if baseline else None
-    out: dict[str, float | None] = {}
-    for row in rows:
-        steady = row.train.get("steady_epoch_s") if row.trained else None
-        out[row.name] = base / steady if base and steady else None
-    return out
+def time_to_target(epochs: list[dict[str, float]], target: float) -> tuple[float, int] | None:
+    """Training seconds until the first epoch whose test accuracy reached `target`, and that
+    epoch; None if none did."""
+    elapsed = 0.0
+    for epoch in epochs:
+        elapsed += epoch["train_time_s"]
+        if epoch["test_accuracy"] >= target:
+            return elapsed, int(epoch["epoch"])
+    return None
+
+
+def _speedups(rows: list[Row], baseline: str | None) -> dict[str, float | None]:
+    base = next((r.train for r in rows if r.name == baseline), None)
+    return {row.name: speedup(base, row.train) for row in rows}
 
 
 def _cell(value: Any, kind: str) -> str:
@@ -181,15 +99,13 @@ def _precision(variant: VariantParams) -> str:
     return variant.precision
 
 
-def _tflops(train: dict[str, Any]) -> str:
-    achieved = train.get("steady_tflops")
-    if achieved is None:
-        return "n/a"
-    share = train.get("peak_share")
+def _tflops(train: TrainSummary) -> str:
+    share = train.peak_share
+    achieved = train.steady_tflops
     return f"{achieved:.2f} ({share:.1%})" if share is not None else f"{achieved:.2f}"
 
 
-def _table(rows: list[Row], speedups: dict[str, float | None], target: float) -> list[str]:
+def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec) -> list[str]:
     head = [
         "variant",
         "status",
@@ -201,88 +117,81 @@ def _table(rows: list[Row], speedups: dict[str, float | None], target: float) ->
         "steady epoch (median)",
         "total train",
         "samples/s (steady)",
-        "speedup vs cpu",
+        f"speedup vs {spec.speedup_baseline or 'a baseline (none set)'}",
         "data wait",
         "TFLOP/s (share of peak)",
         "peak host RSS",
         "peak GPU mem",
         "GPU energy / epoch",
         "test accuracy",
-        f"time to {target:.1%}",
+        f"time to {spec.target_accuracy:.1%}",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         t = row.train
-        if not row.trained:
-            cells = [
-                row.name,
-                t.get("status", "missing"),
-                row.variant.device,
-                row.variant.precision,
-                row.variant.batches,
-            ] + ["n/a"] * (len(head) - 5)
+        if not isinstance(t, TrainSummary):
+            variant = row.variant
+            cells = [row.name, t.status, variant.device, variant.precision, variant.batches]
+            cells += ["n/a"] * (len(head) - len(cells))
         else:
-            reached = t.get("time_to_target_s")
+            reached = time_to_target(row.epochs, spec.target_accuracy)
             cells = [
                 row.name,
                 "trained",
-                t.get("device_name", row.variant.device),
+                t.device_name,
                 _precision(row.variant),
                 row.variant.batches,
-                str(t["epochs"]),
-                _cell(t["first_epoch_s"], "s"),
-                _cell(t["steady_epoch_s"], "s"),
-                _cell(t["total_train_s"], "s"),
-                _cell(t["steady_samples_per_s"], "int"),
+                str(t.epochs),
+                _cell(t.first_epoch_s, "s"),
+                _cell(t.steady_epoch_s, "s"),
+                _cell(t.total_train_s, "s"),
+                _cell(t.steady_samples_per_s, "int"),
                 _cell(speedups[row.name], "x"),
-                _cell(t.get("data_wait_fraction"), "pct0"),
+                _cell(t.data_wait_fraction, "pct0"),
                 _tflops(t),
-                _cell(t.get("peak_host_rss_mib"), "mib"),
-                _cell(t.get("peak_gpu_mem_mib"), "mib"),
-                _cell(t.get("steady_gpu_energy_j_per_epoch"), "j"),
-                _cell(row.eval.get("test_accuracy", t["final_test_accuracy"]), "pct"),
-                (
-                    f"{fmt_seconds(reached)} (epoch {t['epoch_to_target']})"
-                    if reached is not None
-                    else "not reached"
-                ),
+                _cell(t.peak_host_rss_mib, "mib"),
+                _cell(t.peak_gpu_mem_mib, "mib"),
+                _cell(t.steady_gpu_energy_j_per_epoch, "j"),
+                _cell(row.test_accuracy, "pct"),
+                f"{fmt_seconds(reached[0])} (epoch {reached[1]})" if reached else "not reached",
             ]
         lines.append("| " + " | ".join(cells) + " |")
     reasons: dict[str, list[str]] = {}
     for row in rows:
         if not row.trained:
-            reasons.setdefault(row.train.get("reason", "no reason recorded"), []).append(row.name)
+            reasons.setdefault(row.train.reason, []).append(row.name)
     for reason, names in reasons.items():
         lines += ["", f"Skipped {', '.join(names)}: {reason}."]
     return lines
 
 
-def _scaling_lines(rows: list[Row]) -> list[str]:
-    """DDP rows: speedup over the single-GPU `gpu` variant and scaling efficiency."""
-    base = next((r for r in rows if r.name == "gpu" and r.trained), None)
+def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
+    """DDP rows: speedup over their single-process baseline, and scaling efficiency."""
+    by_name = {r.name: r for r in rows}
     distributed = [r for r in rows if r.variant.distributed is not None and r.trained]
     if not distributed:
         return []
     lines = [
         "## Scaling (DistributedDataParallel)",
         "",
-        "| variant | processes | steady epoch | speedup vs gpu | scaling efficiency |",
-        "|---|---|---|---|---|",
+        "| variant | processes | steady epoch | speedup | scaling efficiency | baseline |",
+        "|---|---|---|---|---|---|",
     ]
     notes = []
     for row in distributed:
-        world = row.train.get("world_size", 1)
-        steady = row.train.get("steady_epoch_s")
-        speedup = base.train["steady_epoch_s"] / steady if base and steady else None
+        base = by_name.get(baselines.get(row.name, ""))
+        world = row.train.world_size
+        ratio = speedup(base.train if base else None, row.train)
         lines.append(
-            f"| {row.name} | {world} | {fmt_seconds(steady)} | {_cell(speedup, 'x')} | "
-            f"{_cell(speedup / world if speedup else None, 'pct0')} |"
+            f"| {row.name} | {world} | {fmt_seconds(row.train.steady_epoch_s)} | "
+            f"{_cell(ratio, 'x')} | {_cell(scaling_efficiency(ratio, world), 'pct0')} | "
+            f"{base.name if base else 'none (report.scaling_baselines)'} |"
         )
         differing = settings_differing(row.variant, base.variant) if base else []
         if differing:
             notes.append(
-                f"{row.name} differs from gpu in {', '.join(differing)}: its speedup mixes "
-                "those settings' effect with the scaling."
+                f"{row.name} differs from {base.name} in {', '.join(differing)}: its speedup "
+                "mixes those settings' effect with the scaling."
             )
     return [
         *lines,
@@ -333,8 +242,8 @@ def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float |
         ax.text(0.5, 0.5, "no variant trained", ha="center", va="center")
     else:
         x = np.arange(len(trained))
-        first = [r.train["first_epoch_s"] for r in trained]
-        steady = [r.train["steady_epoch_s"] or r.train["first_epoch_s"] for r in trained]
+        first = [r.train.first_epoch_s for r in trained]
+        steady = [r.train.steady_epoch_s or r.train.first_epoch_s for r in trained]
         ax.bar(x - 0.2, first, width=0.4, label="first epoch", color="#bbbbbb")
         bars = ax.bar(x + 0.2, steady, width=0.4, label="steady epoch (median)", color="#1f77b4")
         for bar, row in zip(bars, trained, strict=True):
@@ -358,9 +267,7 @@ def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float |
                 fontsize=7,
                 color="#d62728",
             )
-        ax.set_xticks(
-            x, [f"{r.name}\n{r.train.get('device_name', '')[:28]}" for r in trained], fontsize=8
-        )
+        ax.set_xticks(x, [f"{r.name}\n{r.train.device_name[:28]}" for r in trained], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("training time per epoch (s, log scale)")
         ax.legend(loc="upper right", fontsize=8)
@@ -371,24 +278,24 @@ def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float |
 
 
 def _summary_figure(
-    path: Path, rows: list[Row], speedups: dict[str, float | None], gpu: str
+    path: Path, rows: list[Row], speedups: dict[str, float | None], baseline: str | None, gpu: str
 ) -> None:
     """One slide: steady epoch time (log axis, speedup on each bar) beside test accuracy."""
-    trained = [r for r in rows if r.trained and r.train.get("steady_epoch_s")]
+    trained = [r for r in rows if r.trained and r.train.steady_epoch_s]
     fig, (time_ax, acc_ax) = plt.subplots(
         1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]}
     )
     names = [r.name for r in trained]
     colors = ["#7f7f7f" if r.variant.device == "cpu" else "#1f77b4" for r in trained]
-    steady = [r.train["steady_epoch_s"] for r in trained]
+    steady = [r.train.steady_epoch_s for r in trained]
     bars = time_ax.barh(names, steady, color=colors)
     for bar, row in zip(bars, trained, strict=True):
         label = f" {fmt_seconds(bar.get_width())}"
         if speedups.get(row.name):
             label += (
-                f"  ({speedups[row.name]:.0f}× cpu)"
+                f"  ({speedups[row.name]:.0f}× {baseline})"
                 if speedups[row.name] >= 10
-                else (f"  ({speedups[row.name]:.1f}× cpu)")
+                else (f"  ({speedups[row.name]:.1f}× {baseline})")
             )
         time_ax.text(
             bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=9
@@ -398,7 +305,7 @@ def _summary_figure(
     time_ax.invert_yaxis()
     time_ax.set_xlabel("steady-state training time per epoch (s, log scale)")
     time_ax.set_title(f"Epoch time on {gpu}" if gpu else "Epoch time")
-    accuracy = [100 * r.eval.get("test_accuracy", r.train["final_test_accuracy"]) for r in trained]
+    accuracy = [100 * r.test_accuracy for r in trained]
     acc_bars = acc_ax.barh(names, accuracy, color=colors)
     for bar, value in zip(acc_bars, accuracy, strict=True):
         acc_ax.text(
@@ -437,17 +344,17 @@ def _env_lines(env: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def write_report(
-    out_dir: Path, rows: list[Row], env: dict[str, dict[str, Any]], train: TrainParams
+    out_dir: Path, rows: list[Row], env: dict[str, dict[str, Any]], spec: ReportSpec
 ) -> ReportResult:
     out_dir.mkdir(parents=True, exist_ok=True)
-    speedups = _speedups(rows)
+    speedups = _speedups(rows, spec.speedup_baseline)
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
-    _curves_figure(curves, rows, train.target_accuracy)
+    _curves_figure(curves, rows, spec.target_accuracy)
     _epoch_times_figure(times, rows, speedups)
     gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
-    _summary_figure(summary, rows, speedups, gpu)
-    flops = next((r.train.get("flops_per_sample") for r in rows if r.trained), None)
+    _summary_figure(summary, rows, speedups, spec.speedup_baseline, gpu)
+    flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
     md = [
         "# accelbench comparison",
         "",
@@ -457,14 +364,11 @@ def write_report(
         "autotuning, compilation) is shown apart.",
         "",
         *_env_lines(env),
-        f"- Recipe: batch {train.batch_size}, {train.epochs} epochs, Adam lr {train.lr:g}, "
-        f"schedule {train.schedule}, seed {train.seed}"
-        + (f", training subset {train.train_subset}" if train.train_subset else "")
-        + (f", test subset {train.test_subset}" if train.test_subset else ""),
+        f"- Recipe: {spec.recipe}",
         "",
-        *_table(rows, speedups, train.target_accuracy),
+        *_table(rows, speedups, spec),
         "",
-        *_scaling_lines(rows),
+        *_scaling_lines(rows, spec.scaling_baselines),
         "![summary: epoch time and accuracy per variant](summary.png)",
         "",
         "![epoch times](epoch_times.png)",
@@ -490,16 +394,17 @@ def write_report(
         "",
     ]
     (out_dir / "comparison.md").write_text("\n".join(md))
-    headline = {
-        row.name: {
-            "status": row.train.get("status"),
-            "steady_epoch_s": row.train.get("steady_epoch_s"),
-            "speedup_vs_cpu": speedups[row.name],
-            "test_accuracy": row.eval.get("test_accuracy"),
-            "time_to_target_s": row.train.get("time_to_target_s"),
+    speedup_key = f"speedup_vs_{spec.speedup_baseline or 'baseline'}"
+    headline = {}
+    for row in rows:
+        reached = time_to_target(row.epochs, spec.target_accuracy) if row.trained else None
+        headline[row.name] = {
+            "status": row.train.status,
+            "steady_epoch_s": row.train.steady_epoch_s if row.trained else None,
+            speedup_key: speedups[row.name],
+            "test_accuracy": row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
+            "time_to_target_s": reached[0] if reached else None,
         }
-        for row in rows
-    }
     (out_dir / "comparison.json").write_text(json.dumps(headline, indent=2, sort_keys=True) + "\n")
     flat = {
         f"{name}.{key}": value

@@ -31,6 +31,8 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from .results import EvalSummary, TrainSummary
+
 T = TypeVar("T")
 EXPERIMENT = "accelbench"
 ROLE_TAG = "accelbench.role"
@@ -327,6 +329,23 @@ def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = No
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
     if clean:
         mlflow.log_metrics(clean, step=step)
+
+
+def log_train_summary(summary: TrainSummary) -> None:
+    """A trained variant's run-level figures, as summary metrics of its run."""
+    log_metrics(summary.metrics())
+
+
+def log_eval_summary(summary: EvalSummary) -> None:
+    """Evaluation figures, prefixed `eval_` where a training metric has the same name."""
+    log_metrics(
+        {
+            "eval_test_accuracy": summary.test_accuracy,
+            "eval_test_loss": summary.test_loss,
+            "eval_macro_f1": summary.macro_f1,
+            "inference_samples_per_s": summary.inference_samples_per_s,
+        }
+    )
 
 
 @tolerant

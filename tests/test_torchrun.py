@@ -1,4 +1,4 @@
-"""DistributedDataParallel variants: torchrun, gloo on the CPU, 2 processes on 127.0.0.1."""
+"""torchrun.py and DDP through the CLI: torchrun, gloo on the CPU, 2 processes on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-import yaml
 from mlflow.tracking import MlflowClient
 
-from accelbench import data
-from accelbench.batches import EpochSampler, ResidentBatches
 from accelbench.models import SeedCNN
-from accelbench.params import ParamsError, parse_params
-from conftest import REPO, train_command, write_params
+from helpers import train_command, write_params
 
 DDP = {"device": "cpu", "distributed": {"nproc_per_node": 2, "backend": "gloo"}}
 
@@ -134,43 +130,6 @@ def test_cuda_ddp_without_gpus_is_skipped_or_refused(tmp_path, prepared, mlflow_
     assert result.returncode == 0, result.stderr[-2000:]
     assert '"status": "skipped"' in (tmp_path / "metrics" / "ddp" / "train.json").read_text()
     assert "asks for 2 GPUs per node" in result.stderr
-
-
-def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_over_gloo() -> None:
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nproc_per_node": 3}}}
-    with pytest.raises(ParamsError, match="batch_size 512 must be divisible by the world size 3"):
-        parse_params(raw)
-    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"backend": "nccl"}}}
-    with pytest.raises(ParamsError, match="'nccl' needs device 'cuda'"):
-        parse_params(raw)
-    raw["variants"] = {
-        "ddp": {"device": "cuda", "cuda_graph": True, "distributed": {"backend": "gloo"}}
-    }
-    with pytest.raises(ParamsError, match=r"captures the gradient all-reduce.*not 'gloo'"):
-        parse_params(raw)
-    raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
-    with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
-        parse_params(raw)
-
-
-def test_shards_of_each_global_batch_cover_it_exactly(prepared) -> None:
-    n, global_batch = 512, 64
-    single = list(EpochSampler(n, seed=3))
-    ranks = [list(EpochSampler(n, seed=3, rank=r, world_size=2)) for r in range(2)]
-    local = global_batch // 2
-    for k in range(n // global_batch):
-        together = ranks[0][k * local : (k + 1) * local] + ranks[1][k * local : (k + 1) * local]
-        assert sorted(together) == sorted(single[k * global_batch : (k + 1) * global_batch])
-    split = data.load_split(prepared, "train")
-    cpu = torch.device("cpu")
-    whole = [y for _, y in ResidentBatches(split, cpu, 64, 3).epoch(0)]
-    halves = [
-        [y for _, y in ResidentBatches(split, cpu, 64, 3, rank=r, world_size=2).epoch(0)]
-        for r in range(2)
-    ]
-    for k, batch in enumerate(whole):
-        assert torch.equal(torch.cat([halves[0][k], halves[1][k]]), batch)
 
 
 GPU_FAST = {"device": "cuda", "fused_optimizer": True, "channels_last": True}

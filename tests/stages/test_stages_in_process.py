@@ -1,43 +1,24 @@
-"""The stages end to end in-process on fake data, with a private MLflow store."""
+"""Every stage in order, in this process, on fake data, with a private MLflow store."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import mlflow
 import pytest
 import torch
-import yaml
 from mlflow.tracking import MlflowClient
 
-from accelbench import data, stages, tracking
-from accelbench.params import parse_params
-from conftest import REPO
-
-
-def small_params(**train_overrides):
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    # shift_px=0: the synthetic digits encode their class by position
-    raw["train"].update(
-        epochs=2, batch_size=128, eval_batch_size=256, shift_px=0, **train_overrides
-    )
-    return parse_params(raw)
-
-
-def run_all(root: Path, params, prepared: Path) -> dict:
-    stages.env_stage(root / "env")
-    for name in params.variants:
-        out = stages.TrainOutputs(root / "models" / f"{name}.pt", root / "metrics" / name)
-        stages.train_stage(root, params, name, prepared, out, quiet=True)
-        stages.evaluate_stage(root, params, out.model, prepared, out.metrics_dir)
-    return stages.compare_stage(root, params, root / "env", root / "metrics", root / "reports")
+from accelbench import data, tracking
+from accelbench.results import MetricsFiles
+from accelbench.stages import train
+from helpers import run_all_stages, small_params
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, mlflow_store) -> None:
     params = small_params()
-    headline = run_all(tmp_path, params, prepared)
+    headline = run_all_stages(tmp_path, params, prepared)
 
     train_json = json.loads((tmp_path / "metrics" / "cpu" / "train.json").read_text())
     assert train_json["status"] == "trained" and train_json["epochs"] == 2
@@ -94,36 +75,9 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert "comparison.md" in parent_artifacts
 
     # a second pipeline gets a new parent; the first one stays finished
-    out = stages.TrainOutputs(tmp_path / "models" / "cpu.pt", tmp_path / "metrics" / "cpu")
-    stages.train_stage(tmp_path, params, "cpu", prepared, out, quiet=True)
+    out = train.TrainOutputs(
+        tmp_path / "models" / "cpu.pt", MetricsFiles(tmp_path / "metrics" / "cpu")
+    )
+    train.run(tmp_path, "cpu", train.select(params, "cpu"), prepared, out, quiet=True)
     runs = client.search_runs([experiment.experiment_id], "tags.`accelbench.role` = 'pipeline'")
     assert len(runs) == 2
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
-def test_require_gpu_fails_clearly_without_cuda(tmp_path, prepared, mlflow_store) -> None:
-    params = small_params(require_gpu=True)
-    out = stages.TrainOutputs(tmp_path / "gpu.pt", tmp_path / "metrics")
-    with pytest.raises(stages.StageError, match=r"needs CUDA .*train\.require_gpu: false"):
-        stages.train_stage(tmp_path, params, "gpu", prepared, out, quiet=True)
-    assert not out.model.exists()
-
-
-def test_unknown_variant_is_refused(tmp_path, prepared) -> None:
-    from accelbench.params import ParamsError
-
-    out = stages.TrainOutputs(tmp_path / "x.pt", tmp_path / "metrics")
-    with pytest.raises(ParamsError, match=r"unknown variant 'tpu'; params\.yaml defines: cpu"):
-        stages.train_stage(tmp_path, small_params(), "tpu", prepared, out)
-
-
-def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
-    from accelbench.cli import main
-
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["train"]["batch_size"] = 0
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    assert main(["--params", str(path), "download", "--out", str(tmp_path / "raw")]) == 2
-    assert "train.batch_size = 0" in capsys.readouterr().err
-    assert not (tmp_path / "raw").exists()

@@ -1,0 +1,63 @@
+"""The confusion matrix of an evaluated variant: a CSV for DVC's plot, and a figure."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt
+import numpy as np
+
+
+def write_confusion_csv(path: Path, pairs: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """One row per test sample (actual, predicted): DVC's `confusion` plot template."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["actual", "predicted"])
+        if pairs is not None:
+            writer.writerows(zip(pairs[0].tolist(), pairs[1].tolist(), strict=True))
+
+
+def placeholder_figure(path: Path, text: str) -> None:
+    fig, ax = plt.subplots(figsize=(5, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def confusion_figure(path: Path, matrix: np.ndarray, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 5.2))
+    image = ax.imshow(np.log1p(matrix), cmap="Blues")
+    for (i, j), count in np.ndenumerate(matrix):
+        ax.text(
+            j,
+            i,
+            str(count),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if i == j else "black",
+        )
+    ax.set(
+        xticks=range(10),
+        yticks=range(10),
+        xlabel="predicted digit",
+        ylabel="actual digit",
+        title=title,
+    )
+    fig.colorbar(image, ax=ax, label="log(1 + count)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def matrix(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+    """Counts [actual digit, predicted digit] over the ten classes."""
+    from sklearn.metrics import confusion_matrix
+
+    return confusion_matrix(y_true, y_pred, labels=list(range(10)))

@@ -1,0 +1,151 @@
+"""Where a variant runs: the device, this process's rank and the world size, or why not here.
+
+One rule, used by the env stage (to refuse early under `train.require_gpu`), by train (in
+the launching process and in each of torchrun's children) and by evaluate:
+
+- a CPU variant runs on the CPU;
+- a CUDA variant needs one GPU, a DDP variant `distributed.nproc_per_node` of them;
+- where the GPUs are missing, the variant is skipped (recorded as such), or refused when
+  `train.require_gpu` is true; evaluation of a model trained on CUDA is always refused;
+- a DDP variant is launched under torchrun by the stage's own process, and each child
+  (torchrun sets LOCAL_RANK, RANK and WORLD_SIZE) binds itself to GPU LOCAL_RANK.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from . import hardware
+from .console import StageError
+from .params import VariantParams
+
+REFUSAL_ADVICE = (
+    "Run on a machine with the GPUs it needs (or lower distributed.nproc_per_node), or set "
+    "train.require_gpu: false in params.yaml to record such variants as skipped."
+)
+
+
+@dataclass(frozen=True)
+class Visible:
+    """The GPUs torch can use in this process, and why there are none, if none."""
+
+    gpus: int
+    why_none: str = ""
+
+    @classmethod
+    def of(cls, probe: hardware.GpuProbe) -> Visible:
+        if probe.cuda_available:
+            return cls(len(probe.torch_gpus))
+        return cls(0, probe.unavailable_reason)
+
+
+def visible() -> Visible:
+    if torch.cuda.is_available():
+        return Visible(torch.cuda.device_count())
+    return Visible.of(hardware.probe_gpus())
+
+
+def shortfall(variant: VariantParams, here: Visible) -> str | None:
+    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run."""
+    if not variant.uses_cuda:
+        return None
+    needed = variant.distributed.nproc_per_node if variant.distributed else 1
+    if here.gpus >= needed:
+        return None
+    if variant.distributed is None:
+        return f"needs CUDA but {here.why_none}"
+    return (
+        f"asks for {needed} GPUs per node (distributed.nproc_per_node) but "
+        f"this machine has {here.gpus}" + (f" ({here.why_none})" if here.why_none else "")
+    )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process trains a variant. Exactly one of: `skip_reason` set (nothing to
+    run here), `launch` (re-run under torchrun), or a device to train on."""
+
+    device: torch.device | None = None
+    device_name: str = ""
+    rank: int = 0
+    world_size: int = 1
+    backend: str | None = None  # a torchrun child: the process group to join
+    launch: bool = False  # the launching process of a DDP variant
+    skip_reason: str | None = None  # what the variant lacks here (the report groups by it)
+
+    @property
+    def main(self) -> bool:
+        """The process that writes outputs and tracks the run."""
+        return self.rank == 0
+
+
+def place(
+    name: str,
+    variant: VariantParams,
+    *,
+    require_gpu: bool,
+    environ: Mapping[str, str] | None = None,
+    here: Visible | None = None,
+) -> Placement:
+    """Where `variant` trains in this process; raises StageError where it must be refused."""
+    environ = os.environ if environ is None else environ
+    if variant.distributed is not None and "LOCAL_RANK" in environ:
+        return _torchrun_child(variant, environ)  # the launcher checked the machine
+    missing = shortfall(variant, here if here is not None else visible())
+    if missing is not None:
+        if require_gpu:
+            raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
+        return Placement(skip_reason=missing)
+    if variant.distributed is not None:
+        return Placement(launch=True, world_size=variant.distributed.world_size)
+    if variant.uses_cuda:
+        return Placement(torch.device("cuda"), torch.cuda.get_device_name(0))
+    return Placement(torch.device("cpu"), hardware.cpu_model())
+
+
+def _torchrun_child(variant: VariantParams, environ: Mapping[str, str]) -> Placement:
+    local_rank = int(environ["LOCAL_RANK"])
+    backend = variant.distributed.backend
+    if backend == "auto":
+        backend = "nccl" if variant.uses_cuda else "gloo"
+    if variant.uses_cuda:
+        torch.cuda.set_device(local_rank)  # before anything else touches the GPU
+        device = torch.device("cuda", local_rank)
+        device_name = torch.cuda.get_device_name(local_rank)
+    else:
+        device, device_name = torch.device("cpu"), hardware.cpu_model()
+    return Placement(
+        device,
+        device_name,
+        rank=int(environ["RANK"]),
+        world_size=int(environ["WORLD_SIZE"]),
+        backend=backend,
+    )
+
+
+def evaluation_device(
+    name: str, variant: VariantParams, here: Visible | None = None
+) -> torch.device:
+    """The device a trained model is evaluated on: the one it trained on, in one process."""
+    single = variant.model_copy(update={"distributed": None})
+    missing = shortfall(single, here if here is not None else visible())
+    if missing is not None:
+        raise StageError(
+            f"evaluate: variant {name!r} {missing}: the model was trained on CUDA; evaluate it where CUDA is "
+            "available"
+        )
+    return torch.device("cuda") if variant.uses_cuda else torch.device("cpu")
+
+
+def refusals(variants: Mapping[str, VariantParams], here: Visible | None = None) -> list[str]:
+    """Every variant this machine cannot run, each with the reason (for train.require_gpu)."""
+    here = here if here is not None else visible()
+    return [
+        f"variant {name!r} {missing}"
+        for name, variant in variants.items()
+        if (missing := shortfall(variant, here)) is not None
+    ]

@@ -1,0 +1,57 @@
+"""What a training stage prints while it runs: a bar per epoch on a terminal, a line in logs."""
+
+from __future__ import annotations
+
+import sys
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+class EpochProgress:
+    """A tqdm bar per epoch on a terminal; one plain line per epoch otherwise (CI logs)."""
+
+    def __init__(self, name: str, epochs: int, steps: int, *, quiet: bool = False) -> None:
+        self.name, self.epochs, self.steps, self.quiet = name, epochs, steps, quiet
+        self.interactive = sys.stderr.isatty() and not quiet
+        self.bar = None
+        self.epoch = 0
+
+    def step(self, samples: int) -> None:
+        if not self.interactive:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=self.steps,
+                desc=f"{self.name} epoch {self.epoch + 1}/{self.epochs}",
+                unit="batch",
+                leave=False,
+                file=sys.stderr,
+            )
+        self.bar.update(1)
+
+    def epoch_done(self, record) -> None:
+        self.epoch = record.epoch
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if not self.quiet:
+            print(
+                f"{self.name} epoch {record.epoch}/{self.epochs}: train {record.train_time_s:.3f} s "
+                f"({record.samples_per_s:,.0f} samples/s), loss {record.train_loss:.4f}, "
+                f"test accuracy {record.test_accuracy:.2%}"
+                + (
+                    f", {record.nonfinite_steps} NON-FINITE steps" if record.nonfinite_steps else ""
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

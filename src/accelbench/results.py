@@ -1,0 +1,254 @@
+"""What the stages hand each other: typed results with to/from JSON, and their file names.
+
+train@V writes a `TrainSummary` (or `Skipped`) to `train.json` and a `ModelFile`;
+evaluate@V an `EvalSummary` (or `Skipped`) to `eval.json`; compare, tracking and the
+benchmarks read them back through these types, so a renamed field fails loudly where it is
+read instead of becoming an "n/a" in the report.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+TRAIN_JSON = "train.json"
+EPOCHS_CSV = "epochs.csv"
+EVAL_JSON = "eval.json"
+CONFUSION_CSV = "confusion.csv"
+CONFUSION_PNG = "confusion.png"
+ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
+
+
+def env_json(folder: Path, device: str) -> Path:
+    return folder / f"{device}.json"
+
+
+@dataclass(frozen=True)
+class MetricsFiles:
+    """One variant's metrics folder (`metrics/<variant>/` in dvc.yaml)."""
+
+    folder: Path
+
+    @property
+    def train_json(self) -> Path:
+        return self.folder / TRAIN_JSON
+
+    @property
+    def epochs_csv(self) -> Path:
+        return self.folder / EPOCHS_CSV
+
+    @property
+    def eval_json(self) -> Path:
+        return self.folder / EVAL_JSON
+
+    @property
+    def confusion_csv(self) -> Path:
+        return self.folder / CONFUSION_CSV
+
+    @property
+    def confusion_png(self) -> Path:
+        return self.folder / CONFUSION_PNG
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically: a crash never leaves a half-written metrics file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _strict(cls: type, payload: Mapping[str, Any], source: str) -> Any:
+    """`cls(**payload)`, with a message naming the file and the keys that do not fit."""
+    required = {f.name for f in fields(cls) if f.default is MISSING}
+    unknown = set(payload) - {f.name for f in fields(cls)}
+    missing = required - set(payload)
+    if unknown or missing:
+        raise ValueError(
+            f"{source}: not a {cls.__name__} (unknown keys: {sorted(unknown) or 'none'}, "
+            f"missing keys: {sorted(missing) or 'none'}); re-run the stage that writes it"
+        )
+    return cls(**payload)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A variant this machine could not run (train.require_gpu false): recorded, not trained."""
+
+    reason: str
+    device: str | None = None
+    status: str = "skipped"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """`train.json` of a trained variant: run-level figures, their units in their names."""
+
+    epochs: int
+    first_epoch_s: float
+    steady_epoch_s: float | None  # median of epochs 2..N; None after one epoch
+    total_train_s: float
+    steady_samples_per_s: float | None
+    data_wait_fraction: float
+    final_train_loss: float
+    final_test_accuracy: float
+    best_test_accuracy: float
+    nonfinite_steps: int
+    scaler_skipped_steps: int | None  # fp16 + GradScaler only
+    peak_gpu_mem_mib: float | None
+    steady_gpu_energy_j_per_epoch: float | None
+    accumulation_steps: int  # as trained: an OOM retry may have raised it
+    device: str
+    device_name: str
+    precision: str
+    batches: str
+    world_size: int
+    train_samples: int
+    flops_per_sample: int
+    steady_tflops: float
+    peak_tflops: float | None  # the datasheet's, where the device is known
+    peak_share: float | None
+    peak_host_rss_mib: float
+    steady_samples_per_s_per_process: float | None
+    status: str = "trained"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def metrics(self) -> dict[str, float | int | None]:
+        """The numeric figures, for a tracker (`epochs` is a count, not a figure)."""
+        return {k: v for k, v in asdict(self).items() if k != "epochs" and not isinstance(v, str)}
+
+
+TrainResult = TrainSummary | Skipped
+
+
+def train_from_json(payload: Mapping[str, Any], source: str = TRAIN_JSON) -> TrainResult:
+    if payload.get("status") == "skipped":
+        return _strict(Skipped, payload, source)
+    return _strict(TrainSummary, payload, source)
+
+
+def read_train(path: Path) -> TrainResult:
+    return train_from_json(json.loads(path.read_text()), str(path))
+
+
+def speedup(baseline: TrainResult | None, result: TrainResult) -> float | None:
+    """How many times faster `result`'s steady epoch is than `baseline`'s (None where either
+    did not train, or trained a single epoch)."""
+    if not isinstance(baseline, TrainSummary) or not isinstance(result, TrainSummary):
+        return None
+    base, steady = baseline.steady_epoch_s, result.steady_epoch_s
+    return base / steady if base and steady else None
+
+
+def scaling_efficiency(speedup_over_one: float | None, world_size: int) -> float | None:
+    """Speedup over one process / the number of processes (1.0: perfect scaling)."""
+    return speedup_over_one / world_size if speedup_over_one else None
+
+
+@dataclass(frozen=True)
+class ClassScores:
+    precision: float
+    recall: float
+    f1_score: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"precision": self.precision, "recall": self.recall, "f1-score": self.f1_score}
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """`eval.json` of a trained variant: the test set through the trained model, untimed
+    training excluded; per-class scores keyed by the digit."""
+
+    test_accuracy: float
+    test_loss: float
+    macro_f1: float
+    inference_samples_per_s: float
+    per_class: dict[str, ClassScores]
+    status: str = "trained"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "per_class": {k: v.to_json() for k, v in self.per_class.items()}}
+
+
+EvalResult = EvalSummary | Skipped
+
+
+def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalResult:
+    if payload.get("status") != "trained":
+        return _strict(Skipped, payload, source)
+    per_class = {
+        digit: ClassScores(s["precision"], s["recall"], s["f1-score"])
+        for digit, s in payload["per_class"].items()
+    }
+    return _strict(EvalSummary, {**payload, "per_class": per_class}, source)
+
+
+def read_eval(path: Path) -> EvalResult:
+    return eval_from_json(json.loads(path.read_text()), str(path))
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """`models/<variant>.pt`: the trained weights (CPU tensors) and what produced them.
+
+    `params` is the run's params (`{"variant": {...}, "train": {...}}`), so the file says how
+    its weights were trained; a skipped variant's file carries the reason instead of weights.
+    """
+
+    variant: str
+    status: str
+    mlflow_run_id: str | None
+    params: dict[str, Any] | None = None
+    state_dict: dict[str, Any] | None = None
+    reason: str | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.status == "trained"
+
+    def save(self, path: Path) -> None:
+        """torch.save to a temporary file, then rename: a kill mid-save keeps the old file."""
+        atomic_torch_save(asdict(self), path)
+
+    @classmethod
+    def load(cls, path: Path) -> ModelFile:
+        import torch
+
+        return _strict(cls, torch.load(path, map_location="cpu", weights_only=True), str(path))
+
+
+def atomic_torch_save(payload: Any, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def write_epochs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One row per epoch (DVC plots it: x epoch, y test_accuracy)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["epoch"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_epochs_csv(path: Path) -> list[dict[str, float]]:
+    with path.open() as handle:
+        return [
+            {k: float(v) if v not in ("", "None") else float("nan") for k, v in row.items()}
+            for row in csv.DictReader(handle)
+        ]

@@ -1,0 +1,45 @@
+"""A trained variant's `TrainSummary`: the engine's epoch figures, and what they mean here."""
+
+from __future__ import annotations
+
+from . import engine, hardware
+from .params import VariantParams
+from .placement import Placement
+from .results import TrainSummary
+
+
+def summarize_run(
+    records: list[engine.EpochRecord],
+    variant: VariantParams,
+    placement: Placement,
+    *,
+    accumulation_steps: int,
+    flops_per_sample: int,
+) -> TrainSummary:
+    """Epoch figures, plus achieved TFLOP/s against the datasheet peak of every process's
+    device, and per-process throughput under DDP."""
+    epochs = engine.summarize(records)
+    world_size = placement.world_size
+    steady_s = epochs["steady_epoch_s"] or epochs["first_epoch_s"]
+    samples = records[-1].samples
+    steady_tflops = flops_per_sample * samples / steady_s / 1e12
+    peak = hardware.peak_tflops(placement.device_name, variant.precision, variant.tf32)
+    per_process = epochs["steady_samples_per_s"]
+    return TrainSummary(
+        **epochs,
+        accumulation_steps=accumulation_steps,
+        device=variant.device,
+        device_name=placement.device_name,
+        precision=variant.precision,
+        batches=variant.batches,
+        world_size=world_size,
+        train_samples=samples,
+        flops_per_sample=flops_per_sample,
+        steady_tflops=steady_tflops,
+        peak_tflops=peak,
+        peak_share=steady_tflops / (peak * world_size) if peak else None,
+        peak_host_rss_mib=engine.peak_host_rss_mib(),
+        steady_samples_per_s_per_process=(
+            per_process / world_size if world_size > 1 and per_process else None
+        ),
+    )

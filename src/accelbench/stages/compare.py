@@ -1,0 +1,60 @@
+"""compare: the comparison table and figures from every variant's results, logged to the
+pipeline's MLflow run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import report, tracking
+from ..console import log
+from ..params import Params, VariantParams
+from ..results import ENV_DEVICES, MetricsFiles, env_json, read_epochs_csv, read_eval, read_train
+
+
+@dataclass(frozen=True)
+class CompareInputs:
+    variants: Mapping[str, VariantParams]
+    spec: report.ReportSpec
+
+
+def select(params: Params) -> CompareInputs:
+    train = params.train
+    recipe = (
+        f"batch {train.batch_size}, {train.epochs} epochs, Adam lr {train.lr:g}, "
+        f"schedule {train.schedule}, seed {train.seed}"
+        + (f", training subset {train.train_subset}" if train.train_subset else "")
+        + (f", test subset {train.test_subset}" if train.test_subset else "")
+    )
+    spec = report.ReportSpec(
+        target_accuracy=train.target_accuracy,
+        speedup_baseline=params.report.speedup_baseline,
+        scaling_baselines=params.report.scaling_baselines,
+        recipe=recipe,
+    )
+    return CompareInputs(params.variants, spec)
+
+
+def run(
+    root: Path, inputs: CompareInputs, env_dir: Path, metrics_dir: Path, out_dir: Path
+) -> dict[str, Any]:
+    env = {d: json.loads(env_json(env_dir, d).read_text()) for d in ENV_DEVICES}
+    rows = []
+    for name, variant in inputs.variants.items():
+        files = MetricsFiles(metrics_dir / name)
+        train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
+        rows.append(report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv)))
+    result = report.write_report(out_dir, rows, env, inputs.spec)
+    run_id = tracking.finish_pipeline(root, result.files, result.headline)
+    if run_id:
+        log(f"compare: report logged to MLflow pipeline run {run_id}")
+    log(f"compare: wrote {out_dir / 'comparison.md'}")
+    return result.headline
+
+
+def main(args: argparse.Namespace, params: Params, root: Path) -> None:
+    run(root, select(params), args.env, args.metrics, args.out)

@@ -1,0 +1,54 @@
+"""env: record the machine's stable hardware and software facts (re-runs on every repro).
+
+Under `train.require_gpu` it also refuses, before any work, a machine on which a variant
+cannot run: the training stages do not depend on that key, so this is where a change to it
+takes effect on `dvc repro`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import doctor, hardware, placement
+from ..console import StageError, log
+from ..params import Params, VariantParams
+from ..results import env_json, write_json
+
+
+@dataclass(frozen=True)
+class EnvInputs:
+    require_gpu: bool
+    variants: Mapping[str, VariantParams]
+
+
+def select(params: Params) -> EnvInputs:
+    return EnvInputs(params.train.require_gpu, params.variants)
+
+
+def run(inputs: EnvInputs, out_dir: Path) -> dict[str, dict[str, Any]]:
+    probe = hardware.probe_gpus()  # once: the facts below and the doctor's share it
+    facts = {"cpu": hardware.cpu_facts(), "cuda": hardware.cuda_facts(probe)}
+    for device, payload in facts.items():
+        write_json(env_json(out_dir, device), payload)
+    for problem in doctor.diagnose(doctor.gather(probe)).problems:
+        log(f"env: WARNING: {problem}")
+    cpu, gpu = facts["cpu"], facts["cuda"]
+    log(f"env: CPU {cpu['cpu_model']} ({cpu['logical_cpus']} logical CPUs)")
+    if gpu["cuda_available"]:
+        log(f"env: GPU {', '.join(gpu['gpu_names'])}, driver {gpu['nvidia_driver']}")
+    else:
+        log(f"env: no usable GPU: {gpu['reason']}")
+    refused = placement.refusals(inputs.variants, placement.Visible.of(probe))
+    if inputs.require_gpu and refused:
+        raise StageError(
+            "train.require_gpu is true, but " + "; ".join(refused) + f". {placement.REFUSAL_ADVICE}"
+        )
+    return facts
+
+
+def main(args: argparse.Namespace, params: Params, root: Path) -> None:
+    run(select(params), args.out)

@@ -1,0 +1,199 @@
+"""Helpers the tests share (fixtures live in conftest.py): fake MNIST, the repository's params
+shrunk to test size, the `accelbench train` command, a small CPU training run."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from accelbench import data, engine
+from accelbench.batches import ResidentBatches
+from accelbench.models import SeedCNN
+from accelbench.params import Params, TrainParams, VariantParams, parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+FP32_CPU = VariantParams(device="cpu", precision="fp32")
+
+
+# --- fake data -------------------------------------------------------------------------------
+
+
+def idx_bytes(array: np.ndarray, magic: int) -> bytes:
+    header = magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def synthetic_digits(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Learnable 28x28 images: class c is a bright bar at a class-specific place, plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, size=n).astype(np.uint8)
+    images = rng.integers(0, 60, size=(n, 28, 28)).astype(np.uint8)
+    for i, c in enumerate(labels):
+        row = 3 + 2 * int(c)
+        images[i, row : row + 2, 4:24] = 255
+    return images, labels
+
+
+def write_fake_mnist(folder: Path, n_train: int = 512, n_test: int = 256) -> dict[str, str]:
+    """Four gzipped IDX files; returns {stem: sha256 of the decompressed content}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    checksums = {}
+    for prefix, n, seed in (("train", n_train, 1), ("t10k", n_test, 2)):
+        images, labels = synthetic_digits(n, seed)
+        for stem, payload in (
+            (f"{prefix}-images-idx3-ubyte", idx_bytes(images, data.IMAGES_MAGIC)),
+            (f"{prefix}-labels-idx1-ubyte", idx_bytes(labels, data.LABELS_MAGIC)),
+        ):
+            (folder / f"{stem}.gz").write_bytes(gzip.compress(payload, mtime=0))
+            checksums[stem] = hashlib.sha256(payload).hexdigest()
+    return checksums
+
+
+def shared_mnist() -> Path | None:
+    """The verified MNIST mirror: $ACCELBENCH_MNIST_MIRROR, else ../shared/datasets/mnist."""
+    candidate = os.environ.get(data.MIRROR_ENV) or str(
+        REPO.parent / "shared" / "datasets" / "mnist"
+    )
+    path = Path(candidate)
+    return path if (path / "train-images-idx3-ubyte.gz").is_file() else None
+
+
+# --- the repository's params, shrunk ---------------------------------------------------------
+
+# Two epochs of batch 128 over the 512 fake images; shift_px 0: the synthetic digits encode
+# their class by position.
+SMALL = {"epochs": 2, "batch_size": 128, "eval_batch_size": 256, "shift_px": 0}
+
+
+def repo_params_raw(variants: dict | None = None, **train: Any) -> dict:
+    """params.yaml as a mapping, with some `train` values (and the variants) replaced; a
+    replaced variant set keeps only the report baselines that still name variants."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"].update(train)
+    if variants is not None:
+        raw["variants"] = variants
+        report = raw.get("report", {})
+        if report.get("speedup_baseline") not in variants:
+            report.pop("speedup_baseline", None)
+        report["scaling_baselines"] = {
+            k: v for k, v in report.get("scaling_baselines", {}).items() if {k, v} <= set(variants)
+        }
+    return raw
+
+
+def small_params(variants: dict | None = None, **train: Any) -> Params:
+    """The repository's params at test size (SMALL, then `train`), validated."""
+    return parse_params(repo_params_raw(variants, **(SMALL | train)))
+
+
+def write_params(folder: Path, variants: dict | None = None, **train: Any) -> Path:
+    """`folder/params.yaml`: the repository's, with some `train` values (and variants) replaced."""
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(repo_params_raw(variants, **train)))
+    return path
+
+
+def train_command(
+    params: Path,
+    name: str,
+    prepared: Path,
+    model: Path,
+    metrics: Path,
+    checkpoint: Path | None = None,
+) -> list[str]:
+    """`accelbench train` as dvc.yaml runs it, in this interpreter."""
+    command = [
+        sys.executable, "-m", "accelbench.cli", "--params", str(params), "train", name,
+        "--data", str(prepared), "--model", str(model), "--metrics", str(metrics), "--quiet",
+    ]  # fmt: skip
+    return command + (["--checkpoint", str(checkpoint)] if checkpoint else [])
+
+
+# --- a small training run --------------------------------------------------------------------
+
+
+def fit_small(
+    prepared: Path,
+    train: TrainParams,
+    variant: VariantParams = FP32_CPU,
+    device: torch.device = CPU,
+    model: torch.nn.Module | None = None,
+    **fit_options: Any,
+) -> tuple[torch.nn.Module, list[engine.EpochRecord]]:
+    """engine.fit on the fake data: seeded model (unless given), resident batches of
+    `train.batch_size`, the test set in batches of 256."""
+    if model is None:
+        engine.seed_everything(train.seed)
+        model = SeedCNN(dropout=train.dropout).to(device)
+    batches = ResidentBatches(
+        data.load_split(prepared, "train"),
+        device,
+        train.batch_size,
+        train.seed,
+        channels_last=variant.channels_last,
+    )
+    test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
+    return model, engine.fit(model, batches, test, train, variant, device, **fit_options)
+
+
+def cpu_train_command(folder: Path, prepared: Path, epochs: int) -> list[str]:
+    """`accelbench train cpu` on the fake data, batch 64, writing into `folder`."""
+    params = write_params(folder, epochs=epochs, batch_size=64)
+    return train_command(params, "cpu", prepared, folder / "cpu.pt", folder / "metrics")
+
+
+def mlflow_runs(store: str, name: str) -> list:
+    """The runs named `name` in the accelbench experiment of the store at `store`."""
+    from mlflow.tracking import MlflowClient
+
+    from accelbench import tracking
+
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")
+
+
+def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
+    """env, then train and evaluate of every variant, then compare, in this process."""
+    from accelbench.results import MetricsFiles
+    from accelbench.stages import compare, env, evaluate, train
+
+    env.run(env.select(params), root / "env")
+    for name in params.variants:
+        out = train.TrainOutputs(
+            root / "models" / f"{name}.pt", MetricsFiles(root / "metrics" / name)
+        )
+        train.run(root, name, train.select(params, name), prepared, out, quiet=True)
+        evaluate.run(root, evaluate.select(params), out.model, prepared, out.metrics)
+    return compare.run(
+        root, compare.select(params), root / "env", root / "metrics", root / "reports"
+    )
+
+
+def trained_summary(steady_epoch_s: float | None, **fields: Any):
+    """A TrainSummary of three epochs at `steady_epoch_s` (None: one epoch), the rest plausible."""
+    from accelbench.results import TrainSummary
+
+    values = {
+        "epochs": 3, "first_epoch_s": 2 * (steady_epoch_s or 1), "steady_epoch_s": steady_epoch_s,
+        "total_train_s": 4 * (steady_epoch_s or 1), "steady_samples_per_s": 60000 / (steady_epoch_s or 1),
+        "data_wait_fraction": 0.01, "final_train_loss": 0.05, "final_test_accuracy": 0.99,
+        "best_test_accuracy": 0.99, "nonfinite_steps": 0, "scaler_skipped_steps": None,
+        "peak_gpu_mem_mib": None, "steady_gpu_energy_j_per_epoch": None,
+        "accumulation_steps": 1, "device": "cuda", "device_name": "NVIDIA H200",
+        "precision": "fp32", "batches": "resident", "world_size": 1, "train_samples": 60000,
+        "flops_per_sample": 65_000_000, "steady_tflops": 1.0, "peak_tflops": None,
+        "peak_share": None, "peak_host_rss_mib": 900.0, "steady_samples_per_s_per_process": None,
+    }  # fmt: skip
+    return TrainSummary(**(values | fields))

@@ -1,0 +1,25 @@
+"""stages/env.py: the machine's facts, and train.require_gpu's refusal before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from accelbench.console import StageError
+from accelbench.stages import env
+from helpers import small_params
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_env_records_facts_and_refuses_cuda_variants_under_require_gpu(tmp_path) -> None:
+    facts = env.run(env.select(small_params()), tmp_path / "env")
+    assert facts["cuda"]["cuda_available"] is False and facts["cuda"]["reason"]
+    assert json.loads((tmp_path / "env" / "cpu.json").read_text())["cpu_model"]
+    with pytest.raises(
+        StageError, match=r"train.require_gpu is true, but variant 'gpu' needs CUDA"
+    ):
+        env.run(env.select(small_params(require_gpu=True)), tmp_path / "env")
+    cpu_only = small_params({"cpu": {"device": "cpu"}}, require_gpu=True)
+    env.run(env.select(cpu_only), tmp_path / "env")  # nothing to refuse

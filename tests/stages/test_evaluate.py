@@ -1,0 +1,33 @@
+"""stages/evaluate.py: an untrained (skipped) variant is recorded as such; a model trained on
+CUDA is refused where there is none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelbench.console import StageError
+from accelbench.results import MetricsFiles, ModelFile, Skipped, read_eval
+from accelbench.stages import evaluate
+from helpers import small_params
+
+
+def test_a_skipped_variant_is_recorded_as_skipped(tmp_path, prepared) -> None:
+    ModelFile("gpu", "skipped", None, reason="no GPU here").save(tmp_path / "gpu.pt")
+    files = MetricsFiles(tmp_path / "metrics")
+    inputs = evaluate.select(small_params())
+    assert evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files) == Skipped(
+        "no GPU here"
+    )
+    assert read_eval(files.eval_json) == Skipped("no GPU here")
+    assert files.confusion_csv.read_text() == "actual,predicted\n"
+    assert files.confusion_png.stat().st_size > 1000
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_a_model_trained_on_cuda_is_refused_without_cuda(tmp_path, prepared) -> None:
+    params = {"variant": {"name": "gpu", "device": "cuda"}, "train": {}}
+    ModelFile("gpu", "trained", None, params, {}).save(tmp_path / "gpu.pt")
+    inputs = evaluate.select(small_params())
+    with pytest.raises(StageError, match="the model was trained on CUDA"):
+        evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, MetricsFiles(tmp_path))

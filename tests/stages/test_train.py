@@ -1,0 +1,91 @@
+"""stages/train.py: placement (skip, refuse), resuming after a kill, the outputs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from accelbench.console import StageError
+from accelbench.params import ParamsError
+from accelbench.results import MetricsFiles
+from accelbench.stages import train as train_stage
+from helpers import mlflow_runs, small_params, train_command, write_params
+
+
+def _outputs(folder):
+    return train_stage.TrainOutputs(folder / "model.pt", MetricsFiles(folder / "metrics"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_require_gpu_fails_clearly_without_cuda(tmp_path, prepared, mlflow_store) -> None:
+    inputs = train_stage.select(small_params(require_gpu=True), "gpu")
+    out = _outputs(tmp_path)
+    with pytest.raises(StageError, match=r"needs CUDA .*train\.require_gpu: false"):
+        train_stage.run(tmp_path, "gpu", inputs, prepared, out, quiet=True)
+    assert not out.model.exists()
+
+
+def test_unknown_variant_is_refused() -> None:
+    with pytest.raises(ParamsError, match=r"unknown variant 'tpu'; params\.yaml defines: cpu"):
+        train_stage.select(small_params(), "tpu")
+
+
+def test_the_stage_reads_the_recipe_not_the_report_keys() -> None:
+    inputs = train_stage.select(small_params(target_accuracy=0.5, require_gpu=True), "cpu")
+    assert not hasattr(inputs.recipe, "target_accuracy")
+    assert inputs.recipe.batch_size == 128 and inputs.require_gpu is True
+
+
+def test_sigkill_then_rerun_resumes_to_bitwise_identical_weights(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    import torch
+
+    params = write_params(
+        tmp_path, {"cpu": {"device": "cpu", "threads": 1}}, epochs=5, batch_size=64
+    )
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+
+    def command(run: str) -> list[str]:
+        out = tmp_path / run
+        return train_command(
+            params, "cpu", prepared, out / "cpu.pt", out / "metrics", out / "checkpoint.pt"
+        )
+
+    whole = subprocess.run(command("whole"), cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert not (tmp_path / "whole" / "checkpoint.pt").exists()  # removed once finished
+
+    checkpoint = tmp_path / "killed" / "checkpoint.pt"
+    process = subprocess.Popen(command("killed"), cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not (
+        checkpoint.exists()
+        and torch.load(checkpoint, weights_only=False)["state"]["epochs_done"] >= 2
+    ):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "killed" / "cpu.pt").exists()
+
+    resumed = subprocess.run(
+        command("killed"), cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming after epoch" in resumed.stderr
+    a = torch.load(tmp_path / "whole" / "cpu.pt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "killed" / "cpu.pt", weights_only=True)["state_dict"]
+    for name, value in a.items():
+        assert torch.equal(value, b[name]), name
+    epochs = (tmp_path / "killed" / "metrics" / "epochs.csv").read_text().splitlines()
+    assert len(epochs) == 1 + 5  # every epoch recorded once
+
+    runs = mlflow_runs(mlflow_store, "cpu")
+    statuses = sorted(r.info.status for r in runs)
+    assert statuses == ["FINISHED", "FINISHED"]  # the killed run was continued, not duplicated

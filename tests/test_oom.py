@@ -1,0 +1,60 @@
+"""oom.py: a CUDA out-of-memory error halves the samples per pass (same batch) up to
+train.oom_retries times, or ends the stage saying what to change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelbench import engine
+from accelbench.console import StageError
+from accelbench.results import MetricsFiles, read_train
+from accelbench.stages import train as train_stage
+from helpers import small_params
+
+
+def _oom_when_passes_exceed(limit: int, monkeypatch):
+    real_fit = engine.fit
+    tried = []
+
+    def fit(model, train_batches, test_batches, train, *args, accumulation_steps=1, **kwargs):
+        per_pass = train.batch_size // accumulation_steps
+        tried.append(per_pass)
+        if per_pass > limit:  # what the allocator would say on a GPU that is too small
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_fit(
+            model, train_batches, test_batches, train, *args,
+            accumulation_steps=accumulation_steps, **kwargs,
+        )  # fmt: skip
+
+    monkeypatch.setattr(engine, "fit", fit)
+    return tried
+
+
+def _train_cpu(tmp_path, prepared, params):
+    out = train_stage.TrainOutputs(tmp_path / "cpu.pt", MetricsFiles(tmp_path / "metrics"))
+    inputs = train_stage.select(params, "cpu")
+    train_stage.run(tmp_path, "cpu", inputs, prepared, out, quiet=True)
+    return out
+
+
+def test_out_of_memory_halves_the_pass_and_keeps_the_batch(
+    tmp_path, prepared, mlflow_store, monkeypatch
+) -> None:
+    tried = _oom_when_passes_exceed(40, monkeypatch)
+    params = small_params(oom_retries=3)  # batch 128: 128 -> 64 -> 32 samples per pass
+    out = _train_cpu(tmp_path, prepared, params)
+    assert tried == [128, 64, 32]
+    summary = read_train(out.metrics.train_json)
+    assert summary.accumulation_steps == 4 and summary.status == "trained"
+
+
+def test_out_of_memory_without_retries_explains_what_to_change(
+    tmp_path, prepared, mlflow_store, monkeypatch
+) -> None:
+    _oom_when_passes_exceed(40, monkeypatch)
+    with pytest.raises(StageError) as info:
+        _train_cpu(tmp_path, prepared, small_params())
+    message = str(info.value)
+    assert "batch 128" in message and "accumulation_steps" in message and "oom_retries" in message
+    assert not (tmp_path / "cpu.pt").exists()

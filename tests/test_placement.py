@@ -1,0 +1,61 @@
+"""placement.py: one rule for where a variant runs, with GPUs faked (what a CPU-only machine
+cannot show: too few GPUs, torchrun's children)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelbench import placement
+from accelbench.console import StageError
+from accelbench.params import VariantParams
+
+CPU = VariantParams(device="cpu")
+GPU = VariantParams(device="cuda")
+DDP2 = VariantParams(device="cuda", distributed={"nproc_per_node": 2})
+NONE = placement.Visible(0, "no NVIDIA driver found")
+ONE = placement.Visible(1)
+
+
+def test_a_cpu_variant_runs_on_the_cpu_anywhere() -> None:
+    where = placement.place("cpu", CPU, require_gpu=True, environ={}, here=NONE)
+    assert where.device == torch.device("cpu") and where.main and where.world_size == 1
+
+
+def test_a_missing_gpu_skips_or_refuses_with_one_message() -> None:
+    skipped = placement.place("gpu", GPU, require_gpu=False, environ={}, here=NONE)
+    assert skipped.skip_reason == "needs CUDA but no NVIDIA driver found"
+    with pytest.raises(StageError) as refused:
+        placement.place("gpu", GPU, require_gpu=True, environ={}, here=NONE)
+    assert str(refused.value) == f"variant 'gpu' {skipped.skip_reason}. {placement.REFUSAL_ADVICE}"
+
+
+def test_a_ddp_variant_needs_its_gpus_then_launches_torchrun() -> None:
+    short = placement.place("ddp", DDP2, require_gpu=False, environ={}, here=ONE)
+    assert short.skip_reason == (
+        "asks for 2 GPUs per node (distributed.nproc_per_node) but this machine has 1"
+    )
+    launch = placement.place("ddp", DDP2, require_gpu=True, environ={}, here=placement.Visible(2))
+    assert launch.launch and launch.world_size == 2 and launch.device is None
+
+
+def test_a_torchrun_child_takes_its_rank_and_world_from_torchrun() -> None:
+    gloo = VariantParams(device="cpu", distributed={"nproc_per_node": 2, "nnodes": 2})
+    environ = {"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4"}
+    child = placement.place("ddp", gloo, require_gpu=True, environ=environ, here=NONE)
+    assert (child.rank, child.world_size, child.backend) == (3, 4, "gloo")
+    assert child.device == torch.device("cpu") and not child.main and not child.launch
+
+
+def test_env_lists_every_variant_this_machine_cannot_run() -> None:
+    variants = {"cpu": CPU, "gpu": GPU, "ddp": DDP2}
+    assert placement.refusals(variants, ONE) == [
+        "variant 'ddp' asks for 2 GPUs per node (distributed.nproc_per_node) but this machine has 1"
+    ]
+
+
+def test_a_model_trained_on_cuda_is_evaluated_on_cuda_or_refused() -> None:
+    assert placement.evaluation_device("ddp", DDP2, ONE) == torch.device("cuda")  # one process
+    assert placement.evaluation_device("cpu", CPU, NONE) == torch.device("cpu")
+    with pytest.raises(StageError, match=r"evaluate: variant 'gpu' needs CUDA but no NVIDIA"):
+        placement.evaluation_device("gpu", GPU, NONE)

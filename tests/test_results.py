@@ -1,0 +1,66 @@
+"""results.py: every result survives its JSON round trip, and a file that does not fit its
+type fails where it is read, naming the keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from accelbench.results import (
+    ClassScores,
+    EvalSummary,
+    MetricsFiles,
+    ModelFile,
+    Skipped,
+    eval_from_json,
+    read_train,
+    scaling_efficiency,
+    speedup,
+    train_from_json,
+    write_json,
+)
+from helpers import trained_summary
+
+
+def test_train_results_round_trip_through_their_file(tmp_path) -> None:
+    files = MetricsFiles(tmp_path)
+    for result in (trained_summary(0.5, world_size=2), Skipped("no GPU here", "cuda")):
+        write_json(files.train_json, result.to_json())
+        assert read_train(files.train_json) == result
+
+
+def test_eval_summary_round_trips_with_sklearn_key_names() -> None:
+    summary = EvalSummary(0.99, 0.03, 0.98, 1e5, {"3": ClassScores(0.9, 0.95, 0.925)})
+    payload = json.loads(json.dumps(summary.to_json()))
+    assert payload["per_class"]["3"]["f1-score"] == 0.925
+    assert eval_from_json(payload) == summary
+    assert eval_from_json({"status": "skipped", "reason": "r", "device": None}) == Skipped("r")
+
+
+def test_a_renamed_key_fails_loudly_where_it_is_read() -> None:
+    payload = trained_summary(0.5).to_json()
+    payload["steady_epoch_seconds"] = payload.pop("steady_epoch_s")
+    with pytest.raises(ValueError, match=r"metrics/x/train.json: not a TrainSummary .*"
+                       r"'steady_epoch_seconds'.*'steady_epoch_s'"):  # fmt: skip
+        train_from_json(payload, "metrics/x/train.json")
+
+
+def test_the_model_file_round_trips(tmp_path) -> None:
+    model = ModelFile("cpu", "trained", "run-1", {"variant": {"name": "cpu"}}, {"w": torch.ones(2)})
+    model.save(tmp_path / "cpu.pt")
+    loaded = ModelFile.load(tmp_path / "cpu.pt")
+    assert loaded.trained and loaded.params == model.params and loaded.mlflow_run_id == "run-1"
+    assert torch.equal(loaded.state_dict["w"], torch.ones(2))
+    skipped = ModelFile("gpu", "skipped", None, reason="no GPU")
+    skipped.save(tmp_path / "gpu.pt")
+    assert ModelFile.load(tmp_path / "gpu.pt") == skipped
+
+
+def test_speedup_and_efficiency_need_two_trained_steady_states() -> None:
+    base, fast = trained_summary(10.0), trained_summary(0.5, world_size=2)
+    assert speedup(base, fast) == 20.0 and scaling_efficiency(20.0, 2) == 10.0
+    assert speedup(None, fast) is None and speedup(Skipped("no GPU"), fast) is None
+    assert speedup(base, trained_summary(None, first_epoch_s=1.0, total_train_s=1.0)) is None
+    assert scaling_efficiency(None, 2) is None
