@@ -29,6 +29,6 @@ for phase in "${@:-512}"; do
 done
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   timeout "${TEST_LIMIT_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-    tests/test_distributed.py tests/test_engine.py > "$OUT/pytest-gpu.log" 2>&1
+    tests/test_torchrun.py tests/test_engine.py > "$OUT/pytest-gpu.log" 2>&1
   echo "pytest -m gpu: exit $?" >> "$OUT/pytest-gpu.log"
 fi

@@ -75,7 +75,7 @@ def _small_repo(tmp_path: Path, only_cpu: bool = False, **train) -> tuple[Path, 
     return repo, mirror, params
 
 
-def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
+def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path, monkeypatch) -> None:
     repo, mirror, params = _small_repo(tmp_path, epochs=2, train_subset=1024, test_subset=512)
 
     first = _dvc(repo, "repro", mirror=mirror)
@@ -92,6 +92,7 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path) -> None:
     metrics = _dvc(repo, "metrics", "show", "--json", mirror=mirror)
     assert "steady_epoch_s" in metrics.stdout
 
+    monkeypatch.chdir(repo)  # artifact locations are relative to the repository root
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("accelbench")
     runs_before = client.search_runs([experiment.experiment_id])
