@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -32,12 +33,20 @@ if missing and os.environ.get("ACCELBENCH_REQUIRE_BROWSER") != "1":
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only pipeline's runs")
 def test_compare_view_shows_the_variants_side_by_side(tmp_path, prepared, monkeypatch) -> None:
-    store = tmp_path / "mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    """Over the repository's own store, moved to another folder after the run (as a container
+    sees the checkout): the report is still there in the pipeline run's artifacts."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(checkout)
     params = small_params()
-    run_all_stages(tmp_path, params, prepared)
+    run_all_stages(checkout, params, prepared)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("mlflow.db", "mlartifacts"):
+        shutil.move(checkout / name, moved / name)
 
-    with mlflow_ui.mlflow_server(store) as url:
+    with mlflow_ui.mlflow_server(moved / "mlflow.db") as url:
         seen = mlflow_ui.visit(url, tmp_path / "compare.png")
 
     assert "accelbench" in seen["experiments"]
@@ -55,3 +64,4 @@ def test_compare_view_shows_the_variants_side_by_side(tmp_path, prepared, monkey
         assert metric in seen["compare"]
     assert "skipped" in seen["compare"]  # the status tag, side by side
     assert (tmp_path / "compare.png").stat().st_size > 20_000
+    assert "comparison.md" in seen["artifacts"] and "accelbench comparison" in seen["artifacts"]

@@ -170,6 +170,14 @@ def visit(url: str, screenshot: Path, experiment: str = EXPERIMENT) -> dict[str,
             page.wait_for_timeout(500)
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(screenshot), full_page=False)
+
+        # The pipeline run's report, read through the server from the store's artifacts.
+        page.goto(f"{url}/#/experiments/{experiment_id}/runs/{parent['info']['run_id']}/artifacts")
+        page.get_by_text("comparison.md", exact=True).first.click(timeout=60_000)
+        page.get_by_text("accelbench comparison").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(500)
+        seen["artifacts"] = page.inner_text("body")
+        page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-artifacts.png")))
         browser.close()
     seen["children"] = json.dumps({r["info"]["run_name"]: tags(r).get("status") for r in children})
     return seen
