@@ -101,6 +101,20 @@ export CONTAINERS_REGISTRIES_CONF="$WORK/registries.conf" BUILDAH_ISOLATION=chro
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
 
+# --- the checkout: a fresh clone with tiny params, owned by another uid --------------------
+checkout="$WORK/checkout"
+git clone --quiet "$REPO" "$checkout"
+"$PYTHON" - "$checkout/params.yaml" <<'EOF'
+import sys, yaml
+path = sys.argv[1]
+params = yaml.safe_load(open(path))
+params["train"].update(epochs=2, train_subset=1024, test_subset=512, eval_batch_size=512)
+yaml.safe_dump(params, open(path, "w"), sort_keys=False)
+EOF
+(cd "$checkout" && PYTHONPATH="$checkout/src" "$PYTHON" -m accelbench.cli check >/dev/null) \
+  || fail "the tiny params do not validate"
+mkdir -p "$WORK/owner-home"
+chown -R "$OWNER:$OWNER" "$checkout" "$WORK/owner-home"
 # --- the stand-in base --------------------------------------------------------------------
 rootfs="$CACHE/rootfs-$SUITE"
 if [ ! -f "$rootfs/.complete" ]; then
@@ -164,19 +178,7 @@ run "$IMAGE:runtime" accelbench doctor >"$WORK/doctor.log" 2>&1 || status=$?
 [ "$status" = 3 ] || { cat "$WORK/doctor.log"; fail "accelbench doctor exited $status, expected 3 (CPU only)"; }
 ok "accelbench doctor in the image: CPU only (exit 3)"
 
-# --- the default command on a fresh clone owned by another uid ----------------------------------
-checkout="$WORK/checkout"
-git clone --quiet "$REPO" "$checkout"
-"$PYTHON" - "$checkout/params.yaml" <<'EOF'
-import sys, yaml
-path = sys.argv[1]
-params = yaml.safe_load(open(path))
-params["train"].update(epochs=2, train_subset=1024, test_subset=512, eval_batch_size=512)
-params["train"]["loader"]["num_workers"] = 0
-yaml.safe_dump(params, open(path, "w"), sort_keys=False)
-EOF
-mkdir -p "$WORK/owner-home"
-chown -R "$OWNER:$OWNER" "$checkout" "$WORK/owner-home"
+# --- the default command on that checkout ------------------------------------------------------
 as_owner() { setpriv --reuid="$OWNER" --regid="$OWNER" --clear-groups env HOME="$WORK/owner-home" "$@"; }
 mounts=(-v "$checkout:/workspace" -v "$MIRROR:/mnist:ro" -e ACCELBENCH_MNIST_MIRROR=/mnist)
 
