@@ -59,7 +59,7 @@ class DataParams(_Strict):
     mirrors: list[str] = Field(min_length=1)
     timeout_s: PositiveFloat = 30.0
     retries: NonNegativeInt = 2
-    deadline_s: PositiveFloat = 600.0  # a whole file, every read and retry included
+    deadline_s: PositiveFloat = 600.0  # one file from one mirror, every read and retry included
 
     @field_validator("mirrors")
     @classmethod

@@ -107,8 +107,11 @@ def write_json(path: Path, payload: Any) -> None:
     """Write JSON atomically: a crash never leaves a half-written metrics file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _strict(cls: type, payload: Mapping[str, Any], source: str) -> Any:
@@ -312,12 +315,17 @@ class ModelFile:
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
+    """torch.save to a temporary, then rename; a failed save (a full disk) leaves the old
+    file and no temporary."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_epochs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
