@@ -14,10 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from accelbench import build, engine, placement
-from accelbench.params import TrainParams, VariantParams, parse_params
+from accelbench.params import TrainParams, VariantParams, parse_params, read_yaml
 
 
 def _apply(raw: dict, assignment: str) -> None:
@@ -27,7 +25,7 @@ def _apply(raw: dict, assignment: str) -> None:
     target = raw["variants"] if path and path[0] in raw["variants"] else raw
     for part in path:
         target = target[part]
-    target[leaf] = yaml.safe_load(value)
+    target[leaf] = read_yaml(value)  # as `dvc exp run -S` reads it (YAML 1.2)
 
 
 def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path) -> tuple:
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    raw = yaml.safe_load(args.params.read_text())
+    raw = read_yaml(args.params.read_text())
     if args.epochs:
         raw["train"]["epochs"] = args.epochs
     for assignment in args.set:

@@ -21,9 +21,9 @@ def fake_mnist(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 @pytest.fixture
 def prepared(tmp_path: Path, fake_mnist) -> Path:
-    mirror, _ = fake_mnist
+    mirror, checksums = fake_mnist
     out = tmp_path / "prepared"
-    data.prepare(mirror, out)
+    data.prepare(mirror, out, checksums)
     return out
 
 

@@ -1,14 +1,34 @@
-"""checkpoint.py: a state is resumed only under the params it was saved with."""
+"""checkpoint.py: a state is resumed only under the params it was saved with; a file that is
+not a usable checkpoint is moved aside with one warning, never run, never a crash."""
 
 from __future__ import annotations
 
+import pickle
+
+import pytest
+import torch
+
 from accelbench.checkpoint import Checkpointer
+
+
+def _state(epochs_done: int = 3) -> dict:
+    """engine.fit's training state, in miniature."""
+    return {
+        "epochs_done": epochs_done,
+        "model": {"conv.weight": torch.zeros(2, 2)},
+        "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "scheduler": None,
+        "scaler": {},
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": None,
+        "records": [{"epoch": e + 1} for e in range(epochs_done)],
+    }
 
 
 def test_a_state_saved_under_other_params_is_not_resumed(tmp_path) -> None:
     path = tmp_path / "checkpoint.pt"
     saved_under = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu")
-    saved_under.saver("run-1")({"epochs_done": 3})
+    saved_under.saver("run-1")(_state())
     resumed = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu").load()
     assert resumed is not None and resumed.epochs_done == 3 and resumed.mlflow_run_id == "run-1"
     assert Checkpointer(path, {"train": {"lr": 0.2}}, "cpu").load() is None
@@ -18,3 +38,55 @@ def test_without_a_path_nothing_is_saved_or_resumed(tmp_path) -> None:
     checkpointer = Checkpointer(None, {}, "ddp")
     assert checkpointer.saver("run") is None and checkpointer.load() is None
     checkpointer.discard()  # nothing to remove, no error
+
+
+class _RunsCode:
+    """A pickle that would create a file when unpickled with weights_only=False."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _bad_files(tmp_path) -> dict[str, bytes]:
+    good = tmp_path / "good.pt"
+    Checkpointer(good, {}, "cpu").saver("run-1")(_state())
+    whole = good.read_bytes()
+    marker = tmp_path / "code-ran"
+    return {
+        "garbage": b"\x00not a checkpoint at all\xff" * 10,
+        "empty": b"",
+        "truncated": whole[: len(whole) // 2],
+        "a list": _torch_bytes(tmp_path, [1, 2, 3]),
+        "another dict": _torch_bytes(tmp_path, {"fingerprint": "x", "state": {"epochs_done": 1}}),
+        "pickled code": pickle.dumps(_RunsCode(str(marker))),
+    }
+
+
+def _torch_bytes(tmp_path, payload) -> bytes:
+    path = tmp_path / "payload.pt"
+    torch.save(payload, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "kind", ["garbage", "empty", "truncated", "a list", "another dict", "pickled code"]
+)
+def test_a_bad_checkpoint_is_moved_aside_with_one_warning(tmp_path, capsys, kind) -> None:
+    path = tmp_path / "checkpoints" / "cpu.pt"
+    path.parent.mkdir()
+    path.write_bytes(_bad_files(tmp_path)[kind])
+    leftover = path.with_name(".cpu.pt.tmp")  # a crash mid-save (a full disk) left this
+    leftover.write_bytes(b"partial")
+    assert Checkpointer(path, {}, "cpu").load() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a usable checkpoint" in err[0], err
+    assert "moved it to" in err[0] and "starting from epoch 1" in err[0]
+    assert not path.exists() and path.with_name("cpu.pt.bad").exists()
+    assert not leftover.exists()
+    assert not (tmp_path / "code-ran").exists()  # weights_only: the file's code never ran
+    # The next start finds nothing to resume, and says nothing.
+    assert Checkpointer(path, {}, "cpu").load() is None
+    assert capsys.readouterr().err == ""

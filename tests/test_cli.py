@@ -1,13 +1,16 @@
-"""cli.py: bad params fail before any work; SIGTERM unwinds like Ctrl-C; stages by name."""
+"""cli.py: bad params fail before any work; SIGTERM unwinds like Ctrl-C; stages by name; every
+subcommand ends a user error in one line and a documented exit code, a traceback on request."""
 
 from __future__ import annotations
 
-import gzip
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
+import yaml
 
 from accelbench.cli import main
 from helpers import REPO, cpu_train_command, mlflow_runs, write_params
@@ -42,14 +45,15 @@ def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
     assert not (tmp_path / "raw").exists()
 
 
-def test_a_stage_error_exits_2_naming_the_stage(tmp_path, fake_mnist, capsys) -> None:
+def test_an_input_error_exits_2_naming_the_stage(tmp_path, fake_mnist, capsys) -> None:
+    """prepare checks the raw files again: a valid gzip of something else is not MNIST."""
     mirror, _ = fake_mnist
-    images_magic = (2051).to_bytes(4, "big") + (1).to_bytes(4, "big") + bytes(1)
-    (mirror / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(images_magic))
     args = ["--params", str(REPO / "params.yaml"), "prepare", "--raw", str(mirror)]
     assert main([*args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("accelbench prepare: error: ") and "magic number 2051" in err
+    assert err.startswith("accelbench prepare: error: ")
+    assert "train-images-idx3-ubyte.gz: not MNIST's content" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_cli_imports_no_stage_but_the_one_it_runs() -> None:
@@ -60,3 +64,235 @@ def test_the_cli_imports_no_stage_but_the_one_it_runs() -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+# --- every subcommand, given what a hostile but realistic user gives it -----------------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tamper(prepared, name: str, array=None) -> None:
+    """Replace a prepared file; with `array`, re-write the manifest too (a consistent but
+    wrong folder), else leave it (tampered data)."""
+    import json
+
+    import numpy as np
+
+    from accelbench import data
+
+    path = prepared / name
+    if array is None:
+        content = bytearray(path.read_bytes())
+        content[-1] ^= 0xFF
+        path.write_bytes(bytes(content))
+        return
+    np.save(path, array)
+    manifest = json.loads((prepared / data.MANIFEST).read_text())
+    manifest["sha256"][name] = data._sha256_file(path)
+    (prepared / data.MANIFEST).write_text(json.dumps(manifest))
+
+
+def _model_of_another_shape(path) -> None:
+    import torch
+
+    from accelbench.results import ModelFile
+    from helpers import FP32_CPU
+
+    params = {"variant": {"name": "cpu", **FP32_CPU.model_dump()}, "train": {}}
+    weights = {"conv1.weight": torch.zeros(3, 3)}
+    ModelFile("cpu", "trained", None, params, weights).save(path)
+
+
+def _case(name: str, tmp_path, prepared, monkeypatch) -> tuple[list[str], int, str]:
+    """(arguments after --params, exit code, what the one error line must say)."""
+    import numpy as np
+    import torch
+
+    params = write_params(tmp_path, {"cpu": {"device": "cpu"}}, epochs=1)
+    text = tmp_path / "notes.txt"
+    text.write_text("just some notes\n")
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    missing = tmp_path / "missing"
+    metrics = ["--metrics", str(tmp_path / "metrics")]
+    train = ["train", "cpu", "--model", str(tmp_path / "cpu.pt"), *metrics, "--quiet"]
+    evaluate = ["evaluate", "--data", str(prepared), *metrics]
+    match name:
+        case "check: params.yaml missing":
+            return ["--params", str(missing), "check"], 2, "file not found"
+        case "check: params.yaml is a folder":
+            return ["--params", str(tmp_path), "check"], 2, "is a folder"
+        case "check: params.yaml is binary":
+            text.write_bytes(b"\xff\xfe\x00\x81garbage")
+            return ["--params", str(text), "check"], 2, "not a text file"
+        case "check: variant name starting with '-'":
+            bad = write_params(tmp_path, {"-cpu": {"device": "cpu"}})
+            return ["--params", str(bad), "check"], 2, "variant name '-cpu'"
+        case "check: mirror scheme download cannot use":
+            raw = yaml.safe_load(params.read_text())
+            raw["data"]["mirrors"] = ["ftp://example.com/mnist/"]
+            params.write_text(yaml.safe_dump(raw))
+            return ["--params", str(params), "check"], 2, "unsupported scheme 'ftp'"
+        case "runs: tracking server unreachable":
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_closed_port()}")
+            monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+            return ["--params", str(params), "runs"], 1, "cannot read MLflow tracking at http"
+        case "env: --out is a file":
+            return ["--params", str(params), "env", "--out", str(text)], 2, str(text)
+        case "download: no mirror has the files":
+            monkeypatch.delenv("ACCELBENCH_MNIST_MIRROR", raising=False)
+            raw = yaml.safe_load(params.read_text())
+            raw["data"]["mirrors"] = [str(tmp_path / "empty-mirror")]
+            params.write_text(yaml.safe_dump(raw))
+            out = ["--out", str(tmp_path / "raw")]
+            return ["--params", str(params), "download", *out], 1, "could not get a verified copy"
+        case "download: --out inside a file":
+            out = ["--out", str(text / "raw")]
+            return ["--params", str(params), "download", *out], 2, str(text)
+        case "prepare: --raw missing":
+            args = ["prepare", "--raw", str(missing), "--out", str(tmp_path / "p")]
+            return ["--params", str(params), *args], 2, "missing; run `accelbench download`"
+        case "prepare: --raw holds text, not gzip":
+            for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+                (missing / f"{stem}.gz").parent.mkdir(exist_ok=True)
+                (missing / f"{stem}.gz").write_text("not gzip\n")
+            args = ["prepare", "--raw", str(missing), "--out", str(tmp_path / "p")]
+            return ["--params", str(params), *args], 2, "not a complete gzip file"
+        case "train: --data missing":
+            return ["--params", str(params), *train, "--data", str(missing)], 2, "no such folder"
+        case "train: --data is a text file":
+            return ["--params", str(params), *train, "--data", str(text)], 2, "not a folder"
+        case "train: unknown variant":
+            args = [*train, "--data", str(prepared)]
+            args[1] = "tpu"
+            return ["--params", str(params), *args], 2, "unknown variant 'tpu'"
+        case "train: prepared images with a flipped byte":
+            _tamper(prepared, "train_images.npy")
+            args = [*train, "--data", str(prepared)]
+            return ["--params", str(params), *args], 2, "train_images.npy: changed since prepare"
+        case "train: a label of 200":
+            labels = np.load(prepared / "train_labels.npy")
+            labels[7] = 200
+            _tamper(prepared, "train_labels.npy", labels)
+            args = [*train, "--data", str(prepared)]
+            return ["--params", str(params), *args], 2, "label 200 outside 0..9"
+        case "train: images of the wrong shape":
+            _tamper(prepared, "train_images.npy", np.zeros((512, 28, 27), np.uint8))
+            args = [*train, "--data", str(prepared)]
+            return ["--params", str(params), *args], 2, "expected uint8 (n, 28, 28)"
+        case "evaluate: model missing":
+            args = [*evaluate, "--model", str(missing)]
+            return ["--params", str(params), *args], 2, "does not exist"
+        case "evaluate: model is a text file":
+            args = [*evaluate, "--model", str(text)]
+            return ["--params", str(params), *args], 2, "not a model file written by"
+        case "evaluate: model is empty":
+            args = [*evaluate, "--model", str(empty)]
+            return ["--params", str(params), *args], 2, "not a model file written by"
+        case "evaluate: model is another structure":
+            torch.save([1, 2, 3], empty)
+            args = [*evaluate, "--model", str(empty)]
+            return ["--params", str(params), *args], 2, "(another structure)"
+        case "evaluate: model of another shape":
+            _model_of_another_shape(empty)
+            args = [*evaluate, "--model", str(empty)]
+            return ["--params", str(params), *args], 2, "weights do not fit accelbench's model"
+        case "compare: empty metrics folder":
+            (tmp_path / "env").mkdir()
+            for device in ("cpu", "cuda"):
+                (tmp_path / "env" / f"{device}.json").write_text("{}")
+            (tmp_path / "metrics").mkdir()
+            args = ["compare", "--env", str(tmp_path / "env"), *metrics, "--out", str(tmp_path)]
+            return ["--params", str(params), *args], 2, "train.json: missing; run `dvc repro`"
+        case "compare: env folder missing":
+            args = ["compare", "--env", str(missing), *metrics, "--out", str(tmp_path)]
+            return ["--params", str(params), *args], 2, "cpu.json: missing; run `accelbench env"
+    raise AssertionError(name)
+
+
+CASES = [
+    "check: params.yaml missing",
+    "check: params.yaml is a folder",
+    "check: params.yaml is binary",
+    "check: variant name starting with '-'",
+    "check: mirror scheme download cannot use",
+    "runs: tracking server unreachable",
+    "env: --out is a file",
+    "download: no mirror has the files",
+    "download: --out inside a file",
+    "prepare: --raw missing",
+    "prepare: --raw holds text, not gzip",
+    "train: --data missing",
+    "train: --data is a text file",
+    "train: unknown variant",
+    "train: prepared images with a flipped byte",
+    "train: a label of 200",
+    "train: images of the wrong shape",
+    "evaluate: model missing",
+    "evaluate: model is a text file",
+    "evaluate: model is empty",
+    "evaluate: model is another structure",
+    "evaluate: model of another shape",
+    "compare: empty metrics folder",
+    "compare: env folder missing",
+]
+
+
+def test_the_walk_covers_every_subcommand_but_doctor() -> None:
+    """doctor takes no input; its exit codes are tested in test_doctor.py."""
+    from accelbench.cli import STAGES
+
+    walked = {case.split(":")[0] for case in CASES}
+    assert walked == {*STAGES, "check", "runs"}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_user_error_is_one_line_and_a_documented_exit_code(
+    name, tmp_path, prepared, mlflow_store, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ACCELBENCH_DEBUG", raising=False)
+    argv, code, fragment = _case(name, tmp_path, prepared, monkeypatch)
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    stage = argv[2]
+    [error] = [line for line in err.splitlines() if line.startswith("accelbench ")]
+    assert error.startswith(f"accelbench {stage}: error: "), err
+    assert fragment in error, err
+    assert err.splitlines()[-1] == error  # the error is the last thing said, on one line
+
+
+def test_the_traceback_comes_only_on_request(tmp_path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model\n")
+    params = write_params(tmp_path, {"cpu": {"device": "cpu"}})
+    args = [sys.executable, "-m", "accelbench.cli", "--params", str(params)]
+    stage = ["evaluate", "--model", str(notes), "--data", str(tmp_path), "--metrics", "m"]
+    env = {k: v for k, v in os.environ.items() if k != "ACCELBENCH_DEBUG"}
+    plain = subprocess.run([*args, *stage], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().splitlines() == [
+        f"accelbench evaluate: error: {notes}: not a model file written by `accelbench train` "
+        + plain.stderr.split("accelbench train` ", 1)[1].strip()
+    ]
+    debug = subprocess.run(
+        [*args, "--debug", *stage], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    by_env = subprocess.run(
+        [*args, *stage],
+        capture_output=True,
+        text=True,
+        env={**env, "ACCELBENCH_DEBUG": "1"},
+        cwd=tmp_path,
+    )
+    assert by_env.returncode == 2 and "Traceback" in by_env.stderr

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import json
+import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -19,6 +22,8 @@ STEM = "train-labels-idx1-ubyte"
 class _Handler(http.server.BaseHTTPRequestHandler):
     files: ClassVar[dict[str, bytes]] = {}
     lie_about_length: ClassVar[set[str]] = set()
+    drip: ClassVar[set[str]] = set()  # one byte every 0.2 s: each read is quick, the file never
+    gzip_encoding: ClassVar[set[str]] = set()  # the .gz sent with Content-Encoding: gzip
 
     def do_GET(self) -> None:
         name = self.path.rsplit("/", 1)[-1]
@@ -30,9 +35,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         claimed = len(body) + 1000 if f"{mirror}/{name}" in self.lie_about_length else len(body)
         self.send_header("Content-Length", str(claimed))
+        if f"{mirror}/{name}" in self.gzip_encoding:
+            self.send_header("Content-Encoding", "gzip")
         self.end_headers()
-        self.wfile.write(body)
         self.close_connection = True
+        if f"{mirror}/{name}" in self.drip:
+            try:
+                for i in range(len(body)):
+                    self.wfile.write(body[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:  # the client gave up
+                pass
+            return
+        self.wfile.write(body)
 
     def log_message(self, *args) -> None:
         pass
@@ -40,7 +56,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server() -> Iterator[tuple[str, type[_Handler]]]:
-    handler = type("Handler", (_Handler,), {"files": {}, "lie_about_length": set()})
+    handler = type(
+        "Handler",
+        (_Handler,),
+        {"files": {}, "lie_about_length": set(), "drip": set(), "gzip_encoding": set()},
+    )
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -154,6 +174,96 @@ def test_unsupported_scheme_is_reported(payload, tmp_path) -> None:
         data.download_file(STEM, sha, tmp_path, ["ftp://example/mnist"])
 
 
+def test_a_trickling_server_meets_the_deadline(server, payload, tmp_path) -> None:
+    """Every byte resets the per-read timeout; the deadline bounds the whole file."""
+    url, handler = server
+    raw, sha = payload
+    handler.files[f"slow/{STEM}.gz"] = gzip.compress(raw)
+    handler.drip.add(f"slow/{STEM}.gz")
+    started = time.monotonic()
+    with pytest.raises(data.DownloadError, match="deadline"):
+        data.download_file(STEM, sha, tmp_path, [f"{url}/slow"], timeout_s=5, deadline_s=1)
+    assert time.monotonic() - started < 4
+    assert _only_final_file(tmp_path) == []
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["the .gz", "the .gz gzipped again"])
+def test_content_encoding_gzip_is_handled(server, payload, tmp_path, twice) -> None:
+    url, handler = server
+    raw, sha = payload
+    body = gzip.compress(raw)
+    handler.files[f"enc/{STEM}.gz"] = gzip.compress(body) if twice else body
+    handler.gzip_encoding.add(f"enc/{STEM}.gz")
+    path = data.download_file(STEM, sha, tmp_path, [f"{url}/enc"], timeout_s=5, retries=0)
+    assert gzip.decompress(path.read_bytes()) == raw
+
+
+def test_the_log_names_the_mirrors_that_failed_before_one_served(
+    server, payload, tmp_path, capsys
+) -> None:
+    url, handler = server
+    raw, sha = payload
+    handler.files[f"good/{STEM}.gz"] = gzip.compress(raw)
+    data.download_file(STEM, sha, tmp_path, [f"{url}/missing", f"{url}/good"], retries=0)
+    err = capsys.readouterr().err
+    assert f"mirror {url}/missing failed (HTTPError: 404" in err
+    assert f"{STEM}.gz from {url}/good, after 1 failed mirror(s)" in err
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_downloads_follow_the_umask_and_leftovers_go(fake_mnist, tmp_path, umask) -> None:
+    mirror, checksums = fake_mnist
+    out = tmp_path / "raw"
+    out.mkdir()
+    leftover = out / ".train-images-idx3-ubyte.gz.abc123.part"  # a download killed mid-file
+    leftover.write_bytes(b"half")
+    previous = os.umask(umask)
+    try:
+        data.remove_leftovers(out)
+        stem = "t10k-labels-idx1-ubyte"
+        path = data.download_file(stem, checksums[stem], out, [str(mirror)])
+    finally:
+        os.umask(previous)
+    assert not leftover.exists()
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_prepare_refuses_a_gzip_that_is_not_mnist_and_writes_a_manifest(fake_mnist, tmp_path):
+    mirror, checksums = fake_mnist
+    with pytest.raises(data.InputError, match=r"train-images-idx3-ubyte\.gz: not MNIST.s content"):
+        data.prepare(mirror, tmp_path / "p")  # the canonical checksums, fake files
+    assert not (tmp_path / "p").exists()
+    data.prepare(mirror, tmp_path / "p", checksums)
+    manifest = json.loads((tmp_path / "p" / data.MANIFEST).read_text())["sha256"]
+    assert {"train_images.npy", "test_labels.npy", "MNIST/raw/t10k-images-idx3-ubyte"} <= set(
+        manifest
+    )
+
+
+def test_prepare_replaces_the_folder_all_at_once(fake_mnist, tmp_path) -> None:
+    mirror, checksums = fake_mnist
+    out = tmp_path / "p"
+    data.prepare(mirror, out, checksums)
+    (out / "stale.npy").write_bytes(b"from an older layout")
+    crash = tmp_path / ".p.abc.tmp"  # a killed prepare's half-built folder
+    crash.mkdir()
+    (mirror / "t10k-labels-idx1-ubyte.gz").write_bytes(b"broken")
+    with pytest.raises(data.InputError):
+        data.prepare(mirror, out, checksums)
+    assert (out / "stale.npy").exists() and not crash.exists()  # all old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".p")) == []
+
+
+def test_prepared_data_is_checked_once_per_process(prepared, monkeypatch) -> None:
+    calls = []
+    original = data._sha256_file
+    monkeypatch.setattr(data, "_verified", set())
+    monkeypatch.setattr(data, "_sha256_file", lambda p: calls.append(p) or original(p))
+    data.load_split(prepared, "train")
+    data.load_split(prepared, "test")
+    assert len(calls) == len(json.loads((prepared / data.MANIFEST).read_text())["sha256"])
+
+
 # --- IDX --------------------------------------------------------------------------------
 
 
@@ -203,4 +313,4 @@ def test_prepare_rejects_mismatched_counts(fake_mnist, tmp_path) -> None:
         gzip.compress(idx_bytes(np.zeros(3, np.uint8), data.LABELS_MAGIC))
     )
     with pytest.raises(data.IdxFormatError, match="256 images but 3 labels"):
-        data.prepare(mirror, tmp_path / "p")
+        data.prepare(mirror, tmp_path / "p", checksums=None)

@@ -153,3 +153,84 @@ def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_over_gloo() ->
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
     with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
         parse_params(raw)
+
+
+# --- read as DVC reads it: YAML 1.2, no coercion --------------------------------------------
+
+
+def _edited(tmp_path, old: str, new: str):
+    text = (REPO / "params.yaml").read_text()
+    assert old in text
+    path = tmp_path / "params.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_a_leading_zero_is_decimal_as_in_dvc(tmp_path) -> None:
+    """YAML 1.1 (PyYAML) reads 0512 as octal 330; YAML 1.2 (DVC) as 512."""
+    params = load_params(_edited(tmp_path, "batch_size: 512", "batch_size: 0512"))
+    assert params.train.batch_size == 512
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("epochs: 10", "epochs: yes", "train.epochs = 'yes'"),  # YAML 1.1: True, pydantic: 1
+        ("epochs: 10", "epochs: true", "train.epochs = True"),
+        ("epochs: 10", "epochs: '10'", "train.epochs = '10'"),
+        ("deterministic: false", "deterministic: 0", "train.deterministic = 0"),
+        ("deterministic: false", "deterministic: off", "train.deterministic = 'off'"),
+        ("lr: 0.001", "lr: '0.001'", "train.lr = '0.001'"),
+        ("retries: 2", "retries: 2.0", "data.retries = 2.0"),
+    ],
+)
+def test_numbers_booleans_and_strings_are_not_coerced(tmp_path, old, new, key) -> None:
+    with pytest.raises(ParamsError) as info:
+        load_params(_edited(tmp_path, old, new))
+    assert key in str(info.value)
+
+
+def test_an_integer_is_a_valid_float(raw) -> None:
+    raw["train"]["lr"] = 1
+    assert parse_params(raw).train.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    "name", ["-cpu", "_cpu", "cpu.fast", "cpu/fast", "cpu fast", "ĉpu", "x" * 65, "cpu@1"]
+)
+def test_variant_names_that_dvc_or_the_file_system_would_refuse(raw, name) -> None:
+    raw["variants"] = {name: {"device": "cpu"}}
+    raw["report"] = {}
+    assert f"variant name {name!r}" in _error(raw)
+
+
+def test_variant_names_differing_only_in_case_are_refused(raw) -> None:
+    raw["variants"] = {"cpu": {"device": "cpu"}, "CPU": {"device": "cpu"}}
+    raw["report"] = {}
+    assert "differ only in case" in _error(raw)
+
+
+@pytest.mark.parametrize(
+    ("mirror", "expected"),
+    [
+        ("ftp://example.com/mnist/", "unsupported scheme 'ftp'"),
+        ("s3://bucket/mnist/", "unsupported scheme 's3'"),
+        ("https:///mnist/", "no host"),
+        ("", "empty"),
+    ],
+)
+def test_mirrors_that_download_could_not_use_are_refused(raw, mirror, expected) -> None:
+    raw["data"]["mirrors"] = [raw["data"]["mirrors"][0], mirror]
+    message = _error(raw)
+    assert "data.mirrors" in message and expected in message
+
+
+def test_mirror_forms_download_can_use_are_accepted(raw) -> None:
+    raw["data"]["mirrors"] = [
+        "https://h/m/",
+        "http://h:8000/m",
+        "file:///srv/mnist",
+        "/srv/m",
+        "rel",
+    ]
+    assert len(parse_params(raw).data.mirrors) == 5

@@ -64,3 +64,26 @@ def test_speedup_and_efficiency_need_two_trained_steady_states() -> None:
     assert speedup(None, fast) is None and speedup(Skipped("no GPU"), fast) is None
     assert speedup(base, trained_summary(None, first_epoch_s=1.0, total_train_s=1.0)) is None
     assert scaling_efficiency(None, 2) is None
+
+
+def test_a_save_that_fails_midway_keeps_the_old_file_and_no_temporary(
+    tmp_path, monkeypatch
+) -> None:
+    """A disk that fills while a checkpoint or model is written (it left `.cpu.pt.tmp`)."""
+    import errno
+
+    from accelbench.results import atomic_torch_save
+
+    path = tmp_path / "cpu.pt"
+    atomic_torch_save({"epochs_done": 1}, path)
+
+    def disk_full(payload, target) -> None:
+        target.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_torch_save({"epochs_done": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"epochs_done": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.pt"]

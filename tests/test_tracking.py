@@ -80,3 +80,66 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     assert (tmp_path / "cpu.pt").exists() and (tmp_path / "metrics" / "train.json").exists()
     [run] = mlflow_runs(f"sqlite:///{store}", "cpu")
     assert run.info.status == "RUNNING"  # the server died before it could be told; see README
+
+
+def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow_store) -> None:
+    """kill -9 before the first checkpoint: the rerun ends the orphan KILLED, with why, and
+    its own run joins the same pipeline run; nothing stays RUNNING."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+    command = cpu_train_command(tmp_path, prepared, epochs=200)
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not mlflow_runs(mlflow_store, "cpu"):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.5)
+    process.kill()  # SIGKILL: nothing unwinds
+    process.wait()
+    [orphan] = mlflow_runs(mlflow_store, "cpu")
+    assert orphan.info.status == "RUNNING"
+
+    rerun = subprocess.run(
+        cpu_train_command(tmp_path, prepared, epochs=1),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"MLflow run {orphan.info.run_id} was left RUNNING" in rerun.stderr
+    runs = {r.info.run_id: r for r in mlflow_runs(mlflow_store, "cpu")}
+    closed = runs.pop(orphan.info.run_id)
+    [finished] = runs.values()
+    assert closed.info.status == "KILLED" and finished.info.status == "FINISHED"
+    assert f"process {process.pid}" in closed.data.tags[tracking.CLOSED_TAG]
+    parent = "mlflow.parentRunId"
+    assert closed.data.tags[parent] == finished.data.tags[parent]
+
+
+def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store) -> None:
+    import psutil
+
+    experiment_id = tracking.setup(tmp_path)
+    parent = tracking.pipeline_run_id(tmp_path, experiment_id)
+    client = MlflowClient()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        live = {
+            tracking.HOST_TAG: __import__("socket").gethostname(),
+            tracking.PID_TAG: str(sleeper.pid),
+            tracking.PID_STARTED_TAG: f"{psutil.Process(sleeper.pid).create_time():.2f}",
+        }
+        elsewhere = {**live, tracking.HOST_TAG: "another-host", tracking.PID_TAG: "1"}
+        reused = {**live, tracking.PID_STARTED_TAG: "12.00"}  # the pid, but not its process
+        ids = {}
+        for name, tags in (("live", live), ("elsewhere", elsewhere), ("reused", reused)):
+            run = client.create_run(
+                experiment_id, tags={**tags, "variant": "cpu", "mlflow.parentRunId": parent}
+            )
+            ids[name] = run.info.run_id
+        tracking.close_zombies(experiment_id, parent, "cpu")
+        status = {name: client.get_run(i).info.status for name, i in ids.items()}
+        assert status == {"live": "RUNNING", "elsewhere": "RUNNING", "reused": "KILLED"}
+    finally:
+        sleeper.kill()
+        sleeper.wait()

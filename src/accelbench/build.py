@@ -8,6 +8,7 @@ import torch
 
 from . import data, engine
 from .batches import LoaderBatches, ResidentBatches
+from .console import InputError
 from .models import SeedCNN
 from .params import LoaderParams, TrainRecipe, VariantParams
 
@@ -19,10 +20,17 @@ def fresh_model(train: TrainRecipe, variant: VariantParams, device: torch.device
     return SeedCNN(dropout=train.dropout).to(device, memory_format=memory_format)
 
 
-def trained_model(state_dict: dict[str, torch.Tensor]) -> SeedCNN:
-    """A trained model on the CPU, in eval mode (where dropout is inactive)."""
+def trained_model(state_dict: dict[str, torch.Tensor], source: str = "model file") -> SeedCNN:
+    """A trained model on the CPU, in eval mode (where dropout is inactive); weights of
+    another model or shape are an InputError naming `source`."""
     model = SeedCNN()
-    model.load_state_dict(state_dict)
+    try:
+        model.load_state_dict(state_dict)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        first = " ".join(str(exc).split())[:160]
+        raise InputError(
+            f"{source}: its weights do not fit accelbench's model ({first}); re-run train for it"
+        ) from None
     return model.eval()
 
 

@@ -1,9 +1,17 @@
-"""A training stage's state after every epoch, to resume after a kill with the same params."""
+"""A training stage's state after every epoch, to resume after a kill with the same params.
+
+The file holds only tensors and plain types and is loaded with `weights_only=True`: it
+never runs code. A file that cannot be read or is not a checkpoint of ours (garbage,
+empty, truncated, another structure) is moved aside to `<name>.bad` with one warning and
+training starts over: never a crash, never a stage stuck on the same file.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +49,27 @@ class Checkpointer:
 
     def load(self) -> Resume | None:
         """The saved state if it belongs to these exact params, else None."""
-        if self.path is None or not self.path.is_file():
+        if self.path is None:
             return None
-        saved = torch.load(self.path, map_location="cpu", weights_only=False)
-        if saved.get("fingerprint") != self.fingerprint:
+        self.path.with_name(f".{self.path.name}.tmp").unlink(missing_ok=True)  # a crash's
+        if not self.path.is_file():
+            return None
+        try:
+            with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
+                warnings.simplefilter("ignore")
+                saved = torch.load(self.path, map_location="cpu", weights_only=True)
+            problem = _problem(saved)
+        except Exception as exc:  # unpickling raises many types; none of them is ours
+            problem = f"unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        if problem:
+            aside = self.path.with_name(self.path.name + ".bad")
+            os.replace(self.path, aside)
+            log(
+                f"train {self.name}: warning: {self.path} is not a usable checkpoint ({problem}); "
+                f"moved it to {aside} and starting from epoch 1"
+            )
+            return None
+        if saved["fingerprint"] != self.fingerprint:
             log(f"train {self.name}: {self.path} is from other params; starting from epoch 1")
             return None
         resume = Resume(saved["state"], saved["mlflow_run_id"])
@@ -66,3 +91,35 @@ class Checkpointer:
         """Training finished: the outputs are the record now."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+# What engine.fit's training state holds, and the types a resume relies on.
+_STATE_KEYS = {
+    "epochs_done": int,
+    "model": dict,
+    "optimizer": dict,
+    "scaler": dict,
+    "rng_cpu": torch.Tensor,
+    "records": list,
+}
+
+
+def _problem(saved: Any) -> str | None:
+    """Why `saved` is not one of our checkpoints (None: it is)."""
+    if not isinstance(saved, dict):
+        return f"holds a {type(saved).__name__}, not a checkpoint"
+    if not isinstance(saved.get("fingerprint"), str):
+        return "no params fingerprint"
+    if not isinstance(saved.get("mlflow_run_id"), str | None):
+        return "mlflow_run_id is not a string"
+    state = saved.get("state")
+    if not isinstance(state, dict):
+        return "no training state"
+    for key, kind in _STATE_KEYS.items():
+        if not isinstance(state.get(key), kind):
+            return f"state.{key} is missing or not a {kind.__name__}"
+    if state["epochs_done"] < 1 or len(state["records"]) != state["epochs_done"]:
+        return f"state.epochs_done {state['epochs_done']} does not match its epoch records"
+    if not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
+        return "state.model holds something other than tensors"
+    return None

@@ -8,14 +8,22 @@ first stage, before any download or training; the stage then reads only its own 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
-from .console import AccelbenchError
+from .console import (
+    DEBUG_ENV,
+    EXIT_FAILURE,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    AccelbenchError,
+)
 from .params import load_params
 
 
@@ -24,8 +32,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="accelbench",
         description="The pipeline's stages (dvc.yaml calls them; run them all with `dvc repro`) "
         "and tools: check, runs, doctor.",
+        epilog="Exit codes: 0 done, 2 usage or input error (fix the argument or file named), "
+        "1 failure (the input was fine: a mirror, the tracking server, memory, a bug), "
+        "130 interrupted. Errors are one line; --debug (or ACCELBENCH_DEBUG=1) adds the "
+        "traceback.",
     )
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error, too")
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
 
     sub.add_parser("check", help="validate params.yaml and exit")
@@ -89,6 +102,43 @@ def _interrupt_on_sigterm() -> None:
 STAGES = ("env", "download", "prepare", "train", "evaluate", "compare")
 
 
+# OS errors that mean "this path is not what it must be": the user fixes the input.
+_INPUT_ERRNOS = {
+    errno.ENOENT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.EROFS,
+    errno.EEXIST,
+    errno.ENAMETOOLONG,
+}
+
+
+def _one_line(exc: BaseException) -> tuple[str, int]:
+    """The message and exit code for an error: the project's own errors say what to do;
+    an OS error names its path; anything else is a failure worth a bug report."""
+    if isinstance(exc, AccelbenchError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, OSError) and exc.filename is not None:
+        what = exc.strerror or type(exc).__name__
+        code = EXIT_INPUT if exc.errno in _INPUT_ERRNOS else EXIT_FAILURE
+        advice = (
+            "check the path and its permissions"
+            if code == EXIT_INPUT
+            else "free some space and run again"
+            if exc.errno == errno.ENOSPC
+            else f"run again with --debug or {DEBUG_ENV}=1 for details"
+        )
+        return f"{exc.filename}: {what} ({advice})", code
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (
+        f"unexpected {type(exc).__name__}{': ' + detail if detail else ''} "
+        f"(run again with --debug or {DEBUG_ENV}=1 for the traceback, and report it)",
+        EXIT_FAILURE,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _interrupt_on_sigterm()
@@ -112,12 +162,15 @@ def main(argv: list[str] | None = None) -> int:
             # (dvc.yaml's deps list exactly them).
             stage = importlib.import_module(f"accelbench.stages.{args.stage}")
             stage.main(args, params, root)
-    except AccelbenchError as exc:
-        print(f"accelbench {args.stage}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as exc:
         print(f"accelbench {args.stage}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # every error ends in one line; the traceback only on request
+        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            traceback.print_exc()
+        message, code = _one_line(exc)
+        print(f"accelbench {args.stage}: error: {message}", file=sys.stderr)
+        return code
     if args.stage in STAGES and os.environ.get("LOCAL_RANK", "0") == "0":
         elapsed = time.perf_counter() - started
         print(f"accelbench {args.stage}: done in {elapsed:.1f} s (wall)", file=sys.stderr)

@@ -2,17 +2,26 @@
 
 A file is accepted by the SHA-256 of its *decompressed* content, so a re-compressed copy
 is fine and a corrupt or truncated one never is. Nothing reaches its final path unless it
-verified: downloads go to a temporary file in the same folder and are renamed into place.
+verified: downloads go to a temporary file in the same folder and are renamed into place
+(with the mode the umask gives); a `.part` left by a killed download is removed on the next
+start. Each file from each mirror has an overall deadline besides the per-read timeout.
+
+`prepare` checks the raw files' checksums again (a valid gzip of something else is not
+MNIST) and writes `manifest.json`, the SHA-256 of every prepared file; `load_split` checks
+it once per process, so a stage run directly refuses tampered arrays, and refuses labels
+outside 0..9 and arrays of the wrong shape, naming the file.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -20,10 +29,11 @@ from urllib.request import url2pathname
 
 import numpy as np
 import requests
+import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from .console import AccelbenchError
+from .console import AccelbenchError, InputError, log
 
 MIRROR_ENV = "ACCELBENCH_MNIST_MIRROR"
 
@@ -38,6 +48,8 @@ SPLITS = {"train": "train", "test": "t10k"}
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
 _CHUNK = 1 << 20
+MANIFEST = "manifest.json"
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class DownloadError(AccelbenchError, RuntimeError):
@@ -48,7 +60,7 @@ class ChecksumError(ValueError):
     pass
 
 
-class IdxFormatError(AccelbenchError, ValueError):
+class IdxFormatError(InputError):
     """An IDX file's header or size is not what MNIST's format promises."""
 
 
@@ -111,8 +123,16 @@ def _local_dir(mirror: str) -> Path | None:
     )
 
 
-def _fetch(mirror: str, name: str, dest: Path, session: requests.Session, timeout_s: float) -> None:
-    """Copy `name` from `mirror` into the open temporary file `dest`."""
+def _fetch(
+    mirror: str,
+    name: str,
+    dest: Path,
+    session: requests.Session,
+    timeout_s: float,
+    deadline_s: float = 600.0,
+) -> None:
+    """Copy `name` from `mirror` into the temporary file `dest`, within `deadline_s` (a
+    server that trickles bytes resets the per-read timeout, never the deadline)."""
     local = _local_dir(mirror)
     if local is not None:
         source = local / name
@@ -121,16 +141,57 @@ def _fetch(mirror: str, name: str, dest: Path, session: requests.Session, timeou
         shutil.copyfile(source, dest)
         return
     url = mirror.rstrip("/") + "/" + name
+    started = time.monotonic()
     with session.get(url, stream=True, timeout=timeout_s) as response:
         response.raise_for_status()
         expected = response.headers.get("Content-Length")
         written = 0
         with open(dest, "wb") as out:
-            for chunk in response.iter_content(_CHUNK):
+            # The bytes as sent (Content-Length counts them): a .gz served with
+            # `Content-Encoding: gzip` is the .gz itself; read1 returns what has arrived.
+            while chunk := response.raw.read1(_CHUNK, decode_content=False):
                 out.write(chunk)
                 written += len(chunk)
+                if time.monotonic() - started > deadline_s:
+                    raise TimeoutError(
+                        f"not complete after the {deadline_s:g} s deadline ({written} bytes; "
+                        "data.deadline_s)"
+                    )
         if expected is not None and written != int(expected):
             raise OSError(f"truncated: got {written} of {expected} bytes")
+        if "gzip" in response.headers.get("Content-Encoding", "").lower():
+            _unwrap_transfer_gzip(dest)
+
+
+def _unwrap_transfer_gzip(path: Path) -> None:
+    """A server that gzips the .gz again on the way: keep the .gz inside."""
+    with gzip.open(path, "rb") as stream:
+        try:
+            nested = stream.read(2) == _GZIP_MAGIC
+        except (OSError, EOFError):
+            return  # verify() says what is wrong with it
+    if nested:
+        unwrapped = path.with_name(path.name + ".inner")
+        with gzip.open(path, "rb") as stream, open(unwrapped, "wb") as out:
+            shutil.copyfileobj(stream, out, _CHUNK)
+        os.replace(unwrapped, path)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _umask_mode() -> int:
+    """The mode a new file gets under the process's umask (mkstemp's 0600 is not it)."""
+    return 0o666 & ~_umask()
+
+
+def remove_leftovers(folder: Path, pattern: str = ".*.part") -> None:
+    """Temporary files an earlier, killed run left in `folder`."""
+    for leftover in folder.glob(pattern) if folder.is_dir() else ():
+        leftover.unlink(missing_ok=True)
 
 
 def download_file(
@@ -141,8 +202,10 @@ def download_file(
     *,
     timeout_s: float = 30.0,
     retries: int = 2,
+    deadline_s: float = 600.0,
 ) -> Path:
-    """Fetch `<stem>.gz` from the first mirror that yields a verified copy."""
+    """Fetch `<stem>.gz` from the first mirror that yields a verified copy; each mirror that
+    failed before it is logged."""
     name = f"{stem}.gz"
     final = out_dir / name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,27 +216,44 @@ def download_file(
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            _fetch(mirror, name, tmp, session, timeout_s)
+            _fetch(mirror, name, tmp, session, timeout_s, deadline_s)
             verify(tmp, expected_sha256)
+            tmp.chmod(_umask_mode())
             os.replace(tmp, final)
+            if failures:
+                log(f"download: {name} from {mirror}, after {len(failures)} failed mirror(s)")
             return final
-        except (requests.RequestException, OSError, ValueError) as exc:
-            failures.append(f"  - {mirror}: {type(exc).__name__}: {exc}")
+        except (
+            requests.RequestException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+            ValueError,
+        ) as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            failures.append(f"{mirror}: {reason}")
+            log(f"download: {name}: mirror {mirror} failed ({reason[:300]})")
         finally:
             tmp.unlink(missing_ok=True)
     raise DownloadError(
-        f"could not get a verified copy of {name} from any mirror:\n"
-        + "\n".join(failures)
-        + f"\nTo use a local copy, set {MIRROR_ENV}=/path/to/folder/with/the/.gz/files "
+        f"could not get a verified copy of {name} from any mirror ({'; '.join(failures)}). "
+        f"To use a local copy, set {MIRROR_ENV}=/path/to/folder/with/the/.gz/files "
         "(a directory, file:// or http(s) URL), or edit data.mirrors in params.yaml."
     )
 
 
 def download_mnist(
-    out_dir: Path, mirrors: list[str], *, timeout_s: float = 30.0, retries: int = 2
+    out_dir: Path,
+    mirrors: list[str],
+    *,
+    timeout_s: float = 30.0,
+    retries: int = 2,
+    deadline_s: float = 600.0,
 ) -> list[Path]:
+    remove_leftovers(out_dir)
     return [
-        download_file(stem, sha, out_dir, mirrors, timeout_s=timeout_s, retries=retries)
+        download_file(
+            stem, sha, out_dir, mirrors, timeout_s=timeout_s, retries=retries, deadline_s=deadline_s
+        )
         for stem, sha in MNIST_FILES.items()
     ]
 
@@ -212,36 +292,126 @@ def parse_idx(buffer: bytes, expected_magic: int, source: str = "<bytes>") -> np
     return np.frombuffer(buffer, dtype=np.uint8, offset=header_size).reshape(dims)
 
 
-def read_split(raw_dir: Path, prefix: str) -> Split:
-    images_path = raw_dir / f"{prefix}-images-idx3-ubyte.gz"
-    labels_path = raw_dir / f"{prefix}-labels-idx1-ubyte.gz"
-    images = parse_idx(gzip.decompress(images_path.read_bytes()), IMAGES_MAGIC, images_path.name)
-    labels = parse_idx(gzip.decompress(labels_path.read_bytes()), LABELS_MAGIC, labels_path.name)
+def _decompressed(path: Path, expected_sha256: str | None = None) -> bytes:
+    """A raw .gz file's content, checked against its SHA-256 (None: unchecked)."""
+    what = "run `accelbench download` (or `dvc repro download`) again"
+    try:
+        content = gzip.decompress(path.read_bytes())
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing; {what}") from None
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise InputError(f"{path}: not a complete gzip file ({exc}); {what}") from None
+    if expected_sha256 is not None:
+        actual = hashlib.sha256(content).hexdigest()
+        if actual != expected_sha256:
+            raise InputError(
+                f"{path}: not MNIST's content (SHA-256 {actual[:12]}…, expected "
+                f"{expected_sha256[:12]}…); {what}"
+            )
+    return content
+
+
+def read_split(
+    raw_dir: Path, prefix: str, checksums: Mapping[str, str] | None = None
+) -> tuple[Split, dict[str, bytes]]:
+    """A split's images and labels, and the decompressed IDX files they came from."""
+    checksums = checksums or {}
+    raw: dict[str, bytes] = {}
+    for kind in ("images-idx3", "labels-idx1"):
+        stem = f"{prefix}-{kind}-ubyte"
+        raw[stem] = _decompressed(raw_dir / f"{stem}.gz", checksums.get(stem))
+    images_name, labels_name = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+    images = parse_idx(raw[images_name], IMAGES_MAGIC, f"{images_name}.gz")
+    labels = parse_idx(raw[labels_name], LABELS_MAGIC, f"{labels_name}.gz")
     if len(images) != len(labels):
         raise IdxFormatError(f"{prefix}: {len(images)} images but {len(labels)} labels")
     if labels.max(initial=0) > 9:
-        raise IdxFormatError(f"{labels_path.name}: label {labels.max()} outside 0..9")
-    return Split(images=images, labels=labels)
+        raise IdxFormatError(f"{labels_name}.gz: label {labels.max()} outside 0..9")
+    return Split(images=images, labels=labels), raw
 
 
-def prepare(raw_dir: Path, out_dir: Path) -> dict[str, int]:
-    """Decode the four IDX files into .npy arrays (and plain IDX files for torchvision).
+def prepare(
+    raw_dir: Path, out_dir: Path, checksums: Mapping[str, str] | None = MNIST_FILES
+) -> dict[str, int]:
+    """Decode the four IDX files into .npy arrays (and plain IDX files for torchvision),
+    with a manifest of their SHA-256; the raw files are checked against `checksums` first.
 
+    The folder is built beside `out_dir` and renamed into place: all new or all old.
     Returns the number of samples per split.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for leftover in parent.glob(f".{out_dir.name}.*"):  # of a killed earlier run
+        shutil.rmtree(leftover, ignore_errors=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
+    building.chmod(0o777 & ~_umask())  # mkdtemp's 0700 is not what the umask gives
+    try:
+        counts = _prepare_into(raw_dir, building, checksums)
+        old = parent / f".{out_dir.name}.old"
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(building, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return counts
+
+
+def _prepare_into(raw_dir: Path, out_dir: Path, checksums: Mapping[str, str] | None) -> dict:
     tv_raw = out_dir / "MNIST" / "raw"  # the layout torchvision.datasets.MNIST reads
     tv_raw.mkdir(parents=True, exist_ok=True)
     counts = {}
     for split, prefix in SPLITS.items():
-        data = read_split(raw_dir, prefix)
-        np.save(out_dir / f"{split}_images.npy", data.images)
-        np.save(out_dir / f"{split}_labels.npy", data.labels)
-        for kind in ("images-idx3", "labels-idx1"):
-            stem = f"{prefix}-{kind}-ubyte"
-            (tv_raw / stem).write_bytes(gzip.decompress((raw_dir / f"{stem}.gz").read_bytes()))
-        counts[split] = len(data.labels)
+        arrays, raw = read_split(raw_dir, prefix, checksums)
+        np.save(out_dir / f"{split}_images.npy", arrays.images)
+        np.save(out_dir / f"{split}_labels.npy", arrays.labels)
+        for stem, content in raw.items():
+            (tv_raw / stem).write_bytes(content)
+        counts[split] = len(arrays.labels)
+    files = sorted(p for p in out_dir.rglob("*") if p.is_file())
+    manifest = {str(p.relative_to(out_dir)): _sha256_file(p) for p in files}
+    (out_dir / MANIFEST).write_text(json.dumps({"sha256": manifest}, indent=2) + "\n")
     return counts
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+_verified: set[tuple[str, float]] = set()  # (folder, manifest mtime): checked in this process
+
+
+def verify_prepared(prepared_dir: Path) -> None:
+    """Every file of the manifest is there with its SHA-256 (once per process and folder)."""
+    again = "run `accelbench prepare` (or `dvc repro prepare`) again"
+    manifest_path = prepared_dir / MANIFEST
+    if not prepared_dir.is_dir():
+        what = "not a folder" if prepared_dir.exists() else "no such folder"
+        raise InputError(f"{prepared_dir}: {what}; expected prepared data ({again})")
+    try:
+        key = (str(prepared_dir.resolve()), manifest_path.stat().st_mtime)
+        if key in _verified:
+            return
+        expected = json.loads(manifest_path.read_text())["sha256"]
+        if not isinstance(expected, dict):
+            raise TypeError
+    except FileNotFoundError:
+        raise InputError(
+            f"{manifest_path}: missing; not a prepared data folder ({again})"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(f"{manifest_path}: unreadable or not a manifest ({again})") from None
+    for name, sha in expected.items():
+        path = prepared_dir / name
+        if not path.is_file():
+            raise InputError(f"{path}: missing from the prepared data ({again})")
+        if _sha256_file(path) != sha:
+            raise InputError(f"{path}: changed since prepare wrote it (SHA-256 differs; {again})")
+    _verified.add(key)
 
 
 def dataset_digest(split: str, limit: int = 0) -> str:
@@ -252,9 +422,32 @@ def dataset_digest(split: str, limit: int = 0) -> str:
 
 
 def load_split(prepared_dir: Path, split: str, limit: int = 0) -> Split:
-    """Load a prepared split (memory-mapped .npy: milliseconds); `limit` > 0 keeps the first n."""
-    images = np.load(prepared_dir / f"{split}_images.npy", mmap_mode="r")
-    labels = np.load(prepared_dir / f"{split}_labels.npy", mmap_mode="r")
+    """Load a prepared split (memory-mapped .npy: milliseconds), checked against the manifest
+    and for its shapes and labels; `limit` > 0 keeps the first n."""
+    verify_prepared(prepared_dir)
+    images_path = prepared_dir / f"{split}_images.npy"
+    labels_path = prepared_dir / f"{split}_labels.npy"
+    images, labels = _load_npy(images_path), _load_npy(labels_path)
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
+        raise InputError(
+            f"{images_path}: {images.dtype} {images.shape}, expected uint8 (n, 28, 28)"
+        )
+    if labels.dtype != np.uint8 or labels.shape != images.shape[:1]:
+        raise InputError(
+            f"{labels_path}: {labels.dtype} {labels.shape}, expected uint8 ({len(images)},)"
+        )
     if limit:
         images, labels = images[:limit], labels[:limit]
-    return Split(images=np.array(images), labels=np.array(labels))  # copy out of the memory map
+    images, labels = np.array(images), np.array(labels)  # copy out of the memory map
+    if labels.max(initial=0) > 9:
+        raise InputError(f"{labels_path}: label {labels.max()} outside 0..9")
+    return Split(images=images, labels=labels)
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing; run `accelbench prepare` again") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{path}: not a NumPy array file ({exc})") from None

@@ -3,17 +3,29 @@
 Every stage validates the whole file before it does any work, so a typo in a variant
 fails the first stage of `dvc repro` with a message that names the key, the value and
 what is allowed.
+
+The file is read as DVC reads it (YAML 1.2, with ruamel.yaml, DVC's own parser): `0512` is
+512, not octal, and `yes` is a string. Values are checked strictly: a number, a boolean and
+a string are never turned into each other, so the run trains with what DVC records.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlparse
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from .console import AccelbenchError
+from .console import InputError
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -28,18 +40,49 @@ CompileMode = Literal[
 Schedule = Literal["constant", "onecycle"]
 
 
-class ParamsError(AccelbenchError, ValueError):
+class ParamsError(InputError):
     """params.yaml is missing, unreadable or invalid; the message lists every problem."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# The mirror forms data.py can fetch from: http(s) and file URLs, or a local folder.
+MIRROR_SCHEMES = ("http", "https", "file")
+# A variant name becomes a DVC stage key (`train@<name>`), a command-line argument and file
+# names (models/<name>.pt, metrics/<name>/): letters, digits, '_' and '-', not first.
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class DataParams(_Strict):
     mirrors: list[str] = Field(min_length=1)
     timeout_s: PositiveFloat = 30.0
     retries: NonNegativeInt = 2
+    deadline_s: PositiveFloat = 600.0  # one file from one mirror, every read and retry included
+
+    @field_validator("mirrors")
+    @classmethod
+    def _check_mirrors(cls, mirrors: list[str]) -> list[str]:
+        for mirror in mirrors:
+            problem = mirror_problem(mirror)
+            if problem:
+                raise ValueError(f"mirror {mirror!r}: {problem}")
+        return mirrors
+
+
+def mirror_problem(mirror: str) -> str | None:
+    """Why data.py could not fetch from `mirror` (None: it can)."""
+    if not mirror.strip():
+        return "empty (use an http(s):// or file:// URL, or a folder)"
+    parsed = urlparse(mirror)
+    if parsed.scheme == "" or len(parsed.scheme) == 1:  # a path (or a Windows drive)
+        return None
+    if parsed.scheme not in MIRROR_SCHEMES:
+        return f"unsupported scheme {parsed.scheme!r} (use http(s)://, file:// or a folder)"
+    if parsed.scheme != "file" and not parsed.netloc:
+        return "no host (write it as https://host/path/)"
+    return None
 
 
 class LoaderParams(_Strict):
@@ -163,12 +206,20 @@ class Params(_Strict):
 
     @model_validator(mode="after")
     def _check_names(self) -> Params:
+        folded: dict[str, str] = {}
         for name in self.variants:
-            if not name.replace("_", "").replace("-", "").isalnum():
+            if not VARIANT_NAME.fullmatch(name):
                 raise ValueError(
-                    f"variant name {name!r} must use only letters, digits, '_' and '-' "
-                    "(it becomes a DVC stage name and a file name)"
+                    f"variant name {name!r} must be 1 to 64 ASCII letters, digits, '_' and '-', "
+                    "starting with a letter or digit (it becomes a DVC stage name, a "
+                    "command-line argument and a file name)"
                 )
+            if name.lower() in folded:
+                raise ValueError(
+                    f"variant names {folded[name.lower()]!r} and {name!r} differ only in case "
+                    "(their files would collide on a case-insensitive file system)"
+                )
+            folded[name.lower()] = name
         for name, variant in self.variants.items():
             if variant.distributed and self.train.batch_size % variant.distributed.world_size:
                 raise ValueError(
@@ -257,15 +308,34 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         return Params.model_validate(raw)
     except ValidationError as exc:
         lines = [_describe(e) for e in exc.errors()]
-        raise ParamsError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+        if len(lines) == 1:  # the usual case: one line, like every other error
+            raise ParamsError(f"{source} is invalid: {lines[0]}") from None
+        listing = "\n  ".join(lines)
+        raise ParamsError(f"{source} is invalid ({len(lines)} problems):\n  {listing}") from None
+
+
+def read_yaml(text: str) -> Any:
+    """YAML 1.2 into plain dicts, lists and scalars, as DVC reads params.yaml."""
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe", pure=True).load(text)
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
+    from ruamel.yaml import YAMLError
+
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text())
     except FileNotFoundError:
         raise ParamsError(f"{path}: file not found (run from the repository root)") from None
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path}: is a folder, not a params file") from None
+    except PermissionError:
+        raise ParamsError(f"{path}: not readable (check its permissions)") from None
+    except UnicodeDecodeError:
+        raise ParamsError(f"{path}: not a text file (expected YAML)") from None
+    except YAMLError as exc:
+        where = " ".join(str(exc).split())
+        raise ParamsError(f"{path}: not valid YAML: {where}") from None
     return parse_params(raw, str(path))

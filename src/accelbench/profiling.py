@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .console import StageError
+from .console import InputError
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)
@@ -118,13 +118,13 @@ def check_request(name: str, epochs: int, steps_per_epoch: int, epochs_done: int
     try:
         profile_window(steps_per_epoch, 1)
     except ValueError:
-        raise StageError(
+        raise InputError(
             f"--profile: an epoch of {name!r} has {steps_per_epoch} steps; profiling needs at "
             f"least {MIN_STEPS_PER_EPOCH} (lower train.batch_size)"
         ) from None
     if epochs - epochs_done < 2:
         resuming = f", resuming after epoch {epochs_done}" if epochs_done else ""
-        raise StageError(
+        raise InputError(
             f"--profile records the second epoch this run trains, but {name!r} has "
             f"{epochs - epochs_done} left (train.epochs {epochs}{resuming}); raise "
             "train.epochs or drop --profile"

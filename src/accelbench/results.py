@@ -11,10 +11,14 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from .console import InputError
 
 TRAIN_JSON = "train.json"
 EPOCHS_CSV = "epochs.csv"
@@ -55,12 +59,59 @@ class MetricsFiles:
         return self.folder / CONFUSION_PNG
 
 
+STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
+
+
+class StagedOutputs:
+    """Where a stage writes its outputs before they are renamed into place (`staged`)."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Path, Path]] = []
+
+    def __call__(self, final: Path) -> Path:
+        """The temporary to write `final` to (beside it: the rename stays on one disk)."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        temporary = final.with_name(STAGED_PREFIX + final.name)
+        self.pending.append((temporary, final))
+        return temporary
+
+
+@contextmanager
+def staged() -> Iterator[StagedOutputs]:
+    """A stage's outputs, all new or all old: each is written to a temporary, and they are
+    renamed into place only once every one of them was written (a full disk or a folder
+    that is not writable leaves the old outputs, all of them, and no temporaries)."""
+    outputs = StagedOutputs()
+    try:
+        yield outputs
+    except BaseException:
+        for temporary, _ in outputs.pending:
+            temporary.unlink(missing_ok=True)
+        raise
+    for temporary, final in outputs.pending:
+        os.replace(temporary, final)
+
+
+def remove_leftovers(*finals: Path) -> None:
+    """The temporaries of `finals` that a killed earlier run left behind."""
+    for final in finals:
+        for name in (
+            STAGED_PREFIX + final.name,
+            f".{final.name}.tmp",
+            f".{STAGED_PREFIX}{final.name}.tmp",
+        ):
+            (final.parent / name).unlink(missing_ok=True)
+
+
 def write_json(path: Path, payload: Any) -> None:
     """Write JSON atomically: a crash never leaves a half-written metrics file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _strict(cls: type, payload: Mapping[str, Any], source: str) -> Any:
@@ -69,7 +120,7 @@ def _strict(cls: type, payload: Mapping[str, Any], source: str) -> Any:
     unknown = set(payload) - {f.name for f in fields(cls)}
     missing = required - set(payload)
     if unknown or missing:
-        raise ValueError(
+        raise InputError(
             f"{source}: not a {cls.__name__} (unknown keys: {sorted(unknown) or 'none'}, "
             f"missing keys: {sorted(missing) or 'none'}); re-run the stage that writes it"
         )
@@ -137,8 +188,20 @@ def train_from_json(payload: Mapping[str, Any], source: str = TRAIN_JSON) -> Tra
     return _strict(TrainSummary, payload, source)
 
 
+def _read_json(path: Path) -> Mapping[str, Any]:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"{path}: not readable JSON ({exc}); re-run the stage that writes it"
+        ) from None
+    if not isinstance(payload, dict):
+        raise InputError(f"{path}: not a results file; re-run the stage that writes it")
+    return payload
+
+
 def read_train(path: Path) -> TrainResult:
-    return train_from_json(json.loads(path.read_text()), str(path))
+    return train_from_json(_read_json(path), str(path))
 
 
 def speedup(baseline: TrainResult | None, result: TrainResult) -> float | None:
@@ -195,7 +258,7 @@ def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalR
 
 
 def read_eval(path: Path) -> EvalResult:
-    return eval_from_json(json.loads(path.read_text()), str(path))
+    return eval_from_json(_read_json(path), str(path))
 
 
 @dataclass(frozen=True)
@@ -223,18 +286,46 @@ class ModelFile:
 
     @classmethod
     def load(cls, path: Path) -> ModelFile:
+        """Read a model file (tensors and plain types only: `weights_only`, never code);
+        anything that is not one of ours is an InputError naming the file."""
         import torch
 
-        return _strict(cls, torch.load(path, map_location="cpu", weights_only=True), str(path))
+        if not path.is_file():
+            what = "is a folder" if path.is_dir() else "does not exist"
+            raise InputError(f"{path}: {what}; expected a model file written by `accelbench train`")
+        not_ours = f"{path}: not a model file written by `accelbench train`"
+        try:
+            with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
+                warnings.simplefilter("ignore")
+                payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # garbage, empty, truncated, pickled code: many types
+            reason = " ".join(str(exc).split())[:100] or type(exc).__name__
+            raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
+        try:
+            model_file = _strict(cls, payload, str(path)) if isinstance(payload, dict) else None
+        except (ValueError, TypeError):
+            model_file = None
+        if model_file is None or not isinstance(model_file.variant, str):
+            raise InputError(f"{not_ours} (another structure); re-run train for it")
+        if model_file.trained and not (
+            isinstance(model_file.state_dict, dict) and isinstance(model_file.params, dict)
+        ):
+            raise InputError(f"{not_ours} (no weights or params); re-run train for it")
+        return model_file
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
+    """torch.save to a temporary, then rename; a failed save (a full disk) leaves the old
+    file and no temporary."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_epochs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import mlflow
+import psutil
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from .console import AccelbenchError, log
 from .results import EvalSummary, TrainSummary
 
 T = TypeVar("T")
@@ -38,6 +40,9 @@ EXPERIMENT = "accelbench"
 ROLE_TAG = "accelbench.role"
 WORKDIR_TAG = "accelbench.workdir"
 HOST_TAG = "accelbench.host"
+PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
+PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
+CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
 KIND_TAG = "mlflow.experimentKind"
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
@@ -256,8 +261,12 @@ def _start_variant_run(
         os.environ.setdefault(
             "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", str(SYSTEM_METRICS_INTERVAL_S)
         )
+    close_zombies(experiment_id, parent, variant)
     run = mlflow.start_run(
-        run_name=variant, parent_run_id=parent, tags=all_tags, log_system_metrics=system_metrics
+        run_name=variant,
+        parent_run_id=parent,
+        tags=all_tags | _process_tags(),
+        log_system_metrics=system_metrics,
     )
     try:
         mlflow.log_params({k: "null" if v is None else v for k, v in flatten(params).items()})
@@ -320,8 +329,61 @@ def resume_run(root: Path, run_id: str) -> Iterator[str]:
 
 @tolerant
 def _reopen_run(root: Path, run_id: str) -> str:
-    setup(root)
-    return mlflow.start_run(run_id=run_id).info.run_id
+    experiment_id = setup(root)
+    run = MlflowClient().get_run(run_id)
+    parent, variant = run.data.tags.get("mlflow.parentRunId"), run.data.tags.get("variant")
+    if parent and variant:
+        close_zombies(experiment_id, parent, variant, keep=run_id)
+    reopened = mlflow.start_run(run_id=run_id).info.run_id
+    mlflow.set_tags(_process_tags())
+    return reopened
+
+
+def _process_tags() -> dict[str, str]:
+    started = psutil.Process().create_time()
+    return {
+        HOST_TAG: socket.gethostname(),
+        PID_TAG: str(os.getpid()),
+        PID_STARTED_TAG: f"{started:.2f}",
+    }
+
+
+def _gone(tags: Mapping[str, str]) -> str | None:
+    """Why the process that has a run open is gone (None: alive, or on another host, where
+    this process cannot tell)."""
+    host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
+    if host != socket.gethostname():
+        return None
+    if pid is None:
+        return "no process recorded for it"
+    try:
+        process = psutil.Process(int(pid))
+        started = float(tags.get(PID_STARTED_TAG, "nan"))
+        if abs(process.create_time() - started) < 1:
+            return None
+    except (psutil.Error, ValueError):
+        pass
+    return f"its process {pid} on {host} is gone (killed outright: kill -9, the OOM killer)"
+
+
+def close_zombies(experiment_id: str, parent: str, variant: str, keep: str | None = None) -> None:
+    """End as KILLED, tagged with why, every RUNNING run of `variant` in pipeline run `parent`
+    whose process is gone, so that no run stays RUNNING after a rerun."""
+    client = MlflowClient()
+    running = client.search_runs(
+        [experiment_id],
+        filter_string=(
+            f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}' "
+            "and attributes.status = 'RUNNING'"
+        ),
+    )
+    for run in running:
+        why = _gone(run.data.tags) if run.info.run_id != keep else None
+        if why is None:
+            continue
+        client.set_tag(run.info.run_id, CLOSED_TAG, f"closed by a rerun: {why}")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        log(f"{variant}: MLflow run {run.info.run_id} was left RUNNING ({why}); marked KILLED")
 
 
 @tolerant
@@ -418,8 +480,19 @@ def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
     return parent, children
 
 
+class TrackingUnreachable(AccelbenchError):
+    """The tracking store cannot be read (a server that is down, a broken store)."""
+
+
 def summary_markdown(root: Path) -> str:
-    parent, children = pipeline_summary(root)
+    try:
+        parent, children = pipeline_summary(root)
+    except Exception as exc:  # MlflowException, requests and sqlite errors, ...
+        first = " ".join(str(exc).split())[:200]
+        raise TrackingUnreachable(
+            f"cannot read MLflow tracking at {tracking_uri(root)} ({type(exc).__name__}: "
+            f"{first}); start the server, or set MLFLOW_TRACKING_URI to one that runs"
+        ) from exc
     if parent is None:
         return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
     lines = [

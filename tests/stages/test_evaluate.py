@@ -1,5 +1,5 @@
 """stages/evaluate.py: an untrained (skipped) variant is recorded as such; a model trained on
-CUDA is refused where there is none."""
+CUDA is refused where there is none; the outputs are all new or all old."""
 
 from __future__ import annotations
 
@@ -31,3 +31,28 @@ def test_a_model_trained_on_cuda_is_refused_without_cuda(tmp_path, prepared) -> 
     inputs = evaluate.select(small_params())
     with pytest.raises(StageError, match="the model was trained on CUDA"):
         evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, MetricsFiles(tmp_path))
+
+
+def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypatch) -> None:
+    """The figure fails (a full disk) after eval.json and the CSV were written: all old."""
+    import errno
+
+    from accelbench import confusion
+
+    ModelFile("gpu", "skipped", None, reason="no GPU here").save(tmp_path / "gpu.pt")
+    files = MetricsFiles(tmp_path / "metrics")
+    inputs = evaluate.select(small_params())
+    evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files)
+    before = {
+        p: p.read_bytes() for p in (files.eval_json, files.confusion_csv, files.confusion_png)
+    }
+    ModelFile("gpu", "skipped", None, reason="changed").save(tmp_path / "gpu.pt")
+
+    def disk_full(path, text) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(confusion, "placeholder_figure", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files)
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in files.folder.iterdir()) == sorted(p.name for p in before)

@@ -89,3 +89,45 @@ def test_sigkill_then_rerun_resumes_to_bitwise_identical_weights(
     runs = mlflow_runs(mlflow_store, "cpu")
     statuses = sorted(r.info.status for r in runs)
     assert statuses == ["FINISHED", "FINISHED"]  # the killed run was continued, not duplicated
+
+
+def test_outputs_are_all_new_or_all_old_and_leftovers_go(
+    tmp_path, prepared, mlflow_store, monkeypatch
+) -> None:
+    """A disk that fills while the model is written (after the metrics were): the earlier
+    run's outputs stay, all of them; an earlier crash's temporaries are removed on start."""
+    import errno
+
+    from accelbench.results import ModelFile
+
+    inputs = train_stage.select(small_params(epochs=1), "cpu")
+    out = _outputs(tmp_path)
+    train_stage.run(tmp_path, "cpu", inputs, prepared, out, quiet=True)
+    before = {
+        p: p.read_bytes() for p in (out.model, out.metrics.train_json, out.metrics.epochs_csv)
+    }
+    crash = [
+        tmp_path / ".new.model.pt",
+        tmp_path / ".model.pt.tmp",
+        out.metrics.folder / ".new.train.json",
+    ]
+    for leftover in crash:
+        leftover.write_bytes(b"half-written")
+
+    def disk_full(self, path) -> None:
+        path.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(ModelFile, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train_stage.run(
+            tmp_path,
+            "cpu",
+            train_stage.select(small_params(epochs=2), "cpu"),
+            prepared,
+            out,
+            quiet=True,
+        )
+    assert {p: p.read_bytes() for p in before} == before
+    hidden = sorted(p.name for p in tmp_path.rglob(".*") if p.is_file())
+    assert [h for h in hidden if ".new." in h or h.endswith(".tmp")] == []

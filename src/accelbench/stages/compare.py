@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import report, tracking
-from ..console import log
+from ..console import InputError, log
 from ..params import Params, VariantParams
 from ..results import ENV_DEVICES, MetricsFiles, env_json, read_epochs_csv, read_eval, read_train
 
@@ -42,10 +42,16 @@ def select(params: Params) -> CompareInputs:
 def run(
     root: Path, inputs: CompareInputs, env_dir: Path, metrics_dir: Path, out_dir: Path
 ) -> dict[str, Any]:
-    env = {d: json.loads(env_json(env_dir, d).read_text()) for d in ENV_DEVICES}
+    env = {d: _env_facts(env_json(env_dir, d)) for d in ENV_DEVICES}
     rows = []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
+        for path in (files.train_json, files.eval_json, files.epochs_csv):
+            if not path.is_file():
+                raise InputError(
+                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}` and "
+                    "`accelbench evaluate`) before compare"
+                )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
         rows.append(report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv)))
     result = report.write_report(out_dir, rows, env, inputs.spec)
@@ -54,6 +60,18 @@ def run(
         log(f"compare: report logged to MLflow pipeline run {run_id}")
     log(f"compare: wrote {out_dir / 'comparison.md'}")
     return result.headline
+
+
+def _env_facts(path: Path) -> dict[str, Any]:
+    try:
+        facts = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: missing; run `accelbench env --out {path.parent}`") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc}); run `accelbench env` again") from None
+    if not isinstance(facts, dict):
+        raise InputError(f"{path}: not an env facts file; run `accelbench env` again")
+    return facts
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

@@ -18,7 +18,11 @@ def run(inputs: DataParams, out_dir: Path) -> list[Path]:
     mirrors = data.mirrors_with_override(inputs.mirrors)
     log(f"download: mirrors in order: {', '.join(mirrors)}")
     paths = data.download_mnist(
-        out_dir, mirrors, timeout_s=inputs.timeout_s, retries=inputs.retries
+        out_dir,
+        mirrors,
+        timeout_s=inputs.timeout_s,
+        retries=inputs.retries,
+        deadline_s=inputs.deadline_s,
     )
     for path in paths:
         log(f"download: {path.name} verified")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import build, confusion, engine, tracking
-from ..console import log
+from ..console import InputError, log
 from ..params import Params, VariantParams
 from ..placement import evaluation_device
 from ..results import (
@@ -20,6 +20,8 @@ from ..results import (
     MetricsFiles,
     ModelFile,
     Skipped,
+    remove_leftovers,
+    staged,
     write_json,
 )
 
@@ -37,29 +39,29 @@ def select(params: Params) -> EvalInputs:
 def run(
     root: Path, inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> EvalResult:
+    remove_leftovers(files.eval_json, files.confusion_csv, files.confusion_png)
     model_file = ModelFile.load(model_path)
     name = model_file.variant
     if not model_file.trained:
         return _record_untrained(model_file, files)
     # The model file carries the params it was trained with: the variant is read from it.
-    variant = VariantParams.model_validate(
-        {k: v for k, v in model_file.params["variant"].items() if k != "name"}
-    )
+    variant = _trained_variant(model_file, model_path)
     device = evaluation_device(name, variant)
     engine.configure_backends(variant)
-    model = build.trained_model(model_file.state_dict).to(device)
+    model = build.trained_model(model_file.state_dict, str(model_path)).to(device)
     batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
     engine.evaluate(model, batches, variant, device)  # warm-up: kernels, autotuning
     result = engine.evaluate(model, batches, variant, device)
     y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
     summary = _summary(result, y_true, y_pred)
-    write_json(files.eval_json, summary.to_json())
-    confusion.write_confusion_csv(files.confusion_csv, (y_true, y_pred))
-    confusion.confusion_figure(
-        files.confusion_png,
-        confusion.matrix(y_true, y_pred),
-        f"{name}: confusion matrix (test set)",
-    )
+    with staged() as outputs:  # all new or all old
+        write_json(outputs(files.eval_json), summary.to_json())
+        confusion.write_confusion_csv(outputs(files.confusion_csv), (y_true, y_pred))
+        confusion.confusion_figure(
+            outputs(files.confusion_png),
+            confusion.matrix(y_true, y_pred),
+            f"{name}: confusion matrix (test set)",
+        )
     if not model_file.mlflow_run_id:
         log(
             f"evaluate {name}: training was not tracked in MLflow; results are in {files.eval_json}"
@@ -72,6 +74,17 @@ def run(
         tracking.log_artifact(files.eval_json)
     log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {summary.macro_f1:.4f}")
     return summary
+
+
+def _trained_variant(model_file: ModelFile, model_path: Path) -> VariantParams:
+    """The variant's params as the model file recorded them."""
+    try:
+        saved = model_file.params["variant"]
+        return VariantParams.model_validate({k: v for k, v in saved.items() if k != "name"})
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise InputError(
+            f"{model_path}: its recorded variant params are missing or invalid; re-run train for it"
+        ) from None
 
 
 def _summary(result: engine.EvalResult, y_true: np.ndarray, y_pred: np.ndarray) -> EvalSummary:
@@ -95,11 +108,13 @@ def _summary(result: engine.EvalResult, y_true: np.ndarray, y_pred: np.ndarray) 
 
 def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
     skipped = Skipped(model_file.reason or "no reason recorded")
-    write_json(files.eval_json, skipped.to_json())
-    confusion.write_confusion_csv(files.confusion_csv, None)
-    confusion.placeholder_figure(
-        files.confusion_png, f"{model_file.variant}: {model_file.status}\n{skipped.reason}"
-    )
+    with staged() as outputs:
+        write_json(outputs(files.eval_json), skipped.to_json())
+        confusion.write_confusion_csv(outputs(files.confusion_csv), None)
+        confusion.placeholder_figure(
+            outputs(files.confusion_png),
+            f"{model_file.variant}: {model_file.status}\n{skipped.reason}",
+        )
     log(f"evaluate {model_file.variant}: {model_file.status}")
     return skipped
 

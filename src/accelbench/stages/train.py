@@ -33,6 +33,8 @@ from ..results import (
     TrainResult,
     TrainSummary,
     read_train,
+    remove_leftovers,
+    staged,
     write_epochs_csv,
     write_json,
 )
@@ -108,6 +110,7 @@ def train(
     steps = len(fitting.batches)
     if placement.main:
         log(_start_line(name, recipe, variant, placement, fitting.batches.num_samples))
+        remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
     run_params = _run_params(name, recipe, variant)
     checkpoint_path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
     checkpointer = Checkpointer(checkpoint_path, run_params, name)
@@ -132,9 +135,10 @@ def train(
         )
         state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
         model_file = ModelFile(name, "trained", run_id, run_params, state_dict)
-        write_json(out.metrics.train_json, summary.to_json())
-        write_epochs_csv(out.metrics.epochs_csv, [r.as_dict() for r in records])
-        model_file.save(out.model)
+        with staged() as outputs:  # all new or all old
+            write_json(outputs(out.metrics.train_json), summary.to_json())
+            write_epochs_csv(outputs(out.metrics.epochs_csv), [r.as_dict() for r in records])
+            model_file.save(outputs(out.model))
         _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4])
     log(
         f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
@@ -245,14 +249,16 @@ def record_skip(
 ) -> Skipped:
     """A variant this machine cannot run: its outputs and its MLflow run say so, and why."""
     log(f"train {name}: skipped: {reason}")
+    remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
     run_params = _run_params(name, inputs.recipe, inputs.variant)
     with tracking.variant_run(root, name, run_params, {"status": "skipped"}) as run_id:
         tracking.log_metrics({"skipped": 1})
         tracking.set_tag("skip_reason", reason)
     skipped = Skipped(reason, inputs.variant.device)
-    write_json(out.metrics.train_json, skipped.to_json())
-    write_epochs_csv(out.metrics.epochs_csv, [])
-    ModelFile(name, "skipped", run_id, reason=reason).save(out.model)
+    with staged() as outputs:
+        write_json(outputs(out.metrics.train_json), skipped.to_json())
+        write_epochs_csv(outputs(out.metrics.epochs_csv), [])
+        ModelFile(name, "skipped", run_id, reason=reason).save(outputs(out.model))
     return skipped
 
 
