@@ -126,20 +126,44 @@ def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store)
     try:
         live = {
             tracking.HOST_TAG: __import__("socket").gethostname(),
+            tracking.MACHINE_TAG: tracking.machine_id(),
             tracking.PID_TAG: str(sleeper.pid),
             tracking.PID_STARTED_TAG: f"{psutil.Process(sleeper.pid).create_time():.2f}",
         }
-        elsewhere = {**live, tracking.HOST_TAG: "another-host", tracking.PID_TAG: "1"}
+        elsewhere = {
+            **live,
+            tracking.HOST_TAG: "another-host",
+            tracking.MACHINE_TAG: "another-boot",
+            tracking.PID_TAG: "1",
+        }
         reused = {**live, tracking.PID_STARTED_TAG: "12.00"}  # the pid, but not its process
+        # A stage killed in a container: another host name, the same kernel, a pid gone.
+        container = {
+            tracking.HOST_TAG: "3f9a1c0e2b7d",
+            tracking.MACHINE_TAG: tracking.machine_id(),
+            tracking.PID_TAG: "999999",
+            tracking.PID_STARTED_TAG: "12.00",
+        }
         ids = {}
-        for name, tags in (("live", live), ("elsewhere", elsewhere), ("reused", reused)):
+        cases = (
+            ("live", live),
+            ("elsewhere", elsewhere),
+            ("reused", reused),
+            ("container", container),
+        )
+        for name, tags in cases:
             run = client.create_run(
                 experiment_id, tags={**tags, "variant": "cpu", "mlflow.parentRunId": parent}
             )
             ids[name] = run.info.run_id
         tracking.close_zombies(experiment_id, parent, "cpu")
         status = {name: client.get_run(i).info.status for name, i in ids.items()}
-        assert status == {"live": "RUNNING", "elsewhere": "RUNNING", "reused": "KILLED"}
+        assert status == {
+            "live": "RUNNING",
+            "elsewhere": "RUNNING",
+            "reused": "KILLED",
+            "container": "KILLED",
+        }
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -40,6 +40,7 @@ EXPERIMENT = "accelbench"
 ROLE_TAG = "accelbench.role"
 WORKDIR_TAG = "accelbench.workdir"
 HOST_TAG = "accelbench.host"
+MACHINE_TAG = "accelbench.boot_id"  # the running kernel: the host and its containers share it
 PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
 PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
 CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
@@ -339,20 +340,35 @@ def _reopen_run(root: Path, run_id: str) -> str:
     return reopened
 
 
+def machine_id() -> str:
+    """The running kernel's boot id: the same on the host and in each of its containers (whose
+    host names change with every `docker run`), new after a reboot; else the host name."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
 def _process_tags() -> dict[str, str]:
-    started = psutil.Process().create_time()
+    started = psutil.Process().create_time()  # seconds since the epoch, in every pid namespace
     return {
         HOST_TAG: socket.gethostname(),
+        MACHINE_TAG: machine_id(),
         PID_TAG: str(os.getpid()),
         PID_STARTED_TAG: f"{started:.2f}",
     }
 
 
 def _gone(tags: Mapping[str, str]) -> str | None:
-    """Why the process that has a run open is gone (None: alive, or on another host, where
-    this process cannot tell)."""
+    """Why the process that has a run open is gone (None: alive, or on another machine, where
+    this process cannot tell).
+
+    A run opened in a container and checked from the host or another container (same kernel,
+    another pid namespace) counts as gone unless the same pid with the same start time is
+    visible here: DVC's lock on the checkout never lets two stages of it run at once.
+    """
     host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
-    if host != socket.gethostname():
+    if tags.get(MACHINE_TAG, host) not in (machine_id(), socket.gethostname()):
         return None
     if pid is None:
         return "no process recorded for it"
