@@ -60,7 +60,9 @@ class Checkpointer:
                 saved = torch.load(self.path, map_location="cpu", weights_only=True)
             problem = _problem(saved)
         except Exception as exc:  # unpickling raises many types; none of them is ours
-            problem = f"unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+            # The first sentence only: torch's weights-only refusal goes on for a page.
+            first = " ".join(str(exc).split()).split(". ")[0][:120]
+            problem = f"unreadable ({type(exc).__name__}: {first})"
         if problem:
             aside = self.path.with_name(self.path.name + ".bad")
             os.replace(self.path, aside)
