@@ -46,14 +46,31 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LOCK = ROOT / "requirements.lock"
 DEFAULT_SKIP_FILE = ROOT / "tools" / "host-packages" / "nvidia-h200.txt"
 DEFAULT_OUT = ROOT / ".whl"
-# Pins in the lock that the pipeline never needs on the target host: the linter, and the
-# full `mlflow` distribution (its bundled web UI, ~11 MiB) with what only its server needs.
+# Pins in the lock that the pipeline never needs on the target host: the development tools
+# (pyproject's `dev` extra, read below, but pytest: the GPU tests run there), and the full
+# `mlflow` distribution (its bundled web UI, ~11 MiB) with what only its server needs.
 # `mlflow-skinny` (kept) holds the whole Python API, sqlite store and alembic migrations
 # included: start_run, log_metrics and mlflow.pytorch.log_model against a sqlite:/// URI were
 # checked with exactly this set (pip check clean). Pass --exclude ruff to carry full mlflow.
-DEFAULT_EXCLUDE = (
-    "ruff,mlflow,flask,flask-cors,gunicorn,graphene,graphql-core,graphql-relay,docker,huey,skops"
+MLFLOW_SERVER_ONLY = (
+    "mlflow,flask,flask-cors,gunicorn,graphene,graphql-core,graphql-relay,docker,huey,skops"
 )
+HOST_RUNS = ("pytest",)
+
+
+def dev_tools(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """The `dev` extra's distributions a GPU host does not run (playwright alone is 51 MiB)."""
+    import tomllib
+
+    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["dev"]
+    names = [re.split(r"[=<>!~;\[ ]", requirement, maxsplit=1)[0] for requirement in extra]
+    return [name for name in names if normalize_name(name) not in HOST_RUNS]
+
+
+def default_exclude() -> str:
+    return ",".join([*dev_tools(), MLFLOW_SERVER_ONLY])
+
+
 # glibc versions whose manylinux tags the target accepts (its glibc is 2.39 or newer; pip
 # matches tags exactly, so every manylinux_2_N in between is listed, plus the legacy aliases).
 MANYLINUX_MIN_MINOR = 17
@@ -370,9 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--exclude",
-        default=DEFAULT_EXCLUDE,
-        help="comma-separated pins not needed on the host (default: ruff and the full "
-        "mlflow with its server-only deps, mlflow-skinny stays; '' keeps every pin)",
+        default=default_exclude(),
+        help="comma-separated pins not needed on the host (default: the dev tools but pytest, "
+        "and the full mlflow with its server-only deps, mlflow-skinny stays; '' keeps every pin)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="wheelhouse folder")
     p.add_argument("--max-mib", type=float, default=60.0, help="fail above this total size")
