@@ -299,7 +299,9 @@ class ModelFile:
                 warnings.simplefilter("ignore")
                 payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # garbage, empty, truncated, pickled code: many types
-            reason = " ".join(str(exc).split())[:100] or type(exc).__name__
+            # torch's own words, first sentence, with the error's type: a bare KeyError says "101"
+            first = " ".join(str(exc).split()).split(". ")[0][:100]
+            reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
             raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
         try:
             model_file = _strict(cls, payload, str(path)) if isinstance(payload, dict) else None
