@@ -23,7 +23,13 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${ACCELBENCH_CONTAINER_WORK:-/var/tmp/accelbench-container-test}
 CACHE=${ACCELBENCH_CONTAINER_CACHE:-/var/cache/accelbench-container-test}
-MIRROR=${ACCELBENCH_MNIST_MIRROR:-$(cd "$REPO/.." && pwd)/shared/datasets/mnist}
+# The container runs with --network none: MNIST comes from a local mirror, by default the raw
+# files an earlier `make repro` downloaded, else CI's verified copy beside the checkout.
+if [ -z "${ACCELBENCH_MNIST_MIRROR:-}" ] && [ -f "$REPO/data/raw/train-images-idx3-ubyte.gz" ]; then
+  MIRROR="$REPO/data/raw"
+else
+  MIRROR=${ACCELBENCH_MNIST_MIRROR:-$(cd "$REPO/.." && pwd)/shared/datasets/mnist}
+fi
 MAX_IMAGE_GB=${MAX_IMAGE_GB:-9}
 SUITE=trixie
 DEVCONTAINER_CLI=@devcontainers/cli@0.89.0
@@ -43,7 +49,8 @@ fail() {
 elapsed() { echo $(($(date +%s) - $1)); }
 
 [ "$(id -u)" = 0 ] || fail "needs root (apt-get, debootstrap, rootful podman)"
-[ -f "$MIRROR/train-images-idx3-ubyte.gz" ] || fail "no MNIST mirror at $MIRROR (set ACCELBENCH_MNIST_MIRROR)"
+[ -f "$MIRROR/train-images-idx3-ubyte.gz" ] \
+  || fail "no MNIST at $MIRROR: run make repro first, or set ACCELBENCH_MNIST_MIRROR to a folder with the four .gz files"
 [ -x "$PYTHON" ] || fail "no $PYTHON: run make setup first"
 
 missing=()
