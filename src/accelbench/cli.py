@@ -17,6 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import phases
 from .console import (
     DEBUG_ENV,
     EXIT_FAILURE,
@@ -99,6 +100,18 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+COMPILE_CACHE = Path(".accelbench") / "compile-cache"
+
+
+def _persistent_compile_cache(root: Path) -> None:
+    """torch.compile's caches (Inductor's FX graphs, AOTAutograd, Triton kernels) in the
+    checkout, not in the system's temporary folder: a second run on this machine compiles
+    nothing. Set before torch is imported; torchrun's children inherit it."""
+    cache = root / COMPILE_CACHE
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+
+
 STAGES = ("env", "download", "prepare", "train", "evaluate", "compare")
 
 
@@ -149,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         print(doctor.render(report))
         return report.exit_code
     root = Path.cwd()
-    started = time.perf_counter()
+    _persistent_compile_cache(root)
+    recorder = phases.RECORDER
+    recorder.add("startup", time.time() - recorder.started)
+    recorder.stage = args.stage
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a DDP stage re-runs itself
     try:
-        params = load_params(args.params)
+        with phases.phase("params"):
+            params = load_params(args.params)
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
         elif args.stage == "runs":
@@ -160,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             # Imported by name: a stage's code is its own module's imports, no other stage's
             # (dvc.yaml's deps list exactly them).
-            stage = importlib.import_module(f"accelbench.stages.{args.stage}")
+            with phases.phase("imports"):
+                stage = importlib.import_module(f"accelbench.stages.{args.stage}")
             stage.main(args, params, root)
     except KeyboardInterrupt as exc:
         print(f"accelbench {args.stage}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
@@ -171,9 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         message, code = _one_line(exc)
         print(f"accelbench {args.stage}: error: {message}", file=sys.stderr)
         return code
-    if args.stage in STAGES and os.environ.get("LOCAL_RANK", "0") == "0":
-        elapsed = time.perf_counter() - started
-        print(f"accelbench {args.stage}: done in {elapsed:.1f} s (wall)", file=sys.stderr)
+    if args.stage in STAGES and "LOCAL_RANK" not in os.environ:  # not a torchrun child
+        timing = recorder.timing()
+        phases.write(root, timing)
+        print(f"accelbench {timing.stage}: done in {timing.wall_s:.1f} s (wall)", file=sys.stderr)
     return 0
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
+from . import phases
 from .batches import MNIST_MEAN, MNIST_STD
 from .console import AccelbenchError
 from .params import TrainRecipe, VariantParams
@@ -90,6 +91,22 @@ def train_flops_per_sample(model: nn.Module, sample_shape: tuple[int, ...] = (1,
     return counter.get_total_flops() // 2
 
 
+def compile_cache_state() -> str | None:
+    """Whether torch.compile found its compiled graphs in its caches, in this process:
+    "warm" (all), "cold" (none), "partial", or None when nothing was compiled."""
+    from torch._dynamo.utils import counters
+
+    hits = (
+        counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    )
+    misses = (
+        counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    )
+    if not hits and not misses:
+        return None
+    return "warm" if not misses else "cold" if not hits else "partial"
+
+
 def peak_host_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
@@ -111,8 +128,16 @@ def configure_backends(variant: VariantParams, deterministic: bool = False) -> N
         torch.backends.cuda.matmul.allow_tf32 = variant.tf32
         torch.backends.cudnn.allow_tf32 = variant.tf32
     torch.backends.cudnn.deterministic = deterministic
-    # warn_only: an op without a deterministic kernel warns (naming itself) instead of failing
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    if deterministic or torch.are_deterministic_algorithms_enabled():  # else: costs 2 s
+        # warn_only: an op without a deterministic kernel warns (naming itself), not fails
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
+def start_device(device: torch.device) -> None:
+    """Create the CUDA context now (else the first tensor on the device pays for it)."""
+    if device.type == "cuda":
+        torch.empty(1, device=device)
+        torch.cuda.synchronize(device)
 
 
 def request_determinism(environ: dict[str, str]) -> None:
@@ -430,15 +455,17 @@ def fit(
             totals = _summed_over_processes(totals, device)
         # The plain module: evaluation is not what is benchmarked, and a compiled module
         # would recompile for eval mode and the test batch shapes.
-        result = evaluate(model, test_batches, variant, device)
+        with phases.phase("evaluation"):
+            result = evaluate(model, test_batches, variant, device)
         record = totals.record(epoch + 1, result, device)
         records.append(record)
         if on_epoch is not None:
             on_epoch(record)
         if on_checkpoint is not None:
-            on_checkpoint(
-                _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
-            )
+            with phases.phase("checkpoint"):
+                on_checkpoint(
+                    _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
+                )
     return records
 
 

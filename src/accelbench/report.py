@@ -14,7 +14,9 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
 
+from . import pipeline_time
 from .params import VariantParams
+from .pipeline_time import PipelineTime
 from .progress import fmt_seconds
 from .results import EvalResult, EvalSummary, TrainResult, TrainSummary, scaling_efficiency, speedup
 
@@ -142,7 +144,8 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
                 _precision(row.variant),
                 row.variant.batches,
                 str(t.epochs),
-                _cell(t.first_epoch_s, "s"),
+                _cell(t.first_epoch_s, "s")
+                + (f" ({t.compile_cache} compile cache)" if t.compile_cache else ""),
                 _cell(t.steady_epoch_s, "s"),
                 _cell(t.total_train_s, "s"),
                 _cell(t.steady_samples_per_s, "int"),
@@ -344,7 +347,11 @@ def _env_lines(env: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def write_report(
-    out_dir: Path, rows: list[Row], env: dict[str, dict[str, Any]], spec: ReportSpec
+    out_dir: Path,
+    rows: list[Row],
+    env: dict[str, dict[str, Any]],
+    spec: ReportSpec,
+    pipeline: PipelineTime | None = None,
 ) -> ReportResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     speedups = _speedups(rows, spec.speedup_baseline)
@@ -382,6 +389,8 @@ def write_report(
             f"{flops / 1e6:.1f} MFLOP.",
             "",
         ]
+    if pipeline is not None:
+        md += pipeline_time.markdown(pipeline)
     md += [
         "## The tutorials' published figures (for reference, other hardware)",
         "",
@@ -406,13 +415,14 @@ def write_report(
             "time_to_target_s": reached[0] if reached else None,
         }
     (out_dir / "comparison.json").write_text(json.dumps(headline, indent=2, sort_keys=True) + "\n")
+    files = [out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"]
+    if pipeline is not None:
+        files.append(out_dir / "pipeline_time.json")
+        files[-1].write_text(json.dumps(pipeline.to_json(), indent=2) + "\n")
     flat = {
         f"{name}.{key}": value
         for name, values in headline.items()
         for key, value in values.items()
         if isinstance(value, int | float)
     }
-    return ReportResult(
-        files=[out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"],
-        headline=flat,
-    )
+    return ReportResult(files=files, headline=flat)

@@ -25,6 +25,7 @@ EPOCHS_CSV = "epochs.csv"
 EVAL_JSON = "eval.json"
 CONFUSION_CSV = "confusion.csv"
 CONFUSION_PNG = "confusion.png"
+RUN_JSON = "run.json"
 ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
 
 
@@ -57,6 +58,10 @@ class MetricsFiles:
     @property
     def confusion_png(self) -> Path:
         return self.folder / CONFUSION_PNG
+
+    @property
+    def run_json(self) -> Path:
+        return self.folder / RUN_JSON
 
 
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
@@ -169,6 +174,7 @@ class TrainSummary:
     peak_share: float | None
     peak_host_rss_mib: float
     steady_samples_per_s_per_process: float | None
+    compile_cache: str | None = None  # torch.compile's caches at the start: warm | cold | partial
     status: str = "trained"
 
     def to_json(self) -> dict[str, Any]:
@@ -245,6 +251,26 @@ class EvalSummary:
 
 
 EvalResult = EvalSummary | Skipped
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """`run.json`, written by evaluate for compare: which MLflow run the variant's results
+    belong to (compare logs the evaluation there, once, for every variant), or why there is
+    none (a skipped variant: compare records it as a run that says why)."""
+
+    variant: str
+    status: str  # trained | skipped
+    mlflow_run_id: str | None
+    params: dict[str, Any] | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_run_record(path: Path) -> RunRecord:
+    return _strict(RunRecord, _read_json(path), str(path))
 
 
 def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalResult:

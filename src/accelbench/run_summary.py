@@ -42,4 +42,5 @@ def summarize_run(
         steady_samples_per_s_per_process=(
             per_process / world_size if world_size > 1 and per_process else None
         ),
+        compile_cache=engine.compile_cache_state() if variant.compile != "none" else None,
     )

@@ -32,6 +32,7 @@ import psutil
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from . import phases
 from .console import AccelbenchError, log
 from .results import EvalSummary, TrainSummary
 
@@ -85,7 +86,8 @@ def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
         if _outage is not None:
             return None
         try:
-            return function(*args, **kwargs)
+            with phases.phase("mlflow"):
+                return function(*args, **kwargs)
         except Exception as exc:  # MlflowException, requests errors, sqlite errors, ...
             _report_outage(exc)
             return None
@@ -282,7 +284,8 @@ def _start_variant_run(
 
 def _end_run(status: str) -> None:
     try:
-        mlflow.end_run(status=status)
+        with phases.phase("mlflow"):
+            mlflow.end_run(status=status)
     except Exception as exc:  # the server went away: the local state still has to end
         _report_outage(exc)
 
@@ -426,6 +429,21 @@ def log_eval_summary(summary: EvalSummary) -> None:
     )
 
 
+def log_evaluation(root: Path, run_id: str, summary: EvalSummary, artifacts: list[Path]) -> None:
+    """An evaluated variant's figures and files, in the run that trained it."""
+    with resume_run(root, run_id):
+        log_eval_summary(summary)
+        for path in artifacts:
+            log_artifact(path)
+
+
+def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> None:
+    """A variant this machine could not run, as a run of the pipeline that says why."""
+    with variant_run(root, variant, params, {"status": "skipped"}):
+        log_metrics({"skipped": 1})
+        set_tag("skip_reason", reason)
+
+
 @tolerant
 def set_tag(key: str, value: str) -> None:
     mlflow.set_tag(key, value)
@@ -442,19 +460,20 @@ def log_model(model, input_example) -> None:
     import mlflow.pytorch
     import torch
 
-    with torch.no_grad():
+    with phases.phase("model_logging"), torch.no_grad():
         output = model(torch.as_tensor(input_example)).numpy()
-    signature = mlflow.models.infer_signature(input_example, output)
-    mlflow.pytorch.log_model(
-        model,
-        name="model",
-        signature=signature,
-        input_example=input_example,
-        # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the CPU
-        # cannot be re-loaded onto a GPU, which MLflow tries when it validates the example.
-        serialization_format="pickle",
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-    )
+        signature = mlflow.models.infer_signature(input_example, output)
+        mlflow.pytorch.log_model(
+            model,
+            name="model",
+            signature=signature,
+            input_example=input_example,
+            # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the
+            # CPU cannot be re-loaded onto a GPU, which MLflow tries when it validates the
+            # example.
+            serialization_format="pickle",
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
 
 
 @tolerant

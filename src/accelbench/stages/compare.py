@@ -10,10 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import report, tracking
+from .. import phases, pipeline_time, report, tracking
 from ..console import InputError, log
 from ..params import Params, VariantParams
-from ..results import ENV_DEVICES, MetricsFiles, env_json, read_epochs_csv, read_eval, read_train
+from ..results import (
+    ENV_DEVICES,
+    EvalSummary,
+    MetricsFiles,
+    env_json,
+    read_epochs_csv,
+    read_eval,
+    read_run_record,
+    read_train,
+)
 
 
 @dataclass(frozen=True)
@@ -43,10 +52,10 @@ def run(
     root: Path, inputs: CompareInputs, env_dir: Path, metrics_dir: Path, out_dir: Path
 ) -> dict[str, Any]:
     env = {d: _env_facts(env_json(env_dir, d)) for d in ENV_DEVICES}
-    rows = []
+    rows, tracked = [], []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
-        for path in (files.train_json, files.eval_json, files.epochs_csv):
+        for path in (files.train_json, files.eval_json, files.epochs_csv, files.run_json):
             if not path.is_file():
                 raise InputError(
                     f"{path}: missing; run `dvc repro` (or `accelbench train {name}` and "
@@ -54,12 +63,29 @@ def run(
                 )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
         rows.append(report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv)))
-    result = report.write_report(out_dir, rows, env, inputs.spec)
+        tracked.append((read_run_record(files.run_json), evaluated, files))
+    with phases.phase("outputs"):
+        pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
+        result = report.write_report(out_dir, rows, env, inputs.spec, pipeline)
+    _track_variants(root, tracked)
     run_id = tracking.finish_pipeline(root, result.files, result.headline)
     if run_id:
         log(f"compare: report logged to MLflow pipeline run {run_id}")
     log(f"compare: wrote {out_dir / 'comparison.md'}")
     return result.headline
+
+
+def _track_variants(root: Path, tracked: list) -> None:
+    """Each variant's evaluation in the run that trained it, and each skipped variant as a run
+    that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
+    for record, evaluated, files in tracked:
+        if isinstance(evaluated, EvalSummary) and record.mlflow_run_id:
+            artifacts = [files.confusion_png, files.eval_json]
+            tracking.log_evaluation(root, record.mlflow_run_id, evaluated, artifacts)
+        elif record.status == "skipped":
+            tracking.record_skipped(
+                root, record.variant, record.params or {}, record.reason or "no reason recorded"
+            )
 
 
 def _env_facts(path: Path) -> dict[str, Any]:

@@ -1,5 +1,9 @@
 """evaluate@V: the trained model on the test set: accuracy, loss, per-class scores, the
-confusion matrix and inference throughput, on the device it was trained on."""
+confusion matrix and inference throughput, on the device it was trained on.
+
+It writes files only; compare logs them to the variant's MLflow run (`run.json` says which),
+so this stage imports neither MLflow nor, for a skipped variant, the model code.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, confusion, engine, tracking
+from .. import phases
 from ..console import InputError, log
 from ..params import Params, VariantParams
-from ..placement import evaluation_device
+from ..placement import evaluation_device  # imports torch, which reads every model file
 from ..results import (
     ClassScores,
     EvalResult,
     EvalSummary,
     MetricsFiles,
     ModelFile,
+    RunRecord,
     Skipped,
     remove_leftovers,
     staged,
@@ -39,39 +44,39 @@ def select(params: Params) -> EvalInputs:
 def run(
     root: Path, inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> EvalResult:
-    remove_leftovers(files.eval_json, files.confusion_csv, files.confusion_png)
-    model_file = ModelFile.load(model_path)
+    remove_leftovers(files.eval_json, files.confusion_csv, files.confusion_png, files.run_json)
+    with phases.phase("model"):
+        model_file = ModelFile.load(model_path)
     name = model_file.variant
+    phases.RECORDER.stage = f"evaluate@{name}"
     if not model_file.trained:
         return _record_untrained(model_file, files)
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
-    device = evaluation_device(name, variant)
-    engine.configure_backends(variant)
-    model = build.trained_model(model_file.state_dict, str(model_path)).to(device)
-    batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
-    engine.evaluate(model, batches, variant, device)  # warm-up: kernels, autotuning
-    result = engine.evaluate(model, batches, variant, device)
-    y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
-    summary = _summary(result, y_true, y_pred)
-    with staged() as outputs:  # all new or all old
+    from .. import build, confusion, engine
+
+    with phases.phase("device"):
+        device = evaluation_device(name, variant)
+        engine.configure_backends(variant)
+        engine.start_device(device)
+    with phases.phase("model"):
+        model = build.trained_model(model_file.state_dict, str(model_path)).to(device)
+    with phases.phase("data"):
+        batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
+    with phases.phase("evaluation"):
+        engine.evaluate(model, batches, variant, device)  # warm-up: kernels, autotuning
+        result = engine.evaluate(model, batches, variant, device)
+        y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
+        counts = confusion.matrix(y_true, y_pred)
+        summary = _summary(result, counts)
+    record = RunRecord(name, "trained", model_file.mlflow_run_id)
+    with phases.phase("outputs"), staged() as outputs:  # all new or all old
         write_json(outputs(files.eval_json), summary.to_json())
         confusion.write_confusion_csv(outputs(files.confusion_csv), (y_true, y_pred))
         confusion.confusion_figure(
-            outputs(files.confusion_png),
-            confusion.matrix(y_true, y_pred),
-            f"{name}: confusion matrix (test set)",
+            outputs(files.confusion_png), counts, f"{name}: confusion matrix (test set)"
         )
-    if not model_file.mlflow_run_id:
-        log(
-            f"evaluate {name}: training was not tracked in MLflow; results are in {files.eval_json}"
-        )
-        return summary
-    # Tracking calls are tolerant: a store reset since training is reported once, as an outage.
-    with tracking.resume_run(root, model_file.mlflow_run_id):
-        tracking.log_eval_summary(summary)
-        tracking.log_artifact(files.confusion_png)
-        tracking.log_artifact(files.eval_json)
+        write_json(outputs(files.run_json), record.to_json())
     log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {summary.macro_f1:.4f}")
     return summary
 
@@ -87,34 +92,48 @@ def _trained_variant(model_file: ModelFile, model_path: Path) -> VariantParams:
         ) from None
 
 
-def _summary(result: engine.EvalResult, y_true: np.ndarray, y_pred: np.ndarray) -> EvalSummary:
-    from sklearn.metrics import classification_report
+def class_scores(counts: np.ndarray) -> dict[str, ClassScores]:
+    """Precision, recall and F1 per class from a confusion matrix [actual, predicted], as
+    scikit-learn's classification_report defines them (0 where undefined); classes absent
+    from both the targets and the predictions are left out."""
+    true_positives = np.diag(counts).astype(float)
+    predicted = counts.sum(axis=0).astype(float)
+    actual = counts.sum(axis=1).astype(float)
+    scores = {}
+    for c in range(len(counts)):
+        if not actual[c] and not predicted[c]:
+            continue
+        precision = true_positives[c] / predicted[c] if predicted[c] else 0.0
+        recall = true_positives[c] / actual[c] if actual[c] else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        scores[str(c)] = ClassScores(float(precision), float(recall), float(f1))
+    return scores
 
-    scores = classification_report(y_true, y_pred, output_dict=True, zero_division=0)
+
+def _summary(result, counts: np.ndarray) -> EvalSummary:
+    per_class = class_scores(counts)
     return EvalSummary(
         test_accuracy=result.accuracy,
         test_loss=result.loss,
-        macro_f1=scores["macro avg"]["f1-score"],
+        macro_f1=float(np.mean([s.f1_score for s in per_class.values()])) if per_class else 0.0,
         inference_samples_per_s=result.samples_per_s,
-        per_class={
-            str(c): ClassScores(
-                scores[str(c)]["precision"], scores[str(c)]["recall"], scores[str(c)]["f1-score"]
-            )
-            for c in range(10)
-            if str(c) in scores
-        },
+        per_class=per_class,
     )
 
 
 def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
+    from .. import confusion
+
     skipped = Skipped(model_file.reason or "no reason recorded")
-    with staged() as outputs:
+    record = RunRecord(model_file.variant, "skipped", None, model_file.params, model_file.reason)
+    with phases.phase("outputs"), staged() as outputs:
         write_json(outputs(files.eval_json), skipped.to_json())
         confusion.write_confusion_csv(outputs(files.confusion_csv), None)
         confusion.placeholder_figure(
             outputs(files.confusion_png),
             f"{model_file.variant}: {model_file.status}\n{skipped.reason}",
         )
+        write_json(outputs(files.run_json), record.to_json())
     log(f"evaluate {model_file.variant}: {model_file.status}")
     return skipped
 

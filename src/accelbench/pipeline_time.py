@@ -1,0 +1,134 @@
+"""Where the pipeline's time goes: each stage's wall time, its timed epochs and the rest,
+split by phase, from the timings the stages recorded (`phases`). A figure of record like the
+epoch times: the user waits for the whole `dvc repro`, not for epochs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .phases import PHASES, StageTiming
+
+# dvc.yaml's order; a stage of another name (a variant) sorts by its prefix.
+ORDER = ("env", "download", "prepare", "train", "evaluate", "compare")
+
+
+def _order(timing: StageTiming) -> tuple[int, float]:
+    prefix = timing.stage.split("@")[0]
+    return (ORDER.index(prefix) if prefix in ORDER else len(ORDER), timing.started)
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    stages: list[StageTiming]  # dvc.yaml's order
+    this_run: set[str]  # stages that ran in this `dvc repro` (the others were up to date)
+    span_s: float | None  # first stage's start to the last one's end, this `dvc repro`
+
+    @property
+    def wall_s(self) -> float:
+        return sum(t.wall_s for t in self.ran)
+
+    @property
+    def ran(self) -> list[StageTiming]:
+        return [t for t in self.stages if t.stage in self.this_run]
+
+    @property
+    def training_s(self) -> float:
+        return sum(t.training_s or 0.0 for t in self.ran)
+
+    @property
+    def overhead_s(self) -> float:
+        return sum(t.overhead_s for t in self.ran)
+
+    @property
+    def between_stages_s(self) -> float | None:
+        """DVC's own work between the stages: hashing, the lock file, starting processes."""
+        return max(self.span_s - self.wall_s, 0.0) if self.span_s is not None else None
+
+    def phase_totals(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for timing in self.ran:
+            for name, seconds in timing.phases.items():
+                totals[name] = totals.get(name, 0.0) + seconds
+            totals["other"] = totals.get("other", 0.0) + timing.other_s
+        return totals
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "span_s": self.span_s,
+            "stages_wall_s": self.wall_s,
+            "training_s": self.training_s,
+            "overhead_s": self.overhead_s,
+            "between_stages_s": self.between_stages_s,
+            "phases_s": self.phase_totals(),
+            "stages": {
+                t.stage: {**t.to_json(), "this_run": t.stage in self.this_run} for t in self.stages
+            },
+        }
+
+
+def collect(timings: list[StageTiming], current: StageTiming) -> PipelineTime:
+    """`current` is the compare stage's own timing so far. A `dvc repro` always runs env
+    (always_changed), so the stages that started after env's latest run ran in this one."""
+    stages = sorted([t for t in timings if t.stage != current.stage] + [current], key=_order)
+    env = next((t for t in stages if t.stage == "env"), None)
+    if env is None:  # stages run by hand: no repro to measure, every stage as last run
+        return PipelineTime(stages, {t.stage for t in stages}, None)
+    this_run = {t.stage for t in stages if t.started >= env.started - 1.0}
+    return PipelineTime(stages, this_run, current.ended - env.started)
+
+
+def _s(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
+
+
+def _largest(timing: StageTiming, n: int = 3) -> str:
+    parts = dict(timing.phases)
+    parts.pop("training", None)  # shown in its own column
+    parts["other"] = timing.other_s
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in top if seconds >= 0.05)
+
+
+def markdown(pipeline: PipelineTime) -> list[str]:
+    lines = [
+        "## Where the pipeline's time goes",
+        "",
+        "Each stage's wall time from its process's start to its end, the timed epochs in it",
+        "(first epoch included: compilation, autotuning and graph capture), and the rest:",
+        "*overhead*, split into phases (seconds). Stages DVC found up to date are shown as last",
+        "run, in italics, and are not in the totals.",
+        "",
+        "| stage | wall | timed epochs | overhead | largest overhead phases (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for t in pipeline.stages:
+        name = t.stage if t.stage in pipeline.this_run else f"*{t.stage} (up to date)*"
+        training = _s(t.training_s) if t.training_s is not None else "–"
+        lines.append(
+            f"| {name} | {_s(t.wall_s)} | {training} | {_s(t.overhead_s)} | {_largest(t)} |"
+        )
+    lines.append(
+        f"| **all stages that ran** | **{_s(pipeline.wall_s)}** | "
+        f"**{_s(pipeline.training_s)}** | **{_s(pipeline.overhead_s)}** | |"
+    )
+    lines.append("")
+    if pipeline.span_s is not None:
+        lines.append(
+            f"`dvc repro` from its first stage's start to this report: {_s(pipeline.span_s)}; "
+            f"DVC's own work between the stages (hashing, dvc.lock, starting each stage): "
+            f"{_s(pipeline.between_stages_s)}."
+        )
+        lines.append("")
+    totals = pipeline.phase_totals()
+    totals.pop("training", None)
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    lines.append(
+        "Overhead by phase, over the stages that ran: "
+        + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in ranked if seconds >= 0.05)
+        + "."
+    )
+    lines += ["", "Phases: " + "; ".join(f"*{k}*: {v}" for k, v in PHASES.items()) + ".", ""]
+    return lines

@@ -1,0 +1,259 @@
+"""A variant's training in this process: the model and batches, the fit (retried after an
+out-of-memory error, resumed from a checkpoint), the MLflow run, and the outputs.
+
+The train stage (`stages/train.py`) decides where a variant runs and imports this module
+only to train: a skipped variant's stage never imports MLflow or the model code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import build, data, engine, hardware, phases, profiling, tracking
+from .batches import ResidentBatches
+from .checkpoint import Checkpointer, Resume
+from .console import log
+from .oom import retry_on_oom
+from .params import TrainRecipe, VariantParams
+from .placement import Placement
+from .progress import EpochProgress, fmt_seconds
+from .results import (
+    ModelFile,
+    TrainSummary,
+    remove_leftovers,
+    staged,
+    write_epochs_csv,
+    write_json,
+)
+from .run_summary import summarize_run
+
+if TYPE_CHECKING:
+    from .stages.train import TrainOutputs
+
+
+def train(
+    root: Path,
+    name: str,
+    run_params: dict[str, Any],
+    recipe: TrainRecipe,
+    variant: VariantParams,
+    placement: Placement,
+    prepared_dir: Path,
+    out: TrainOutputs,
+    quiet: bool,
+) -> TrainSummary | None:
+    with phases.phase("device"):
+        engine.configure_backends(variant, recipe.deterministic)
+        engine.start_device(placement.device)
+    with phases.phase("model"):
+        flops_per_sample = build.flops_per_sample(recipe)
+    fitting = _Fitting.build(name, recipe, variant, placement, prepared_dir, out.profile)
+    steps = len(fitting.batches)
+    if placement.main:
+        log(_start_line(name, recipe, variant, placement, fitting.batches.num_samples))
+        remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
+    checkpoint_path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
+    checkpointer = Checkpointer(checkpoint_path, run_params, name)
+    with phases.phase("checkpoint"):
+        resume = checkpointer.load()
+    if out.profile is not None:
+        epochs_done = resume.epochs_done if resume else 0
+        profiling.check_request(name, recipe.epochs, steps, epochs_done)
+    with _tracked_run(root, name, run_params, variant, placement, resume) as run_id:
+        if placement.main and resume is None:
+            with phases.phase("mlflow"):
+                _log_datasets(prepared_dir, recipe)
+        progress = EpochProgress(name, recipe.epochs, steps, quiet=quiet or not placement.main)
+        with phases.phase("training"):
+            records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
+        progress.close()
+        if not placement.main:
+            return None
+        summary = summarize_run(
+            records,
+            variant,
+            placement,
+            accumulation_steps=accumulation,
+            flops_per_sample=flops_per_sample,
+        )
+        state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
+        model_file = ModelFile(name, "trained", run_id, run_params, state_dict)
+        phases.RECORDER.training_s = summary.total_train_s
+        with phases.phase("outputs"), staged() as outputs:  # all new or all old
+            write_json(outputs(out.metrics.train_json), summary.to_json())
+            write_epochs_csv(outputs(out.metrics.epochs_csv), [r.as_dict() for r in records])
+            model_file.save(outputs(out.model))
+        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4])
+    log(
+        f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
+        f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
+        f"{summary.final_test_accuracy:.2%}"
+    )
+    checkpointer.discard()
+    return summary
+
+
+@dataclass
+class _Fitting:
+    """A variant's model and batches in this process, and how they are fitted: once, or
+    again from scratch after each CUDA out-of-memory error (`oom.retry_on_oom`)."""
+
+    name: str
+    recipe: TrainRecipe
+    variant: VariantParams
+    placement: Placement
+    model: torch.nn.Module
+    batches: engine.BatchSource
+    test_batches: ResidentBatches
+    profile_dir: Path | None
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        recipe: TrainRecipe,
+        variant: VariantParams,
+        placement: Placement,
+        prepared_dir: Path,
+        profile_dir: Path | None,
+    ) -> _Fitting:
+        device = placement.device
+        with phases.phase("model"):
+            model = build.fresh_model(recipe, variant, device)
+        shard = {"rank": placement.rank, "world_size": placement.world_size}
+        with phases.phase("data"):
+            batches = build.train_batches(recipe, variant, prepared_dir, device, **shard)
+            test_batches = build.eval_batches(
+                prepared_dir,
+                device,
+                recipe.eval_batch_size,
+                recipe.test_subset,
+                channels_last=variant.channels_last,
+            )
+        return cls(name, recipe, variant, placement, model, batches, test_batches, profile_dir)
+
+    def fit(
+        self,
+        progress: EpochProgress,
+        resume: Resume | None,
+        on_checkpoint: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[list[engine.EpochRecord], int]:
+        """Epoch records, and the accumulation steps they were trained with."""
+        recipe, variant, placement = self.recipe, self.variant, self.placement
+        device = placement.device
+        energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
+
+        def on_epoch(record: engine.EpochRecord) -> None:
+            progress.epoch_done(record)
+            if placement.main:
+                tracking.log_metrics(record.as_dict(), step=record.epoch)
+
+        def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
+            if fresh:  # after an OOM: from scratch, the checkpoint's state left behind
+                self.model = build.fresh_model(recipe, variant, device)
+            # one profile per attempt: an OOM retry starts counting steps again
+            with profiling.step_profiler(
+                self.profile_dir,
+                self.name,
+                placement.rank,
+                len(self.batches),
+                cuda=variant.uses_cuda,
+            ) as profile_step:
+
+                def on_step(samples: int) -> None:
+                    progress.step(samples)
+                    profile_step()
+
+                return engine.fit(
+                    self.model,
+                    self.batches,
+                    self.test_batches,
+                    recipe,
+                    variant,
+                    device,
+                    accumulation_steps=accumulation_steps,
+                    distributed=placement.backend is not None,
+                    on_epoch=on_epoch,
+                    on_step=on_step,
+                    energy_j=energy_j,
+                    resume_from=resume.state if resume and not fresh else None,
+                    on_checkpoint=on_checkpoint,
+                )
+
+        return retry_on_oom(
+            attempt,
+            name=self.name,
+            batch_size=recipe.batch_size,
+            accumulation_steps=recipe.accumulation_steps,
+            retries=recipe.oom_retries,
+            placement=placement,
+        )
+
+
+def _start_line(
+    name: str, recipe: TrainRecipe, variant: VariantParams, placement: Placement, samples: int
+) -> str:
+    world_size = placement.world_size
+    return (
+        f"train {name}: {placement.device_name}, {variant.precision}, {variant.batches} "
+        f"batches, {samples} samples x {recipe.epochs} epochs, batch {recipe.batch_size}"
+        + (f" over {world_size} processes" if world_size > 1 else "")
+    )
+
+
+def _tracked_run(
+    root: Path,
+    name: str,
+    run_params: dict[str, Any],
+    variant: VariantParams,
+    placement: Placement,
+    resume: Resume | None,
+) -> contextlib.AbstractContextManager[str | None]:
+    """The variant's MLflow run: continued when resuming, none outside rank 0."""
+    if not placement.main:
+        return contextlib.nullcontext(None)
+    if resume is not None and resume.mlflow_run_id:
+        return tracking.resume_run(root, resume.mlflow_run_id)  # one variant, one run
+    tags = {
+        "status": "trained",
+        "device": variant.device,
+        "device_name": placement.device_name,
+        "torch": torch.__version__,
+        "cuda_runtime": str(torch.version.cuda),
+        "precision": variant.precision,
+        "world_size": str(placement.world_size),
+    }
+    return tracking.variant_run(root, name, run_params, tags, system_metrics=True)
+
+
+def _log_datasets(prepared_dir: Path, recipe: TrainRecipe) -> None:
+    for split, limit, context in (
+        ("train", recipe.train_subset, "training"),
+        ("test", recipe.test_subset, "evaluation"),
+    ):
+        arrays = data.load_split(prepared_dir, split, limit)
+        digest = data.dataset_digest(split, limit)
+        tracking.log_dataset(
+            f"mnist-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
+        )
+
+
+def _track_outputs(
+    name: str,
+    summary: TrainSummary,
+    model_file: ModelFile,
+    out: TrainOutputs,
+    example_images: torch.Tensor,
+) -> None:
+    tracking.log_train_summary(summary)
+    tracking.log_artifact(out.metrics.epochs_csv)
+    for path in sorted(out.profile.glob(f"{name}-rank0.*")) if out.profile else ():
+        tracking.log_artifact(path, "profile")
+    example = example_images.float().cpu().contiguous().numpy()
+    tracking.log_model(build.trained_model(model_file.state_dict), example)
