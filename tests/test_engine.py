@@ -273,3 +273,44 @@ def test_deterministic_mode_on_the_gpu(prepared) -> None:
         engine.configure_backends(variant, False)
     for name, value in weights[0].items():
         assert torch.equal(value, weights[1][name]), name
+
+
+def test_compile_cache_state_reads_torch_compiles_cache_counters(monkeypatch) -> None:
+    from collections import Counter, defaultdict
+
+    import torch._dynamo.utils
+
+    def counters(fx_hit=0, fx_miss=0, aot_hit=0, aot_miss=0):
+        table = defaultdict(Counter)
+        table["inductor"].update(fxgraph_cache_hit=fx_hit, fxgraph_cache_miss=fx_miss)
+        table["aot_autograd"].update(autograd_cache_hit=aot_hit, autograd_cache_miss=aot_miss)
+        return table
+
+    for table, expected in [
+        (counters(), None),
+        (counters(aot_hit=2, fx_hit=2), "warm"),
+        (counters(fx_miss=2, aot_miss=2), "cold"),
+        (counters(fx_hit=1, fx_miss=1), "partial"),
+    ]:
+        monkeypatch.setattr(torch._dynamo.utils, "counters", table)
+        assert engine.compile_cache_state() == expected
+
+
+def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> None:
+    from accelbench import build
+    from accelbench.stages.train import select
+    from helpers import small_params
+
+    params = select(small_params(), "cpu").recipe
+    cache = tmp_path / "flops.json"
+    first = build.flops_per_sample(params, cache)
+    assert first == build.flops_per_sample(params)  # the same count, uncached
+
+    def must_not_count(model) -> int:
+        raise AssertionError("counted again despite the cache")
+
+    monkeypatch.setattr(engine, "train_flops_per_sample", must_not_count)
+    assert build.flops_per_sample(params, cache) == first
+    cache.write_text("{broken")
+    monkeypatch.undo()
+    assert build.flops_per_sample(params, cache) == first  # a broken cache: counted again

@@ -88,6 +88,12 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path, monkeypatch) -> Non
     report = (repo / "reports" / "comparison.md").read_text()
     assert "| cpu | trained |" in report
     assert (repo / "reports" / "epoch_times.png").stat().st_size > 5000
+    # every stage recorded where its time went; the report adds them up
+    timings = {p.stem for p in (repo / ".accelbench" / "timings").glob("*.json")}
+    assert {"env", "download", "prepare", "train@cpu", "evaluate@cpu", "compare"} <= timings
+    assert "## Where the pipeline's time goes" in report and "| train@cpu |" in report
+    pipeline = json.loads((repo / "reports" / "pipeline_time.json").read_text())
+    assert pipeline["training_s"] > 0 and pipeline["between_stages_s"] is not None
 
     metrics = _dvc(repo, "metrics", "show", "--json", mirror=mirror)
     assert "steady_epoch_s" in metrics.stdout
@@ -103,6 +109,9 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path, monkeypatch) -> Non
     cpu_run = next(r for r in runs_before if r.info.run_name == "cpu")
     logged = {a.path for a in client.list_artifacts(cpu_run.info.run_id, "pipeline")}
     assert {"pipeline/params.yaml", "pipeline/dvc.lock"} <= logged
+    # compare logged the evaluation into the run that trained the variant
+    assert "eval_test_accuracy" in cpu_run.data.metrics
+    assert "confusion.png" in {a.path for a in client.list_artifacts(cpu_run.info.run_id)}
 
     second = _dvc(repo, "repro", mirror=mirror)
     out = second.stdout + second.stderr

@@ -87,3 +87,26 @@ def test_a_save_that_fails_midway_keeps_the_old_file_and_no_temporary(
     monkeypatch.undo()
     assert torch.load(path, weights_only=True) == {"epochs_done": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.pt"]
+
+
+def test_class_scores_match_scikit_learn() -> None:
+    """The evaluate stage's per-class scores, from the confusion matrix, are sklearn's."""
+    import numpy as np
+    from sklearn.metrics import classification_report
+
+    from accelbench import confusion
+    from accelbench.stages.evaluate import class_scores
+
+    rng = np.random.default_rng(0)
+    y_true = rng.integers(0, 9, 500)  # class 9 never occurs
+    y_pred = np.where(rng.random(500) < 0.8, y_true, rng.integers(0, 10, 500))
+    y_pred[y_pred == 3] = 4  # class 3 never predicted: precision undefined -> 0
+    expected = classification_report(y_true, y_pred, output_dict=True, zero_division=0)
+    counts = confusion.matrix(y_true, y_pred)
+    assert counts.sum() == 500 and counts[2, 2] == ((y_true == 2) & (y_pred == 2)).sum()
+    scores = class_scores(counts)
+    assert set(scores) == {k for k in expected if k.isdigit()}
+    for digit, s in scores.items():
+        assert s.precision == pytest.approx(expected[digit]["precision"])
+        assert s.recall == pytest.approx(expected[digit]["recall"])
+        assert s.f1_score == pytest.approx(expected[digit]["f1-score"])

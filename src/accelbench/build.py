@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from pathlib import Path
 
 import torch
@@ -34,8 +37,26 @@ def trained_model(state_dict: dict[str, torch.Tensor], source: str = "model file
     return model.eval()
 
 
-def flops_per_sample(train: TrainRecipe) -> int:
-    return engine.train_flops_per_sample(SeedCNN(dropout=train.dropout))
+def flops_per_sample(train: TrainRecipe, cache: Path | None = None) -> int:
+    """Training FLOPs per sample, counted once per model and torch version: the first count
+    in a process imports much of torch's tracing machinery (2-3 s), so the pipeline's train
+    stages share one count through `cache` (a JSON file keyed by the model's layers)."""
+    model = SeedCNN(dropout=train.dropout)
+    key = hashlib.sha256(f"{torch.__version__}\n{model!r}".encode()).hexdigest()[:16]
+    known: dict[str, int] = {}
+    if cache is not None:
+        try:
+            known = {k: int(v) for k, v in json.loads(cache.read_text()).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            known = {}  # missing or unreadable: count again
+    if key not in known:
+        known[key] = engine.train_flops_per_sample(model)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=2) + "\n")
+            os.replace(tmp, cache)
+    return known[key]
 
 
 def train_batches(

@@ -36,6 +36,8 @@ from .run_summary import summarize_run
 if TYPE_CHECKING:
     from .stages.train import TrainOutputs
 
+FLOPS_CACHE = Path(".accelbench") / "flops.json"  # the model's FLOPs, counted once
+
 
 def train(
     root: Path,
@@ -52,7 +54,7 @@ def train(
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
     with phases.phase("model"):
-        flops_per_sample = build.flops_per_sample(recipe)
+        flops_per_sample = build.flops_per_sample(recipe, root / FLOPS_CACHE)
     fitting = _Fitting.build(name, recipe, variant, placement, prepared_dir, out.profile)
     steps = len(fitting.batches)
     if placement.main:

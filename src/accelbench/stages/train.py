@@ -85,7 +85,8 @@ def run(
         if isinstance(summary, TrainSummary):
             phases.RECORDER.training_s = summary.total_train_s
         return summary
-    from ..training import train
+    with phases.phase("imports"):  # MLflow and the model code: only to train
+        from ..training import train
 
     run_params = _run_params(name, inputs.recipe, inputs.variant)
     with torchrun.process_group(placement):

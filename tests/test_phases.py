@@ -1,0 +1,78 @@
+"""Where a stage's wall time goes: exclusive phase times, the timing files, the report's table."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from accelbench import phases, pipeline_time
+from accelbench.phases import Recorder, StageTiming
+
+
+def test_a_nested_phase_counts_for_itself_only() -> None:
+    recorder = Recorder(started=time.time())
+    with recorder.phase("training"):
+        time.sleep(0.05)
+        with recorder.phase("evaluation"):
+            time.sleep(0.1)
+        time.sleep(0.05)
+    assert recorder.seconds["evaluation"] == pytest.approx(0.1, abs=0.03)
+    assert recorder.seconds["training"] == pytest.approx(0.1, abs=0.03)
+
+
+def test_an_unknown_phase_is_refused() -> None:
+    with (
+        pytest.raises(ValueError, match="unknown phase 'compiling'"),
+        Recorder().phase("compiling"),
+    ):
+        pass
+
+
+def test_the_process_start_is_before_now_and_recent() -> None:
+    started = phases.process_started()
+    assert time.time() - 3600 < started <= time.time()
+
+
+def test_timings_round_trip_and_unreadable_files_are_left_out(tmp_path) -> None:
+    timing = StageTiming("train@amp", 1000.0, 20.0, {"imports": 3.0, "training": 10.0}, 9.5)
+    phases.write(tmp_path, timing)
+    (tmp_path / phases.TIMINGS_DIR / "broken.json").write_text("{not json")
+    (tmp_path / phases.TIMINGS_DIR / "other.json").write_text(json.dumps({"stage": "x"}))
+    assert phases.read_all(tmp_path) == [timing]
+    assert timing.overhead_s == pytest.approx(10.5)
+    assert timing.other_s == pytest.approx(7.0)
+
+
+def _timing(stage: str, started: float, wall: float, training: float | None = None) -> StageTiming:
+    return StageTiming(stage, started, wall, {"imports": wall / 2}, training)
+
+
+def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_date() -> None:
+    earlier = _timing("train@cpu", 100.0, 50.0, 40.0)  # cached: ran before this repro's env
+    env = _timing("env", 1000.0, 2.0)
+    train = _timing("train@gpu", 1003.0, 20.0, 12.0)
+    compare = _timing("compare", 1025.0, 3.0)
+    pipeline = pipeline_time.collect([compare, train, earlier, env], compare)
+    assert [t.stage for t in pipeline.stages] == ["env", "train@cpu", "train@gpu", "compare"]
+    assert pipeline.this_run == {"env", "train@gpu", "compare"}
+    assert pipeline.wall_s == pytest.approx(25.0)
+    assert pipeline.training_s == pytest.approx(12.0)
+    assert pipeline.overhead_s == pytest.approx(13.0)
+    assert pipeline.span_s == pytest.approx(28.0)
+    assert pipeline.between_stages_s == pytest.approx(3.0)
+    text = "\n".join(pipeline_time.markdown(pipeline))
+    assert "| *train@cpu (up to date)* | 50.0 s | 40.0 s |" in text
+    assert "| train@gpu | 20.0 s | 12.0 s | 8.0 s | imports 10.0, other 10.0 |" in text
+    assert (
+        "DVC's own work between the stages (hashing, dvc.lock, starting each stage): 3.0 s" in text
+    )
+    assert json.loads(json.dumps(pipeline.to_json()))["stages"]["train@cpu"]["this_run"] is False
+
+
+def test_without_an_env_timing_every_stage_counts_and_there_is_no_span() -> None:
+    compare = _timing("compare", 1025.0, 3.0)
+    pipeline = pipeline_time.collect([_timing("train@gpu", 1003.0, 20.0, 12.0)], compare)
+    assert pipeline.this_run == {"train@gpu", "compare"} and pipeline.span_s is None
+    assert "DVC's own work" not in "\n".join(pipeline_time.markdown(pipeline))
