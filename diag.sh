@@ -1,14 +1,24 @@
-set -x
-T0=$(date +%s)
-source benchmarks/gpu-host-setup.sh
+source benchmarks/gpu-host-setup.sh >/dev/null 2>&1
 export ACCELBENCH_MNIST_MIRROR=$PWD/.mirror
-echo "setup $(( $(date +%s) - T0 )) s"; nproc; python3 -c "import torch; print(torch.__version__, torch.get_num_threads())"
-python3 -X importtime -c "import accelbench.training" 2> $OUT/importtime.txt
-T1=$(date +%s); /usr/bin/time -v dvc repro > $OUT/repro1.log 2>&1; echo "repro1 $(( $(date +%s) - T1 )) s"
-cp reports/comparison.md $OUT/comparison1.md; cp -r .accelbench/timings $OUT/timings1; cp reports/pipeline_time.json $OUT/pt1.json
-T2=$(date +%s); dvc repro -f -s train@amp train@gpu evaluate@amp evaluate@gpu compare > $OUT/repro2.log 2>&1; echo "repro2 (warm compile cache) $(( $(date +%s) - T2 )) s"
-cp reports/comparison.md $OUT/comparison2.md; cp -r .accelbench/timings $OUT/timings2
-timeout 120 python3 benchmarks/variants.py amp gpu --epochs 3 --set amp.channels_last=false --set gpu.channels_last=false > $OUT/nocl.txt 2>&1
-timeout 100 python3 benchmarks/variants.py cpu --epochs 2 --set cpu.threads=$(nproc) > $OUT/cputhreads.txt 2>&1
-tar czf $OUT/store.tgz mlflow.db mlartifacts metrics reports dvc.lock 2>/dev/null
-echo total $(( $(date +%s) - T0 )) s
+python3 - <<'PY'
+from ruamel.yaml import YAML
+y=YAML(); p=y.load(open('params.yaml')); p['train']['epochs']=3; y.dump(p, open('params.yaml','w'))
+PY
+dvc repro prepare > $OUT/prep.log 2>&1
+for v in cpu amp amp gpu_dataloader; do
+  python3 -m cProfile -o /tmp/$v.prof -m accelbench.cli train $v --data data/prepared --model models/$v.pt --metrics metrics/$v --quiet >> $OUT/train.log 2>&1
+  python3 - $v >> $OUT/prof-$v.txt <<'PY'
+import pstats, sys
+v=sys.argv[1]
+s=pstats.Stats(f'/tmp/{v}.prof'); s.sort_stats('cumulative')
+s.print_stats(r'accelbench/(tracking|training|build|engine|stages|checkpoint)\.py', 40)
+s.print_callees(r'tracking.py:\d+\(wrapper\)')
+s.print_callees(r'_start_variant_run|log_model|variant_run|_end_run|setup')
+s.sort_stats('tottime'); s.print_stats(25)
+PY
+  cp .accelbench/timings/train@$v.json $OUT/timing-$v-$RANDOM.json
+done
+python3 -X importtime -c "import mlflow" 2> $OUT/imp-mlflow.txt
+python3 -c "
+import time; t=time.perf_counter()
+import importlib.metadata as m; d=m.packages_distributions(); print('packages_distributions', len(d), time.perf_counter()-t)" >> $OUT/train.log

@@ -3,7 +3,10 @@
 # off in NCCL, PyTorch and NVSHMEM (shared hosts: a multicast fault can take their GPUs down).
 export PYTHONUNBUFFERED=1 MLFLOW_DISABLE_TELEMETRY=true
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+# Byte-compiled at install (no --no-compile): without .pyc files, and with
+# PYTHONDONTWRITEBYTECODE set, every stage process recompiled MLflow, SQLAlchemy, pandas, ...
+# from source: about 6,000 compile() calls, 7-11 s per process on the H200 host.
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD/src" PATH="/tmp/site/bin:$PATH"
 # The stages call `accelbench`; without an installed entry point, a shim does.
