@@ -178,14 +178,18 @@ def evaluate(
     batches: BatchSource,
     variant: VariantParams,
     device: torch.device,
+    max_batches: int | None = None,
 ) -> EvalResult:
-    """Test loss (summed, then divided by the sample count), accuracy and predictions."""
+    """Test loss (summed, then divided by the sample count), accuracy and predictions (of the
+    first `max_batches` batches only, when given: a warm-up)."""
     clock = DeviceClock(device)
     model.eval()
     loss_sum = torch.zeros((), device=device)
     predictions, targets = [], []
     start = clock.now()
-    for images, labels in batches.epoch(0):
+    for i, (images, labels) in enumerate(batches.epoch(0)):
+        if max_batches is not None and i >= max_batches:
+            break
         with autocast(variant, device):
             logits = model(images)
         loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")

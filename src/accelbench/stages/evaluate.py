@@ -64,7 +64,9 @@ def run(
     with phases.phase("data"):
         batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
     with phases.phase("evaluation"):
-        engine.evaluate(model, batches, variant, device)  # warm-up: kernels, autotuning
+        # Warm-up: on a GPU every batch shape (cuDNN autotunes each); on a CPU one batch.
+        warmup = None if device.type == "cuda" else 1
+        engine.evaluate(model, batches, variant, device, max_batches=warmup)
         result = engine.evaluate(model, batches, variant, device)
         y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
         counts = confusion.matrix(y_true, y_pred)
