@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The figures of record: a full `dvc repro` on an air-gapped GPU host, installed from the
 # wheelhouse (make wheelhouse PY=3.12), with the MNIST files in $ACCELBENCH_MNIST_MIRROR.
-# Writes results.tgz (reports, env facts, metrics, dvc.lock) and the MLflow run summary to
-# $OUT (default: ./gpu-run). Run from the repository root: bash benchmarks/gpu-host-run.sh
+# Writes results.tgz (reports, env facts, metrics, dvc.lock, each stage's timing), store.tgz
+# (the MLflow store and its artifacts) and the MLflow run summary to $OUT (default:
+# ./gpu-run). Run from the repository root: bash benchmarks/gpu-host-run.sh
 set -euo pipefail
 OUT="${OUT:-$PWD/gpu-run}"
 mkdir -p "$OUT"
@@ -14,4 +15,5 @@ start=$(date +%s)
 dvc repro 2>&1 | tee "$OUT/dvc-repro.log"
 echo "dvc repro wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/dvc-repro.log"
 accelbench runs | tee "$OUT/mlflow-runs.md"
-tar czf "$OUT/results.tgz" reports env metrics dvc.lock
+tar czf "$OUT/results.tgz" reports env metrics dvc.lock .accelbench/timings
+tar czf "$OUT/store.tgz" mlflow.db mlartifacts
