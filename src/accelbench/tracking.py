@@ -10,6 +10,12 @@ repro that re-runs no training stage opens no run at all.
 The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
 *relative* location, so the store and its artifacts can move together: to another path, or
 into a container that mounts the checkout at /workspace.
+
+DVC experiments run with `--temp` or from the queue (`dvc queue start`) run the pipeline in a
+copy of the repository under `.dvc/tmp/exps/`, deleted afterwards. Their runs go to the store
+of the workspace the copy was made from (`store_root`), their artifacts through a link to its
+`mlartifacts/`; each copy keeps its own pipeline run pointer, so every experiment is one
+pipeline run, named after the experiment.
 """
 
 from __future__ import annotations
@@ -48,11 +54,31 @@ KIND_TAG = "mlflow.experimentKind"
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 PIPELINE_RUN_FILE = Path(".accelbench") / "pipeline-run"
+EXP_NAME_TAG = "dvc.exp_name"
+WORKSPACE_ENV = "DVC_ROOT"  # DVC sets it for every stage: the workspace an experiment came from
+
+
+def store_root(root: Path) -> Path:
+    """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`.
+
+    DVC sets $DVC_ROOT for every stage it runs: the repository root for `dvc repro` and
+    `dvc exp run`, and for `--temp` and queued experiments, which run in a throwaway copy,
+    the workspace the copy was made from. Without it (a stage run by hand) it is `root`.
+    """
+    workspace = os.environ.get(WORKSPACE_ENV)
+    if not workspace:
+        return root
+    if not Path(workspace).is_dir():  # queued on another machine or container path
+        log(f"${WORKSPACE_ENV} {workspace} is not a folder here; tracking into {root / STORE}")
+        return root
+    return Path(workspace)
 
 
 def tracking_uri(root: Path) -> str:
-    """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path inside the repo."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / STORE).resolve()}"
+    """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path in the workspace."""
+    return (
+        os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(store_root(root) / STORE).resolve()}"
+    )
 
 
 # A tracking server that is down must cost seconds, not MLflow's default minutes of retries.
@@ -100,19 +126,35 @@ def setup(root: Path) -> str:
         os.environ.setdefault(key, value)
     own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
     mlflow.set_tracking_uri(tracking_uri(root))
+    workspace = store_root(root)
+    if own_store:
+        _link_artifacts(root, workspace)
     experiment = mlflow.get_experiment_by_name(EXPERIMENT)
     if experiment is not None:
         experiment_id = experiment.experiment_id
     else:
-        artifacts = (root / ARTIFACTS).resolve().as_uri() if own_store else None
+        artifacts = (workspace / ARTIFACTS).resolve().as_uri() if own_store else None
         # The UI opens a model-training experiment on its runs, not on the GenAI overview.
         experiment_id = mlflow.create_experiment(
             EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
         )
     if own_store:
-        relative_artifacts(root / STORE)
+        relative_artifacts(workspace / STORE)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+def _link_artifacts(root: Path, workspace: Path) -> None:
+    """In an experiment's copy of the repository, `mlartifacts` links to the workspace's: the
+    store's relative artifact locations resolve against the working directory."""
+    link, target = root / ARTIFACTS, (workspace / ARTIFACTS).resolve()
+    if root.resolve() == workspace.resolve() or link.resolve() == target:
+        return
+    if link.exists() or link.is_symlink():
+        log(f"{link} exists and is not {target}: this run's artifacts stay in {link}")
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
 
 
 # Where MLflow keeps artifact locations in a SQLite store: (table, column, experiment column).
@@ -186,7 +228,7 @@ def _common_tags(root: Path, role: str) -> dict[str, str]:
     if commit := git_commit(root):
         tags["mlflow.source.git.commit"] = commit
     if exp_name := os.environ.get("DVC_EXP_NAME"):
-        tags["dvc.exp_name"] = exp_name
+        tags[EXP_NAME_TAG] = exp_name
     return tags
 
 
@@ -210,7 +252,8 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     """The RUNNING parent run of this checkout, created (and its id kept) if there is none."""
     if run_id := open_pipeline_run_id(root):
         return run_id
-    name = "pipeline " + datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
+    name = f"{os.environ.get('DVC_EXP_NAME') or 'pipeline'} {datetime.now():%Y-%m-%d %H:%M:%S}"
     run = MlflowClient().create_run(
         experiment_id, tags=_common_tags(root, "pipeline"), run_name=name
     )
@@ -472,6 +515,17 @@ def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, flo
     return run_id
 
 
+# The UI's experiment page in its model-training view: MLflow 3's UI chooses between its GenAI
+# and model-training views by this query parameter (else the last choice, GenAI at first) and
+# no longer by the experiment's `mlflow.experimentKind` tag.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_path(experiment_id: str) -> str:
+    """The experiment's runs in the UI's model-training view, relative to the server's URL."""
+    return f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+
+
 SUMMARY_METRICS = ("first_epoch_s", "steady_epoch_s", "steady_samples_per_s", "eval_test_accuracy")
 
 
@@ -514,8 +568,9 @@ def summary_markdown(root: Path) -> str:
     lines = [
         f"MLflow: {tracking_uri(root)}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
+        f"In the UI (`make ui`): http://127.0.0.1:5000{ui_path(parent.info.experiment_id)}",
         "",
-        "| run | status | variant | device | " + " | ".join(SUMMARY_METRICS) + " | run id |",
+        "| variant | result | run status | device | " + " | ".join(SUMMARY_METRICS) + " | run id |",
         "|---|---|---|---|" + "---|" * len(SUMMARY_METRICS) + "---|",
     ]
     for run in children:
@@ -524,7 +579,7 @@ def summary_markdown(root: Path) -> str:
             for m in SUMMARY_METRICS
         ]
         lines.append(
-            f"| {run.info.run_name} | {run.info.status} | {run.data.tags.get('status', '')} | "
+            f"| {run.info.run_name} | {run.data.tags.get('status', '')} | {run.info.status} | "
             f"{run.data.tags.get('device_name', run.data.tags.get('device', ''))} | "
             + " | ".join(metrics)
             + f" | {run.info.run_id} |"
