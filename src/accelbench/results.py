@@ -25,6 +25,7 @@ EPOCHS_CSV = "epochs.csv"
 EVAL_JSON = "eval.json"
 CONFUSION_CSV = "confusion.csv"
 CONFUSION_PNG = "confusion.png"
+PER_CLASS_CSV = "per_class.csv"
 ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
 
 
@@ -57,6 +58,10 @@ class MetricsFiles:
     @property
     def confusion_png(self) -> Path:
         return self.folder / CONFUSION_PNG
+
+    @property
+    def per_class_csv(self) -> Path:
+        return self.folder / PER_CLASS_CSV
 
 
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
@@ -245,6 +250,16 @@ class EvalSummary:
 
 
 EvalResult = EvalSummary | Skipped
+
+
+def write_per_class_csv(path: Path, result: EvalResult) -> None:
+    """Precision, recall and F1 of each digit (DVC plots it; a skipped variant: the header)."""
+    per_class = result.per_class if isinstance(result, EvalSummary) else {}
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["digit", "precision", "recall", "f1"])
+        for digit, scores in sorted(per_class.items(), key=lambda item: int(item[0])):
+            writer.writerow([digit, scores.precision, scores.recall, scores.f1_score])
 
 
 def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalResult:

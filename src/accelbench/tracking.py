@@ -350,18 +350,23 @@ def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
     _end_run("FINISHED")
 
 
-@tolerant
-def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
-    """The data a run used, as an MLflow dataset input (digest from the verified checksums)."""
+def numpy_dataset(name: str, images, labels, source: Path, digest: str):
+    """An MLflow dataset of arrays (digest from the verified checksums, so the training and
+    the evaluation stage name the same data alike)."""
     import mlflow.data
 
     with warnings.catch_warnings():
         # MLflow registers its local-file source class twice and says so on every resolve.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
-        dataset = mlflow.data.from_numpy(
+        return mlflow.data.from_numpy(
             images, targets=labels, source=str(source.resolve()), name=name, digest=digest
         )
-    mlflow.log_input(dataset, context=context)
+
+
+@tolerant
+def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
+    """The data a run used, as an MLflow dataset input."""
+    mlflow.log_input(numpy_dataset(name, images, labels, source, digest), context=context)
 
 
 @contextmanager
@@ -457,16 +462,34 @@ def log_train_summary(summary: TrainSummary) -> None:
     log_metrics(summary.metrics())
 
 
-def log_eval_summary(summary: EvalSummary) -> None:
-    """Evaluation figures, prefixed `eval_` where a training metric has the same name."""
-    log_metrics(
+def log_eval_summary(summary: EvalSummary, dataset=None) -> None:
+    """Evaluation figures, prefixed `eval_` where a training metric has the same name, logged
+    against the run's model and the test `dataset` (an MLflow dataset): MLflow's models view
+    then lists and ranks every variant's model by them."""
+    _log_model_metrics(
         {
             "eval_test_accuracy": summary.test_accuracy,
             "eval_test_loss": summary.test_loss,
             "eval_macro_f1": summary.macro_f1,
             "inference_samples_per_s": summary.inference_samples_per_s,
-        }
+        },
+        dataset,
     )
+
+
+@tolerant
+def _log_model_metrics(metrics: Mapping[str, float], dataset) -> None:
+    run = mlflow.active_run()
+    model_id = logged_model_id(run.info.experiment_id, run.info.run_id) if run else None
+    mlflow.log_metrics(dict(metrics), model_id=model_id, dataset=dataset)
+
+
+def logged_model_id(experiment_id: str, run_id: str) -> str | None:
+    """The model that run `run_id` logged (train's `log_model`), if any."""
+    models = MlflowClient().search_logged_models(
+        [experiment_id], filter_string=f"source_run_id = '{run_id}'", max_results=1
+    )
+    return models[0].model_id if models else None
 
 
 @tolerant
@@ -480,8 +503,9 @@ def log_artifact(path: Path, artifact_path: str | None = None) -> None:
 
 
 @tolerant
-def log_model(model, input_example) -> None:
-    """The trained model with a signature inferred from an input example."""
+def log_model(model, input_example, name: str) -> None:
+    """The trained model with a signature inferred from an input example, named after its
+    variant (the models view lists the variants' models by name)."""
     import mlflow.pytorch
     import torch
 
@@ -490,7 +514,7 @@ def log_model(model, input_example) -> None:
     signature = mlflow.models.infer_signature(input_example, output)
     mlflow.pytorch.log_model(
         model,
-        name="model",
+        name=name,
         signature=signature,
         input_example=input_example,
         # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the CPU
@@ -524,6 +548,19 @@ TRAINING_VIEW = "workflowType=machine_learning"
 def ui_path(experiment_id: str) -> str:
     """The experiment's runs in the UI's model-training view, relative to the server's URL."""
     return f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+
+
+def training_view_url(base_url: str, store: Path) -> str:
+    """Where `make ui` sends a user: the experiment in the model-training view (the list of
+    experiments, in that view, while the SQLite `store` has none yet)."""
+    try:
+        with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            row = db.execute(
+                "SELECT experiment_id FROM experiments WHERE name = ?", (EXPERIMENT,)
+            ).fetchone()
+    except sqlite3.Error:  # no store yet, or not one of MLflow's
+        row = None
+    return base_url + (ui_path(str(row[0])) if row else f"/#/experiments?{TRAINING_VIEW}")
 
 
 SUMMARY_METRICS = ("first_epoch_s", "steady_epoch_s", "steady_samples_per_s", "eval_test_accuracy")

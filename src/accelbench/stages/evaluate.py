@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, confusion, engine, tracking
+from .. import build, confusion, data, engine, tracking
 from ..console import InputError, log
 from ..params import Params, VariantParams
 from ..placement import evaluation_device
@@ -23,6 +23,7 @@ from ..results import (
     remove_leftovers,
     staged,
     write_json,
+    write_per_class_csv,
 )
 
 
@@ -39,7 +40,7 @@ def select(params: Params) -> EvalInputs:
 def run(
     root: Path, inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> EvalResult:
-    remove_leftovers(files.eval_json, files.confusion_csv, files.confusion_png)
+    remove_leftovers(files.eval_json, files.confusion_csv, files.confusion_png, files.per_class_csv)
     model_file = ModelFile.load(model_path)
     name = model_file.variant
     if not model_file.trained:
@@ -56,6 +57,7 @@ def run(
     summary = _summary(result, y_true, y_pred)
     with staged() as outputs:  # all new or all old
         write_json(outputs(files.eval_json), summary.to_json())
+        write_per_class_csv(outputs(files.per_class_csv), summary)
         confusion.write_confusion_csv(outputs(files.confusion_csv), (y_true, y_pred))
         confusion.confusion_figure(
             outputs(files.confusion_png),
@@ -69,11 +71,19 @@ def run(
         return summary
     # Tracking calls are tolerant: a store reset since training is reported once, as an outage.
     with tracking.resume_run(root, model_file.mlflow_run_id):
-        tracking.log_eval_summary(summary)
+        tracking.log_eval_summary(summary, _test_dataset(prepared_dir, inputs.test_subset))
         tracking.log_artifact(files.confusion_png)
         tracking.log_artifact(files.eval_json)
+        tracking.log_artifact(files.per_class_csv)
     log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {summary.macro_f1:.4f}")
     return summary
+
+
+def _test_dataset(prepared_dir: Path, test_subset: int):
+    """The test set as the training stage logged it (name and digest), for MLflow."""
+    arrays = data.load_split(prepared_dir, "test", test_subset)
+    digest = data.dataset_digest("test", test_subset)
+    return tracking.numpy_dataset("mnist-test", arrays.images, arrays.labels, prepared_dir, digest)
 
 
 def _trained_variant(model_file: ModelFile, model_path: Path) -> VariantParams:
@@ -110,6 +120,7 @@ def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
     skipped = Skipped(model_file.reason or "no reason recorded")
     with staged() as outputs:
         write_json(outputs(files.eval_json), skipped.to_json())
+        write_per_class_csv(outputs(files.per_class_csv), skipped)
         confusion.write_confusion_csv(outputs(files.confusion_csv), None)
         confusion.placeholder_figure(
             outputs(files.confusion_png),
