@@ -48,6 +48,7 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff format src tests tools benchmarks
 
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
+	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import training_view_url as url; print("Open", url(sys.argv[1], Path("mlflow.db")))' http://$(HOST):$(PORT)
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
