@@ -13,7 +13,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup repro test lint format ui lock wheelhouse container-test clean
+.PHONY: help setup repro test lint format ui lock wheelhouse container-test schema clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -64,5 +64,16 @@ wheelhouse:  ## wheels for an air-gapped Python $(PY) x86_64 host into .whl/ (ma
 container-test: setup  ## build the image and run the pipeline in it (root, buildah + podman; ~15 min)
 	bash tools/container-test.sh
 
-clean:  ## remove pipeline outputs, the MLflow store and the DVC cache (keeps .venv)
-	rm -rf data models metrics reports env checkpoints mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock
+schema:  ## regenerate docs/params.schema.json (editors' completion for params.yaml)
+	python tools/params_schema.py
+
+# Pipeline outputs (`dvc repro` restores them from the DVC cache or re-runs their stages);
+# the run history (MLflow store, DVC cache and experiment queue) only by its own target.
+OUTPUTS := data models metrics reports env checkpoints dvc.lock
+HISTORY := mlflow.db mlartifacts mlruns .accelbench .dvc/cache .dvc/tmp
+
+clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC cache)
+	rm -rf $(OUTPUTS)
+
+clean-history:  ## DELETE the run history: MLflow store and artifacts, DVC cache and queue
+	rm -rf $(HISTORY)
