@@ -134,7 +134,8 @@ def setup(root: Path) -> str:
         experiment_id = experiment.experiment_id
     else:
         artifacts = (workspace / ARTIFACTS).resolve().as_uri() if own_store else None
-        # The UI opens a model-training experiment on its runs, not on the GenAI overview.
+        # Earlier MLflow 3 UIs open a model-training experiment on its runs by this tag;
+        # 3.17's goes by the link's workflowType (`ui_path`), which make ui prints.
         experiment_id = mlflow.create_experiment(
             EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
         )
