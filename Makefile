@@ -13,7 +13,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup repro test lint format ui lock wheelhouse container-test clean
+.PHONY: help setup repro test lint format ui lock wheelhouse container-test schema clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -48,6 +48,7 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff format src tests tools benchmarks
 
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
+	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import training_view_url as url; print("Open", url(sys.argv[1], Path("mlflow.db")))' http://$(HOST):$(PORT)
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
@@ -63,5 +64,16 @@ wheelhouse:  ## wheels for an air-gapped Python $(PY) x86_64 host into .whl/ (ma
 container-test: setup  ## build the image and run the pipeline in it (root, buildah + podman; ~15 min)
 	bash tools/container-test.sh
 
-clean:  ## remove pipeline outputs, the MLflow store and the DVC cache (keeps .venv)
-	rm -rf data models metrics reports env checkpoints mlflow.db mlartifacts mlruns .dvc/cache .dvc/tmp dvc.lock
+schema:  ## regenerate docs/params.schema.json (editors' completion for params.yaml)
+	python tools/params_schema.py
+
+# Pipeline outputs (`dvc repro` restores them from the DVC cache or re-runs their stages);
+# the run history (MLflow store, DVC cache and experiment queue) only by its own target.
+OUTPUTS := data models metrics reports env checkpoints dvc.lock
+HISTORY := mlflow.db mlartifacts mlruns .accelbench .dvc/cache .dvc/tmp
+
+clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC cache)
+	rm -rf $(OUTPUTS)
+
+clean-history:  ## DELETE the run history: MLflow store and artifacts, DVC cache and queue
+	rm -rf $(HISTORY)

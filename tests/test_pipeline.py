@@ -17,6 +17,9 @@ from helpers import REPO, repo_params_raw, shared_mnist
 
 pytestmark = pytest.mark.slow
 
+# The README's `dvc exp show` command leaves out the stages' dependencies (paths, hashes).
+EXP_SHOW_DROP = "^(src|data|env|models|metrics)(/|$)"
+
 
 def _copy_repo(dest: Path) -> None:
     files = subprocess.run(
@@ -163,3 +166,83 @@ def test_killed_dvc_repro_resumes_and_redoes_only_what_is_incomplete(tmp_path) -
     experiment = client.get_experiment_by_name("accelbench")
     cpu_runs = client.search_runs([experiment.experiment_id], "attributes.run_name = 'cpu'")
     assert [r.info.status for r in cpu_runs] == ["FINISHED"]  # one variant, one run
+
+
+def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeypatch) -> None:
+    """`dvc exp run --queue` + `dvc queue start` run each experiment in a copy under
+    .dvc/tmp/exps that DVC deletes: both land in the workspace's MLflow store, each a pipeline
+    run named after its DVC experiment, with artifacts readable from the workspace."""
+    import time
+
+    repo, mirror, _ = _small_repo(
+        tmp_path, only_cpu=True, epochs=2, train_subset=512, test_subset=256
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-qam", "small params"], cwd=repo, check=True)
+    names = {"lr-low": "train.lr=0.0005", "lr-high": "train.lr=0.002"}
+    for name, change in names.items():
+        _dvc(repo, "exp", "run", "--queue", "-n", name, "-S", change, mirror=mirror)
+    started = subprocess.run(  # its workers keep the pipes open: no capture
+        [str(Path(sys.executable).parent / "dvc"), "queue", "start"],
+        cwd=repo,
+        env=_env(mirror),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=120,
+    )
+    assert started.returncode == 0
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            status = _dvc(repo, "queue", "status", mirror=mirror).stdout
+            if "Queued" not in status and "Running" not in status:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(5)
+    finally:
+        subprocess.run(
+            [str(Path(sys.executable).parent / "dvc"), "queue", "stop"],
+            cwd=repo,
+            env=_env(mirror),
+            capture_output=True,
+            timeout=60,
+        )
+    assert status.count("Success") == 2, (
+        status + _dvc(repo, "queue", "logs", "lr-low", mirror=mirror).stdout
+    )
+    assert not list((repo / ".dvc" / "tmp" / "exps").glob("tmp*"))  # the copies are gone
+
+    monkeypatch.chdir(repo)  # artifact locations are relative to the workspace root
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("accelbench")
+    runs = client.search_runs([experiment.experiment_id])
+    pipelines = {
+        r.data.tags.get("dvc.exp_name"): r
+        for r in runs
+        if r.data.tags.get("accelbench.role") == "pipeline"
+    }
+    assert set(pipelines) == set(names)
+    for name, change in names.items():
+        pipeline = pipelines[name]
+        assert pipeline.info.run_name.startswith(f"{name} ")
+        assert pipeline.info.status == "FINISHED"
+        [cpu] = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
+        assert cpu.info.run_name == "cpu" and cpu.data.tags["dvc.exp_name"] == name
+        assert cpu.data.params["train.lr"] == change.split("=")[1]
+        assert "eval_test_accuracy" in cpu.data.metrics
+        local = client.download_artifacts(cpu.info.run_id, "eval.json", str(tmp_path))
+        assert json.loads(Path(local).read_text())["status"] == "trained"
+
+    # The README's comparison: what changed, without the dependencies' hashes.
+    env = _env(mirror) | {"COLUMNS": "120"}
+    dvc = str(Path(sys.executable).parent / "dvc")
+    shown = subprocess.run(
+        [dvc, "exp", "show", "--no-pager", "--only-changed", "--drop", EXP_SHOW_DROP],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    header = next(line for line in shown.splitlines() if "Experiment" in line).split()
+    assert {"steady_epoch_s", "test_accuracy", "train.lr"} <= set(header), shown
+    assert not [column for column in header if "/" in column or column == "train.epochs"], shown
+    rows = {line.split()[2].strip("[]"): line.split() for line in shown.splitlines() if "[" in line}
+    assert set(rows) == set(names) and rows["lr-low"][-1] == "0.0005", shown
+    assert max(map(len, shown.splitlines())) <= 120 and "…" not in shown, shown

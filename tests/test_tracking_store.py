@@ -133,3 +133,58 @@ def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     MlflowClient().set_terminated(parent, "FINISHED")
     other = _log_variant(tmp_path, "cpu")
     assert MlflowClient().get_run(other).data.tags["mlflow.parentRunId"] != parent
+
+
+def test_a_dvc_experiment_copy_tracks_into_its_workspace(tmp_path, own_store, monkeypatch) -> None:
+    """`dvc exp run --temp` and queued experiments run in a copy under .dvc/tmp/exps that DVC
+    deletes afterwards; DVC names the workspace in $DVC_ROOT. Runs, artifacts and the pipeline
+    run's name land in the workspace; each copy keeps its own pipeline run."""
+    workspace = tmp_path / "workspace"
+    copies = [workspace / ".dvc" / "tmp" / "exps" / name for name in ("tmp1", "tmp2")]
+    runs = {}
+    for copy, exp_name in zip(copies, ("swift-lamb", "wired-owls"), strict=True):
+        copy.mkdir(parents=True)
+        monkeypatch.chdir(copy)  # stages run in the copy's root
+        monkeypatch.setenv("DVC_ROOT", str(workspace))
+        monkeypatch.setenv("DVC_EXP_NAME", exp_name)
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        runs[exp_name] = _log_variant(copy, "cpu")
+        assert not (copy / tracking.STORE).exists()
+    for copy in copies:
+        shutil.rmtree(copy)  # as DVC does once the experiment is collected
+
+    monkeypatch.delenv("DVC_ROOT")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(workspace)
+    tracking.setup(workspace)
+    client = MlflowClient()
+    parents = set()
+    for exp_name, run_id in runs.items():
+        run = client.get_run(run_id)
+        assert run.data.tags[tracking.EXP_NAME_TAG] == exp_name
+        parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+        assert parent.info.run_name.startswith(f"{exp_name} ")
+        parents.add(parent.info.run_id)
+        local = client.download_artifacts(run_id, "note.txt", dst_path=str(tmp_path))
+        assert Path(local).read_text() == "cpu artifact\n"
+    assert len(parents) == 2  # one pipeline run per experiment
+
+
+def test_a_workspace_that_is_not_here_falls_back_to_the_checkout(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "elsewhere"))
+    assert tracking.store_root(tmp_path) == tmp_path
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert tracking.store_root(tmp_path / "copy") == tmp_path
+    monkeypatch.delenv("DVC_ROOT")
+    assert tracking.store_root(tmp_path / "copy") == tmp_path / "copy"
+
+
+def test_accelbench_runs_labels_each_column(tmp_path, mlflow_store) -> None:
+    with tracking.variant_run(tmp_path, "gpu", {}, {"status": "skipped"}):
+        tracking.log_metrics({"skipped": 1})
+    table = tracking.summary_markdown(tmp_path)
+    header = next(line for line in table.splitlines() if line.startswith("| variant |"))
+    row = next(line for line in table.splitlines() if line.startswith("| gpu |"))
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    assert cells[" result "] == " skipped " and cells[" run status "] == " FINISHED "
+    assert "workflowType=machine_learning" in table

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
+from accelbench import tracking
 from helpers import REPO, run_all_stages, small_params
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -50,6 +52,22 @@ def test_compare_view_shows_the_variants_side_by_side(tmp_path, prepared, monkey
         seen = mlflow_ui.visit(url, tmp_path / "compare.png")
 
     assert "accelbench" in seen["experiments"]
+    # `make ui` and `accelbench runs` link the experiment in the model-training view, not
+    # MLflow 3's GenAI overview (usage, quality, tool calls of traces)
+    experiment_id = (
+        MlflowClient(f"sqlite:///{moved / 'mlflow.db'}")
+        .get_experiment_by_name(tracking.EXPERIMENT)
+        .experiment_id
+    )
+    link = tracking.training_view_url(url, moved / "mlflow.db")
+    assert link == url + tracking.ui_path(experiment_id)
+    assert "Models" in seen["runs"] and "Tool calls" not in seen["runs"]
+    # the models view ranks the variants' models by the evaluation, on the test set
+    assert "eval_test_accuracy" in seen["models"] and "mnist-test" in seen["models"]
+    assert "cpu" in seen["models"]
+    for metric in mlflow_ui.CHART_METRICS:
+        assert metric in seen["chart"]
+    assert (tmp_path / "compare-chart.png").stat().st_size > 20_000
     children = json.loads(seen["children"])
     assert set(children) == set(params.variants)
     for name in params.variants:

@@ -1,10 +1,13 @@
 """Open the MLflow UI in headless Chromium (Debian's `chromium`, driven by Playwright) as a user
-would: the experiment's runs, the pipeline run's children, and the compare view.
+would: the experiment in its model-training view, the pipeline run's children, the compare
+view, the charts and the models view.
 
     python tools/mlflow_ui.py --store mlflow.db --out docs/img/mlflow-compare.png
 
 starts `mlflow server` on 127.0.0.1 (a free port) over the store, checks what a user should see,
-saves a screenshot of the compare view and stops the server. The test suite uses the same code.
+saves screenshots of the compare view (`--out`) and beside it of the charts of the figures a
+user compares (`-chart.png`: `--chart-metrics`), the models view (`-models.png`) and the
+report (`-artifacts.png`), then stops the server. The test suite uses the same code.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from accelbench.tracking import EXPERIMENT, ROLE_TAG
+from accelbench.tracking import EXPERIMENT, ROLE_TAG, TRAINING_VIEW, ui_path
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -124,8 +127,17 @@ def _api(url: str, path: str, payload: dict) -> dict:
         return json.load(response)
 
 
-def visit(url: str, screenshot: Path, experiment: str = EXPERIMENT) -> dict[str, str]:
-    """Walk the UI; return the text a user saw on each page (and save the compare view)."""
+# What a user compares: epoch time and accuracy per variant.
+CHART_METRICS = ("steady_epoch_s", "eval_test_accuracy")
+
+
+def visit(
+    url: str,
+    screenshot: Path,
+    experiment: str = EXPERIMENT,
+    chart_metrics: tuple[str, ...] = CHART_METRICS,
+) -> dict[str, str]:
+    """Walk the UI; return the text a user saw on each page (and save screenshots)."""
     from playwright.sync_api import sync_playwright
 
     with urllib.request.urlopen(
@@ -148,16 +160,42 @@ def visit(url: str, screenshot: Path, experiment: str = EXPERIMENT) -> dict[str,
         page.get_by_text(experiment, exact=True).first.wait_for(timeout=60_000)
         seen["experiments"] = page.inner_text("body")
 
-        page.goto(f"{url}/#/experiments/{experiment_id}/runs")
+        # The link `make ui` and `accelbench runs` print: the model-training view.
+        page.goto(url + ui_path(experiment_id))
         page.get_by_text(parent["info"]["run_name"][:20]).first.wait_for(timeout=60_000)
         page.locator("[data-testid='runs-table'] button, [role='gridcell'] button").first.click()
         for child in children:
             page.get_by_text(child["info"]["run_name"], exact=True).first.wait_for(timeout=30_000)
         seen["runs"] = page.inner_text("body")
 
+        # The same runs as charts, one per figure compared (children only: the parent's
+        # figures are the report's).
+        page.goto(f"{url}{ui_path(experiment_id)}&compareRunsMode=CHART")
+        search = page.get_by_placeholder("Search metric charts")
+        search.wait_for(timeout=60_000)
+        with contextlib.suppress(Exception):  # the assistant side panel hides a third of the page
+            page.locator("button[aria-label*='lose' i]").last.click(timeout=2000)
+        search.fill(f"^({'|'.join(chart_metrics)})$")  # a regular expression
+        for metric in chart_metrics:
+            page.get_by_text(metric, exact=True).first.wait_for(timeout=30_000)
+        page.wait_for_timeout(1500)
+        seen["chart"] = page.inner_text("body")
+        page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-chart.png")))
+
+        # The variants' models, with the evaluation logged against each and its dataset (a
+        # page of its own, wide: the table draws only the columns in view).
+        models = browser.new_page(viewport={"width": 2400, "height": 900})
+        models.goto(f"{url}/#/experiments/{experiment_id}/models?{TRAINING_VIEW}")
+        models.get_by_text("eval_test_accuracy").first.wait_for(timeout=60_000)
+        with contextlib.suppress(Exception):
+            models.locator("button[aria-label*='lose' i]").last.click(timeout=2000)
+        seen["models"] = models.inner_text("body")
+        models.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-models.png")))
+        models.close()
+
         page.goto(
             f"{url}/#/compare-runs?runs={quote(child_ids)}"
-            f"&experiments={quote(json.dumps([experiment_id]))}"
+            f"&experiments={quote(json.dumps([experiment_id]))}&{TRAINING_VIEW}"
         )
         page.get_by_text("test_accuracy").first.wait_for(timeout=60_000)
         page.wait_for_timeout(1500)
@@ -172,7 +210,10 @@ def visit(url: str, screenshot: Path, experiment: str = EXPERIMENT) -> dict[str,
         page.screenshot(path=str(screenshot), full_page=False)
 
         # The pipeline run's report, read through the server from the store's artifacts.
-        page.goto(f"{url}/#/experiments/{experiment_id}/runs/{parent['info']['run_id']}/artifacts")
+        page.goto(
+            f"{url}/#/experiments/{experiment_id}/runs/{parent['info']['run_id']}/artifacts"
+            f"?{TRAINING_VIEW}"
+        )
         page.get_by_text("comparison.md", exact=True).first.click(timeout=60_000)
         page.get_by_text("accelbench comparison").first.wait_for(timeout=30_000)
         page.wait_for_timeout(500)
@@ -187,9 +228,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=Path("mlflow.db"))
     parser.add_argument("--out", type=Path, default=Path("docs/img/mlflow-compare.png"))
+    parser.add_argument(
+        "--chart-metrics",
+        nargs="+",
+        default=list(CHART_METRICS),
+        help="the metrics charted in -chart.png (default: %(default)s)",
+    )
     args = parser.parse_args()
     with mlflow_server(args.store) as url:
-        seen = visit(url, args.out)
+        seen = visit(url, args.out, chart_metrics=tuple(args.chart_metrics))
     print(f"children: {seen['children']}\nscreenshot: {args.out}")
     return 0
 

@@ -59,6 +59,23 @@ class Row:
         return self.train.final_test_accuracy
 
 
+METRICS_DIR = "metrics"  # reports/metrics/<variant>.json: what `dvc metrics show` prints
+
+
+def write_variant_metrics(folder: Path, headline: Mapping[str, Mapping[str, Any]]) -> None:
+    """One small file per variant with the figures a user compares, numbers only, the same
+    keys in each: `dvc metrics show` prints a row per variant (120 columns wide for the default
+    variants) and `dvc exp show` a column per figure. A skipped variant's file is empty; every
+    other figure is in comparison.json, the report and MLflow."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.json"):  # a variant since removed from params.yaml
+        if stale.stem not in headline:
+            stale.unlink()
+    for name, values in headline.items():
+        numbers = {k: v for k, v in values.items() if isinstance(v, int | float)}
+        (folder / f"{name}.json").write_text(json.dumps(numbers, indent=2, sort_keys=True) + "\n")
+
+
 @dataclass
 class ReportResult:
     files: list[Path]
@@ -419,6 +436,7 @@ def write_report(
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
         files[-1].write_text(json.dumps(pipeline.to_json(), indent=2) + "\n")
+    write_variant_metrics(out_dir / METRICS_DIR, headline)
     flat = {
         f"{name}.{key}": value
         for name, values in headline.items()

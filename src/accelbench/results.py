@@ -26,6 +26,7 @@ EVAL_JSON = "eval.json"
 CONFUSION_CSV = "confusion.csv"
 CONFUSION_PNG = "confusion.png"
 RUN_JSON = "run.json"
+PER_CLASS_CSV = "per_class.csv"
 ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
 
 
@@ -62,6 +63,10 @@ class MetricsFiles:
     @property
     def run_json(self) -> Path:
         return self.folder / RUN_JSON
+
+    @property
+    def per_class_csv(self) -> Path:
+        return self.folder / PER_CLASS_CSV
 
 
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
@@ -271,6 +276,16 @@ class RunRecord:
 
 def read_run_record(path: Path) -> RunRecord:
     return _strict(RunRecord, _read_json(path), str(path))
+
+
+def write_per_class_csv(path: Path, result: EvalResult) -> None:
+    """Precision, recall and F1 of each digit (DVC plots it; a skipped variant: the header)."""
+    per_class = result.per_class if isinstance(result, EvalSummary) else {}
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["digit", "precision", "recall", "f1"])
+        for digit, scores in sorted(per_class.items(), key=lambda item: int(item[0])):
+            writer.writerow([digit, scores.precision, scores.recall, scores.f1_score])
 
 
 def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalResult:

@@ -10,6 +10,12 @@ repro that re-runs no training stage opens no run at all.
 The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
 *relative* location, so the store and its artifacts can move together: to another path, or
 into a container that mounts the checkout at /workspace.
+
+DVC experiments run with `--temp` or from the queue (`dvc queue start`) run the pipeline in a
+copy of the repository under `.dvc/tmp/exps/`, deleted afterwards. Their runs go to the store
+of the workspace the copy was made from (`store_root`), their artifacts through a link to its
+`mlartifacts/`; each copy keeps its own pipeline run pointer, so every experiment is one
+pipeline run, named after the experiment.
 """
 
 from __future__ import annotations
@@ -49,11 +55,31 @@ KIND_TAG = "mlflow.experimentKind"
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 PIPELINE_RUN_FILE = Path(".accelbench") / "pipeline-run"
+EXP_NAME_TAG = "dvc.exp_name"
+WORKSPACE_ENV = "DVC_ROOT"  # DVC sets it for every stage: the workspace an experiment came from
+
+
+def store_root(root: Path) -> Path:
+    """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`.
+
+    DVC sets $DVC_ROOT for every stage it runs: the repository root for `dvc repro` and
+    `dvc exp run`, and for `--temp` and queued experiments, which run in a throwaway copy,
+    the workspace the copy was made from. Without it (a stage run by hand) it is `root`.
+    """
+    workspace = os.environ.get(WORKSPACE_ENV)
+    if not workspace:
+        return root
+    if not Path(workspace).is_dir():  # queued on another machine or container path
+        log(f"${WORKSPACE_ENV} {workspace} is not a folder here; tracking into {root / STORE}")
+        return root
+    return Path(workspace)
 
 
 def tracking_uri(root: Path) -> str:
-    """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path inside the repo."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / STORE).resolve()}"
+    """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path in the workspace."""
+    return (
+        os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(store_root(root) / STORE).resolve()}"
+    )
 
 
 # A tracking server that is down must cost seconds, not MLflow's default minutes of retries.
@@ -102,19 +128,36 @@ def setup(root: Path) -> str:
         os.environ.setdefault(key, value)
     own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
     mlflow.set_tracking_uri(tracking_uri(root))
+    workspace = store_root(root)
+    if own_store:
+        _link_artifacts(root, workspace)
     experiment = mlflow.get_experiment_by_name(EXPERIMENT)
     if experiment is not None:
         experiment_id = experiment.experiment_id
     else:
-        artifacts = (root / ARTIFACTS).resolve().as_uri() if own_store else None
-        # The UI opens a model-training experiment on its runs, not on the GenAI overview.
+        artifacts = (workspace / ARTIFACTS).resolve().as_uri() if own_store else None
+        # Earlier MLflow 3 UIs open a model-training experiment on its runs by this tag;
+        # 3.17's goes by the link's workflowType (`ui_path`), which make ui prints.
         experiment_id = mlflow.create_experiment(
             EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
         )
     if own_store:
-        relative_artifacts(root / STORE)
+        relative_artifacts(workspace / STORE)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+def _link_artifacts(root: Path, workspace: Path) -> None:
+    """In an experiment's copy of the repository, `mlartifacts` links to the workspace's: the
+    store's relative artifact locations resolve against the working directory."""
+    link, target = root / ARTIFACTS, (workspace / ARTIFACTS).resolve()
+    if root.resolve() == workspace.resolve() or link.resolve() == target:
+        return
+    if link.exists() or link.is_symlink():
+        log(f"{link} exists and is not {target}: this run's artifacts stay in {link}")
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
 
 
 # Where MLflow keeps artifact locations in a SQLite store: (table, column, experiment column).
@@ -188,7 +231,7 @@ def _common_tags(root: Path, role: str) -> dict[str, str]:
     if commit := git_commit(root):
         tags["mlflow.source.git.commit"] = commit
     if exp_name := os.environ.get("DVC_EXP_NAME"):
-        tags["dvc.exp_name"] = exp_name
+        tags[EXP_NAME_TAG] = exp_name
     return tags
 
 
@@ -212,7 +255,8 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     """The RUNNING parent run of this checkout, created (and its id kept) if there is none."""
     if run_id := open_pipeline_run_id(root):
         return run_id
-    name = "pipeline " + datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
+    name = f"{os.environ.get('DVC_EXP_NAME') or 'pipeline'} {datetime.now():%Y-%m-%d %H:%M:%S}"
     run = MlflowClient().create_run(
         experiment_id, tags=_common_tags(root, "pipeline"), run_name=name
     )
@@ -310,18 +354,23 @@ def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
     _end_run("FINISHED")
 
 
-@tolerant
-def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
-    """The data a run used, as an MLflow dataset input (digest from the verified checksums)."""
+def numpy_dataset(name: str, images, labels, source: Path, digest: str):
+    """An MLflow dataset of arrays (digest from the verified checksums, so the training and
+    the evaluation stage name the same data alike)."""
     import mlflow.data
 
     with warnings.catch_warnings():
         # MLflow registers its local-file source class twice and says so on every resolve.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
-        dataset = mlflow.data.from_numpy(
+        return mlflow.data.from_numpy(
             images, targets=labels, source=str(source.resolve()), name=name, digest=digest
         )
-    mlflow.log_input(dataset, context=context)
+
+
+@tolerant
+def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
+    """The data a run used, as an MLflow dataset input."""
+    mlflow.log_input(numpy_dataset(name, images, labels, source, digest), context=context)
 
 
 @contextmanager
@@ -417,24 +466,41 @@ def log_train_summary(summary: TrainSummary) -> None:
     log_metrics(summary.metrics())
 
 
-def log_eval_summary(summary: EvalSummary) -> None:
-    """Evaluation figures, prefixed `eval_` where a training metric has the same name."""
-    log_metrics(
+def log_eval_summary(summary: EvalSummary, dataset=None) -> None:
+    """Evaluation figures, prefixed `eval_` where a training metric has the same name, logged
+    against the run's model and the test `dataset` (an MLflow dataset): MLflow's models view
+    then lists and ranks every variant's model by them."""
+    _log_model_metrics(
         {
             "eval_test_accuracy": summary.test_accuracy,
             "eval_test_loss": summary.test_loss,
             "eval_macro_f1": summary.macro_f1,
             "inference_samples_per_s": summary.inference_samples_per_s,
-        }
+        },
+        dataset,
     )
 
 
 def log_evaluation(root: Path, run_id: str, summary: EvalSummary, artifacts: list[Path]) -> None:
-    """An evaluated variant's figures and files, in the run that trained it."""
+    """An evaluated variant's figures and files, in the run that trained it; the figures
+    against its model and the test set the training stage logged as the run's evaluation
+    dataset (so MLflow's models view lists and ranks every variant's model by them)."""
     with resume_run(root, run_id):
-        log_eval_summary(summary)
+        log_eval_summary(summary, _evaluation_dataset(run_id))
         for path in artifacts:
             log_artifact(path)
+
+
+@tolerant
+def _evaluation_dataset(run_id: str):
+    """The dataset the run logged with context `evaluation` (name and digest), if any."""
+    inputs = MlflowClient().get_run(run_id).inputs
+    for dataset_input in inputs.dataset_inputs if inputs else []:
+        if any(
+            t.key == "mlflow.data.context" and t.value == "evaluation" for t in dataset_input.tags
+        ):
+            return dataset_input.dataset
+    return None
 
 
 def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> None:
@@ -442,6 +508,21 @@ def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: 
     with variant_run(root, variant, params, {"status": "skipped"}):
         log_metrics({"skipped": 1})
         set_tag("skip_reason", reason)
+
+
+@tolerant
+def _log_model_metrics(metrics: Mapping[str, float], dataset) -> None:
+    run = mlflow.active_run()
+    model_id = logged_model_id(run.info.experiment_id, run.info.run_id) if run else None
+    mlflow.log_metrics(dict(metrics), model_id=model_id, dataset=dataset)
+
+
+def logged_model_id(experiment_id: str, run_id: str) -> str | None:
+    """The model that run `run_id` logged (train's `log_model`), if any."""
+    models = MlflowClient().search_logged_models(
+        [experiment_id], filter_string=f"source_run_id = '{run_id}'", max_results=1
+    )
+    return models[0].model_id if models else None
 
 
 @tolerant
@@ -455,8 +536,9 @@ def log_artifact(path: Path, artifact_path: str | None = None) -> None:
 
 
 @tolerant
-def log_model(model, input_example) -> None:
-    """The trained model with a signature inferred from an input example."""
+def log_model(model, input_example, name: str) -> None:
+    """The trained model with a signature inferred from an input example, named after its
+    variant (the models view lists the variants' models by name)."""
     import mlflow.pytorch
     import torch
 
@@ -465,7 +547,7 @@ def log_model(model, input_example) -> None:
         signature = mlflow.models.infer_signature(input_example, output)
         mlflow.pytorch.log_model(
             model,
-            name="model",
+            name=name,
             signature=signature,
             input_example=input_example,
             # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the
@@ -489,6 +571,30 @@ def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, flo
         log_metrics(metrics)
     (root / PIPELINE_RUN_FILE).unlink(missing_ok=True)
     return run_id
+
+
+# The UI's experiment page in its model-training view: MLflow 3's UI chooses between its GenAI
+# and model-training views by this query parameter (else the last choice, GenAI at first) and
+# no longer by the experiment's `mlflow.experimentKind` tag.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def ui_path(experiment_id: str) -> str:
+    """The experiment's runs in the UI's model-training view, relative to the server's URL."""
+    return f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+
+
+def training_view_url(base_url: str, store: Path) -> str:
+    """Where `make ui` sends a user: the experiment in the model-training view (the list of
+    experiments, in that view, while the SQLite `store` has none yet)."""
+    try:
+        with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            row = db.execute(
+                "SELECT experiment_id FROM experiments WHERE name = ?", (EXPERIMENT,)
+            ).fetchone()
+    except sqlite3.Error:  # no store yet, or not one of MLflow's
+        row = None
+    return base_url + (ui_path(str(row[0])) if row else f"/#/experiments?{TRAINING_VIEW}")
 
 
 SUMMARY_METRICS = ("first_epoch_s", "steady_epoch_s", "steady_samples_per_s", "eval_test_accuracy")
@@ -533,8 +639,9 @@ def summary_markdown(root: Path) -> str:
     lines = [
         f"MLflow: {tracking_uri(root)}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
+        f"In the UI (`make ui`): http://127.0.0.1:5000{ui_path(parent.info.experiment_id)}",
         "",
-        "| run | status | variant | device | " + " | ".join(SUMMARY_METRICS) + " | run id |",
+        "| variant | result | run status | device | " + " | ".join(SUMMARY_METRICS) + " | run id |",
         "|---|---|---|---|" + "---|" * len(SUMMARY_METRICS) + "---|",
     ]
     for run in children:
@@ -543,7 +650,7 @@ def summary_markdown(root: Path) -> str:
             for m in SUMMARY_METRICS
         ]
         lines.append(
-            f"| {run.info.run_name} | {run.info.status} | {run.data.tags.get('status', '')} | "
+            f"| {run.info.run_name} | {run.data.tags.get('status', '')} | {run.info.status} | "
             f"{run.data.tags.get('device_name', run.data.tags.get('device', ''))} | "
             + " | ".join(metrics)
             + f" | {run.info.run_id} |"

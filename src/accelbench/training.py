@@ -258,4 +258,4 @@ def _track_outputs(
     for path in sorted(out.profile.glob(f"{name}-rank0.*")) if out.profile else ():
         tracking.log_artifact(path, "profile")
     example = example_images.float().cpu().contiguous().numpy()
-    tracking.log_model(build.trained_model(model_file.state_dict), example)
+    tracking.log_model(build.trained_model(model_file.state_dict), example, name)

@@ -44,6 +44,7 @@ def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypa
     inputs = evaluate.select(small_params())
     evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files)
     outputs = (files.eval_json, files.confusion_csv, files.confusion_png, files.run_json)
+    outputs += (files.per_class_csv,)
     before = {p: p.read_bytes() for p in outputs}
     ModelFile("gpu", "skipped", None, reason="changed").save(tmp_path / "gpu.pt")
 

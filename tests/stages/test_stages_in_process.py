@@ -56,8 +56,29 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert sorted(m.step for m in history) == [1, 2]
     assert "eval_macro_f1" in cpu.data.metrics and "steady_epoch_s" in cpu.data.metrics
     artifacts = {a.path for a in client.list_artifacts(cpu.info.run_id)}
-    assert {"epochs.csv", "confusion.png", "eval.json"} <= artifacts
-    assert mlflow.search_logged_models(experiment_ids=[experiment.experiment_id]).shape[0] >= 1
+    assert {"epochs.csv", "confusion.png", "eval.json", "per_class.csv"} <= artifacts
+    # The evaluation is logged against the variant's model and the test set: the models view
+    # ranks the variants' models by it.
+    [model] = mlflow.search_logged_models(
+        experiment_ids=[experiment.experiment_id],
+        filter_string=f"source_run_id = '{cpu.info.run_id}'",
+        output_format="list",
+    )
+    assert model.name == "cpu"
+    model_metrics = {m.key: m for m in model.metrics}
+    accuracy = model_metrics["eval_test_accuracy"]
+    assert accuracy.value == pytest.approx(eval_json["test_accuracy"])
+    assert (accuracy.dataset_name, accuracy.dataset_digest) == (
+        "mnist-test",
+        data.dataset_digest("test", 0),
+    )
+    per_class = (tmp_path / "metrics" / "cpu" / "per_class.csv").read_text().splitlines()
+    assert per_class[0] == "digit,precision,recall,f1" and len(per_class) == 11
+    assert (tmp_path / "metrics" / "gpu" / "per_class.csv").read_text().strip() == per_class[0]
+    variant_metrics = json.loads((tmp_path / "reports" / "metrics" / "cpu.json").read_text())
+    compared = {"steady_epoch_s", "speedup_vs_cpu", "test_accuracy"}
+    assert compared <= set(variant_metrics) <= compared | {"time_to_target_s"}  # if reached
+    assert json.loads((tmp_path / "reports" / "metrics" / "gpu.json").read_text()) == {}
     inputs = {
         d.dataset.name: d.dataset.digest
         for d in client.get_run(cpu.info.run_id).inputs.dataset_inputs

@@ -80,7 +80,7 @@ def _track_variants(root: Path, tracked: list) -> None:
     that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
     for record, evaluated, files in tracked:
         if isinstance(evaluated, EvalSummary) and record.mlflow_run_id:
-            artifacts = [files.confusion_png, files.eval_json]
+            artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
             tracking.log_evaluation(root, record.mlflow_run_id, evaluated, artifacts)
         elif record.status == "skipped":
             tracking.record_skipped(

@@ -28,6 +28,7 @@ from ..results import (
     remove_leftovers,
     staged,
     write_json,
+    write_per_class_csv,
 )
 
 
@@ -44,7 +45,13 @@ def select(params: Params) -> EvalInputs:
 def run(
     root: Path, inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> EvalResult:
-    remove_leftovers(files.eval_json, files.confusion_csv, files.confusion_png, files.run_json)
+    remove_leftovers(
+        files.eval_json,
+        files.confusion_csv,
+        files.confusion_png,
+        files.per_class_csv,
+        files.run_json,
+    )
     with phases.phase("model"):
         model_file = ModelFile.load(model_path)
     name = model_file.variant
@@ -74,6 +81,7 @@ def run(
     record = RunRecord(name, "trained", model_file.mlflow_run_id)
     with phases.phase("outputs"), staged() as outputs:  # all new or all old
         write_json(outputs(files.eval_json), summary.to_json())
+        write_per_class_csv(outputs(files.per_class_csv), summary)
         confusion.write_confusion_csv(outputs(files.confusion_csv), (y_true, y_pred))
         confusion.confusion_figure(
             outputs(files.confusion_png), counts, f"{name}: confusion matrix (test set)"
@@ -130,6 +138,7 @@ def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
     record = RunRecord(model_file.variant, "skipped", None, model_file.params, model_file.reason)
     with phases.phase("outputs"), staged() as outputs:
         write_json(outputs(files.eval_json), skipped.to_json())
+        write_per_class_csv(outputs(files.per_class_csv), skipped)
         confusion.write_confusion_csv(outputs(files.confusion_csv), None)
         confusion.placeholder_figure(
             outputs(files.confusion_png),

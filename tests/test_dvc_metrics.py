@@ -1,0 +1,73 @@
+"""What `dvc metrics show` prints: one row per variant, the figures a user compares, in a
+120-column terminal; per-class scores are a plot, not metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from accelbench import report
+from helpers import REPO
+
+DVC = str(Path(sys.executable).parent / "dvc")
+
+
+def _h200_headline() -> dict:
+    """The H200 run of record, with ddp given its two-GPU figures: every default variant
+    trained, the widest table the defaults make."""
+    headline = json.loads((REPO / "docs" / "results" / "h200" / "comparison.json").read_text())
+    headline["ddp"] = {
+        "speedup_vs_cpu": 175.83,
+        "status": "trained",
+        "steady_epoch_s": 0.084,
+        "test_accuracy": 0.9936,
+        "time_to_target_s": 21.3,
+    }
+    return headline
+
+
+def _metrics_show(repo: Path) -> str:
+    env = {**os.environ, "COLUMNS": "120", "DVC_NO_ANALYTICS": "1"}
+    result = subprocess.run(
+        [DVC, "metrics", "show"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_dvc_metrics_show_fits_120_columns_for_the_default_variants(tmp_path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy2(REPO / name, repo / name)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([DVC, "init", "-q"], cwd=repo, check=True)
+    headline = _h200_headline()
+    assert set(headline) == set(yaml.safe_load((REPO / "params.yaml").read_text())["variants"])
+    report.write_variant_metrics(repo / "reports" / report.METRICS_DIR, headline)
+    # what train and evaluate write stays out of DVC's metrics
+    (repo / "metrics" / "cpu").mkdir(parents=True)
+    (repo / "metrics" / "cpu" / "eval.json").write_text('{"per_class": {"0": {"f1": 1}}}')
+
+    shown = _metrics_show(repo)
+    lines = shown.splitlines()
+    assert max(map(len, lines)) <= 120, shown
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
+    assert set(rows) == {f"reports/metrics/{name}.json" for name in headline}
+    assert lines[0].split()[1:] == sorted(
+        ["speedup_vs_cpu", "steady_epoch_s", "test_accuracy", "time_to_target_s"]
+    )
+    assert rows["reports/metrics/gpu.json"][1] == "0.13196"  # steady_epoch_s, 5 digits
+    assert "trained" not in shown and "per_class" not in shown
+
+    # a skipped variant is a row of dashes, not a reason string
+    headline["ddp"] = {key: None for key in headline["ddp"]} | {"status": "skipped"}
+    report.write_variant_metrics(repo / "reports" / report.METRICS_DIR, headline)
+    ddp = next(line for line in _metrics_show(repo).splitlines() if "ddp" in line)
+    assert ddp.split()[1:] == ["-"] * 4
