@@ -403,3 +403,29 @@ def test_cli_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys, ar
         assert wh.main([*args, "--out", "o"]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _make_wheelhouse(*variables: str) -> subprocess.CompletedProcess[str]:
+    # -n: what make would run; ACCELBENCH_ENV: treat the running environment as set up
+    return subprocess.run(
+        ["make", "-n", "-C", str(REPO), "wheelhouse", "PY=3.12", *variables],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ACCELBENCH_ENV": str(Path(sys.executable).parent.parent)},
+    )
+
+
+def test_make_wheelhouse_needs_the_hosts_list_and_passes_it_on():
+    """No silent default: the README's command names the host's list."""
+    refused = _make_wheelhouse()
+    assert refused.returncode == 2
+    assert "make wheelhouse needs HOST_PACKAGES=FILE" in refused.stderr
+    assert "pip list --format=freeze" in refused.stderr
+    given = _make_wheelhouse("HOST_PACKAGES=tools/host-packages/nvidia-h200.txt")
+    assert given.returncode == 0, given.stderr
+    assert (
+        "tools/wheelhouse.py --python-version 3.12 "
+        "--host-packages tools/host-packages/nvidia-h200.txt --out .whl"
+    ) in given.stdout
+    readme = (REPO / "README.md").read_text()
+    assert "make wheelhouse PY=3.12 HOST_PACKAGES=host-packages.txt" in readme
