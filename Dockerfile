@@ -31,19 +31,29 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # setpriv (util-linux) lets the entry point drop root for the checkout's owner.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-         python3 python3-venv python3-dev build-essential git util-linux \
+         python3 python3-venv python3-dev build-essential git util-linux ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
-# Dependencies first, from the same lock as `make setup` and CI, in one layer owned by root
-# and readable by every uid: cached until requirements.lock changes.
-COPY requirements.lock docker/requirements_for_flavour.py /tmp/lock/
-RUN python3 -m venv /opt/venv \
-    && python3 /tmp/lock/requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/requirements.lock /tmp/lock \
-    && pip install -r /tmp/lock/requirements.txt \
+# Dependencies first, from the same uv.lock as `make setup` and CI (runtime group only, hashes
+# checked), in one layer owned by root and readable by every uid: cached until the lock
+# changes. uv (the lock's version, in a throwaway venv) exports and installs; the dev group's
+# list stays beside the venv for the `dev` target. UV_SYSTEM_CERTS: the system's trust store.
+ARG UV_VERSION=0.13.9
+COPY pyproject.toml uv.lock docker/requirements_for_flavour.py /tmp/lock/
+RUN python3 -m venv /opt/venv /tmp/uv \
+    && /tmp/uv/bin/pip install --quiet "uv==${UV_VERSION}" \
+    && export UV_SYSTEM_CERTS=1 UV_NO_CACHE=1 \
+    && /tmp/uv/bin/uv export --project /tmp/lock --frozen --no-header --no-annotate --quiet \
+         --no-emit-project --no-dev -o /tmp/lock/runtime.txt \
+    && /tmp/uv/bin/uv export --project /tmp/lock --frozen --no-header --no-annotate --quiet \
+         --no-emit-project --only-group dev -o /opt/venv/dev-requirements.txt \
+    && python3 /tmp/lock/requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock \
+    && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --require-hashes \
+         --compile-bytecode -r /tmp/lock/requirements.txt \
     && if [ -s /tmp/lock/torch.txt ]; then \
          pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" -r /tmp/lock/torch.txt; \
        fi \
-    && rm -rf /tmp/lock
+    && rm -rf /tmp/lock /tmp/uv
 
 # Ubuntu's images come with a user `ubuntu` at uid 1000: the image's user `dev` takes it over.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
@@ -59,11 +69,12 @@ EXPOSE 5000
 ENTRYPOINT ["/opt/accelbench/docker/entrypoint.sh"]
 CMD ["/opt/accelbench/docker/run-pipeline.sh"]
 
-# The devcontainer: the same runtime plus shell comforts; the test tools (pytest, ruff,
-# hadolint) come from the lock already. VS Code connects as `dev` (uid changed to the host
+# The devcontainer: the same runtime plus the lock's dev group (pytest, ruff, hadolint, uv for
+# `make lock`, ...) and shell comforts. VS Code connects as `dev` (uid changed to the host
 # user's by its updateRemoteUserUID); the venv needs no writes, so any uid works.
 FROM runtime AS dev
 RUN apt-get update \
     && apt-get install -y --no-install-recommends make less sudo \
     && rm -rf /var/lib/apt/lists/* \
-    && echo "dev ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/dev
+    && echo "dev ALL=(ALL) NOPASSWD:ALL" > /etc/sudoers.d/dev \
+    && pip install --require-hashes --no-deps -r /opt/venv/dev-requirements.txt

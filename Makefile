@@ -18,19 +18,29 @@ export DO_NOT_TRACK := true
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
+# uv installs the environment from uv.lock; the uv that does it is the lock's own version.
+UV_VERSION := $(shell sed -n '/^name = "uv"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' uv.lock)
+export UV_PROJECT_ENVIRONMENT := $(VENV)
+
 ifdef ACCELBENCH_ENV
-setup:  ## create .venv from requirements.lock (only when missing or stale)
+setup:  ## create .venv from uv.lock, dev group included (only when missing or stale)
 	@echo "Using the image's environment $(ACCELBENCH_ENV) (rebuild the image after a lock change)."
 else
 setup: $(VENV)/.installed
 endif
 
-$(VENV)/.installed: requirements.lock pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+# `uv sync --locked` refuses a uv.lock that no longer matches pyproject.toml (run `make lock`),
+# installs exactly the lock's runtime and dev groups with their hashes checked, and removes
+# anything else from the environment. Byte-compiled at install, as pip does: without .pyc
+# files (a read-only environment, PYTHONDONTWRITEBYTECODE) every stage process recompiles
+# MLflow and its stack from source, seconds per stage.
+$(VENV)/.installed: uv.lock pyproject.toml | $(BIN)/uv
+	$(BIN)/uv sync --locked --quiet --compile-bytecode
 	touch $@
+
+$(BIN)/uv:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)"
 
 repro: setup  ## run the whole DVC pipeline (dvc repro)
 	dvc repro
@@ -51,15 +61,18 @@ ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HO
 	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import training_view_url as url; print("Open", url(sys.argv[1], Path("mlflow.db")))' http://$(HOST):$(PORT)
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
-lock:  ## re-resolve requirements.lock from pyproject.toml in a throwaway venv
-	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/python -m pip install --quiet --upgrade pip
-	.lock-venv/bin/python -m pip install --quiet -e '.[dev]'
-	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/python -m pip freeze --exclude-editable; } > requirements.lock.new
-	mv requirements.lock.new requirements.lock && rm -rf .lock-venv
+lock: | $(BIN)/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)
+	$(BIN)/uv lock
 
-wheelhouse:  ## wheels for an air-gapped Python $(PY) x86_64 host into .whl/ (make wheelhouse PY=3.12)
-	$(PYTHON) tools/wheelhouse.py --python-version $(PY) --out .whl
+# The wheelhouse leaves out what the target host has, and only the host can say what that is.
+ifneq ($(filter wheelhouse,$(MAKECMDGOALS)),)
+ifndef HOST_PACKAGES
+$(error make wheelhouse needs HOST_PACKAGES=FILE, the host's packages (`python3 -m pip list --format=freeze` there, or tools/host-packages/nvidia-h200.txt; an empty file for a bare host))
+endif
+endif
+
+wheelhouse: setup  ## wheels for an air-gapped host: make wheelhouse PY=3.12 HOST_PACKAGES=FILE
+	$(BIN)/python tools/wheelhouse.py --python-version $(PY) --host-packages $(HOST_PACKAGES) --out .whl
 
 container-test: setup  ## build the image and run the pipeline in it (root, buildah + podman; ~15 min)
 	bash tools/container-test.sh

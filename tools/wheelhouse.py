@@ -1,17 +1,26 @@
 #!/usr/bin/env python3
 """Build a wheelhouse (a folder of wheels) for an air-gapped host with another Python.
 
-The target host (by default the lent GPU machine: CPython 3.12, Linux x86_64, no network)
-already has torch, numpy, pandas, scipy, ... installed. This tool takes the pinned lock,
-drops every distribution the host already has (``--skip-file``) or does not need
-(``--exclude``), and puts one wheel per remaining pin into ``--out``:
+The wheelhouse is uv.lock's runtime group for the target (CPython X.Y on Linux x86_64 or
+aarch64) minus what the host reports having. The host's list is given explicitly with
+``--host-packages FILE``: made there with ``python3 -m pip list --format=freeze`` (or a
+hand-kept list such as ``tools/host-packages/nvidia-h200.txt``); names count, versions do not,
+since the host's own torch, numpy, ... are the ones that run there.
 
-* a binary wheel downloaded for the *target* interpreter and platform
-  (``pip download --only-binary=:all: --no-deps --python-version X --implementation cp
-  --platform manylinux_2_N_x86_64 ...``), or, where none exists,
-* a wheel built here from the pin's source distribution (``pip wheel --no-deps``). Only
-  pure-Python results (``*-none-any.whl``) are accepted: a compiled one would be built for
-  *this* interpreter and platform, not the target's, so the tool stops and says so.
+1. ``uv export --frozen --no-dev --no-emit-project`` writes the runtime group with each pin's
+   environment markers and hashes (``--requirements FILE`` gives such a file instead);
+2. each marker is evaluated for the target (so torch's CUDA wheels travel to Linux only and the
+   development tools never do), and the host's packages are dropped;
+3. one wheel per remaining pin goes into ``--out``:
+
+   * a binary wheel downloaded for the *target* interpreter and platform
+     (``pip download --only-binary=:all: --no-deps --python-version X --implementation cp
+     --platform manylinux_2_N_<arch> ...``), its SHA-256 checked against the lock, or, where
+     none exists,
+   * a wheel built here from the pin's source distribution (``pip wheel --no-deps``, the sdist's
+     hash checked by pip). Only pure-Python results (``*-none-any.whl``) are accepted: a
+     compiled one would be built for *this* interpreter and platform, not the target's, so the
+     tool stops and says so.
 
 It then prints a table (name, version, MiB, downloaded/built), writes
 ``<out>/requirements.txt`` with the pins it holds and fails if the total exceeds
@@ -25,12 +34,14 @@ On the target host (see README)::
 resolver refuses some of them (on nvidia-h200, certifi 2026.7.22 is older than databricks-sdk
 asks for) although nothing the project imports is affected; ``pip check`` lists such mismatches.
 
-Standard library only, so it runs with any Python >= 3.9 that has pip.
+Runs with the project's environment (``make wheelhouse`` after ``make setup``): it needs uv,
+pip and ``packaging`` (the dev group has all three).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -39,37 +50,19 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.markers import InvalidMarker, Marker
+
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_LOCK = ROOT / "requirements.lock"
-DEFAULT_SKIP_FILE = ROOT / "tools" / "host-packages" / "nvidia-h200.txt"
 DEFAULT_OUT = ROOT / ".whl"
-# Pins in the lock that the pipeline never needs on the target host: the development tools
-# (pyproject's `dev` extra, read below, but pytest: the GPU tests run there), and the full
-# `mlflow` distribution (its bundled web UI, ~11 MiB) with what only its server needs.
-# `mlflow-skinny` (kept) holds the whole Python API, sqlite store and alembic migrations
-# included: start_run, log_metrics and mlflow.pytorch.log_model against a sqlite:/// URI were
-# checked with exactly this set (pip check clean). Pass --exclude ruff to carry full mlflow.
-MLFLOW_SERVER_ONLY = (
-    "mlflow,flask,flask-cors,gunicorn,graphene,graphql-core,graphql-relay,docker,huey,skops"
-)
-HOST_RUNS = ("pytest",)
-
-
-def dev_tools(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
-    """The `dev` extra's distributions a GPU host does not run (playwright alone is 51 MiB)."""
-    import tomllib
-
-    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["dev"]
-    names = [re.split(r"[=<>!~;\[ ]", requirement, maxsplit=1)[0] for requirement in extra]
-    return [name for name in names if normalize_name(name) not in HOST_RUNS]
-
-
-def default_exclude() -> str:
-    return ",".join([*dev_tools(), MLFLOW_SERVER_ONLY])
-
+ARCHES = ("x86_64", "aarch64")
+# The lock's runtime group, as pip reads it: markers and hashes kept, the project left out.
+EXPORT_ARGS = (
+    "export", "--frozen", "--no-dev", "--no-emit-project", "--no-header", "--no-annotate",
+    "--format", "requirements.txt",
+)  # fmt: skip
 
 # glibc versions whose manylinux tags the target accepts (its glibc is 2.39 or newer; pip
 # matches tags exactly, so every manylinux_2_N in between is listed, plus the legacy aliases).
@@ -83,6 +76,7 @@ _PIN_RE = re.compile(
     r"\s*(?:\[[^\]]*\])?"
     r"\s*===?\s*(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)\s*$"
 )
+_HASH_RE = re.compile(r"--hash[=\s]+sha256:(?P<digest>[0-9a-fA-F]{64})")
 _WHEEL_RE = re.compile(
     r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-(?P<build>\d[^-]*))?"
     r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
@@ -90,13 +84,19 @@ _WHEEL_RE = re.compile(
 
 
 class WheelhouseError(Exception):
-    """A failure with a message meant for the user (printed without a traceback)."""
+    """A failure with a message meant for the user (printed without a traceback); exit 1."""
+
+
+class InputError(WheelhouseError):
+    """Bad input, found before any work; exit 2."""
 
 
 @dataclass(frozen=True)
 class Pin:
-    name: str  # as spelled in the lock
+    name: str  # as spelled in the requirements
     version: str
+    marker: str = ""  # PEP 508 environment marker; "" = every environment
+    hashes: frozenset[str] = field(default=frozenset())  # sha256 hex digests the lock allows
 
     @property
     def key(self) -> str:
@@ -104,6 +104,10 @@ class Pin:
 
     def __str__(self) -> str:
         return f"{self.name}=={self.version}"
+
+    def requirement_line(self) -> str:
+        """The pin as a requirements line pip checks the hashes of."""
+        return " ".join([str(self), *(f"--hash=sha256:{h}" for h in sorted(self.hashes))])
 
 
 @dataclass(frozen=True)
@@ -122,14 +126,8 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse_lock(text: str, source: str = "lock") -> list[Pin]:
-    """Parse a pinned requirements file (``name==version`` per line).
-
-    Comments, blank lines, option lines (``--hash``, ``-r``, ...) and backslash continuations
-    are handled; extras are dropped. Anything that is not an exact pin (a range, a URL, an
-    environment marker) is an error: a wheelhouse must hold exactly what the lock says.
-    """
-    pins: dict[str, Pin] = {}
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) per requirement: comments dropped, continuations joined."""
     logical: list[tuple[int, str]] = []
     buf, start = "", 0
     for lineno, raw in enumerate(text.splitlines(), 1):
@@ -143,57 +141,112 @@ def parse_lock(text: str, source: str = "lock") -> list[Pin]:
         buf = ""
     if buf:
         logical.append((start, buf))
-    for lineno, line in logical:
+    return logical
+
+
+def parse_requirements(text: str, source: str = "requirements") -> list[Pin]:
+    """Parse pinned requirements as ``uv export`` writes them.
+
+    One ``name==version`` per requirement, optionally with ``; marker`` and ``--hash=sha256:``
+    options (on continuation lines or not); comments and blank lines are skipped, extras
+    dropped. Anything that is not an exact pin (a range, a URL) or a marker that does not parse
+    is an error: a wheelhouse must hold exactly what the lock says.
+    """
+    pins: list[Pin] = []
+    for lineno, line in _logical_lines(text):
+        hashes = frozenset(m["digest"].lower() for m in _HASH_RE.finditer(line))
         # Drop trailing per-requirement options such as --hash=sha256:...
         req = re.split(r"\s+--?[A-Za-z]", " " + line, maxsplit=1)[0].strip()
         if not req:
             continue  # blank, comment or option-only line
-        if ";" in req:
-            raise WheelhouseError(
-                f"{source}:{lineno}: environment markers are not supported: {req!r}"
-            )
+        req, _, marker = (part.strip() for part in req.partition(";"))
+        if marker:
+            try:
+                Marker(marker)
+            except InvalidMarker as exc:
+                raise WheelhouseError(f"{source}:{lineno}: bad environment marker: {exc}") from exc
         m = _PIN_RE.match(req)
         if not m:
             raise WheelhouseError(f"{source}:{lineno}: not an exact pin 'name==version': {req!r}")
-        pin = Pin(m["name"], m["version"])
-        if pin.key in pins:
+        pins.append(Pin(m["name"], m["version"], marker, hashes))
+    return pins
+
+
+def target_environment(python_version: str, arch: str = "x86_64") -> dict[str, str]:
+    """PEP 508 marker values of a CPython X.Y host on Linux (X.Y.0 for the full version)."""
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": f"{python_version}.0",
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_python_implementation": "CPython",
+        "platform_system": "Linux",
+        "python_full_version": f"{python_version}.0",
+        "python_version": python_version,
+        "sys_platform": "linux",
+    }
+
+
+def for_target(pins: Iterable[Pin], environment: dict[str, str], source: str = "") -> list[Pin]:
+    """The pins whose markers hold on the target; one pin per name, or an error."""
+    chosen: dict[str, Pin] = {}
+    for pin in pins:
+        if pin.marker and not Marker(pin.marker).evaluate(environment):
+            continue
+        if pin.key in chosen:
             raise WheelhouseError(
-                f"{source}:{lineno}: {pin.name} is pinned twice "
-                f"({pins[pin.key].version} and {pin.version})"
+                f"{source or 'requirements'}: {pin.name} is pinned twice for the target "
+                f"({chosen[pin.key].version} and {pin.version})"
             )
-        pins[pin.key] = pin
-    return list(pins.values())
+        chosen[pin.key] = pin
+    return list(chosen.values())
 
 
 def parse_name_list(text: str) -> set[str]:
     """Normalized distribution names, one per line; '#' comments and blank lines ignored.
 
-    A line may carry a version or specifier (``numpy 2.5.2``, ``numpy==2.5.2``): only the
-    name counts.
+    A line may carry a version or specifier (``numpy 2.5.2``, ``numpy==2.5.2`` as
+    ``pip list --format=freeze`` writes it): only the name counts.
     """
     names = set()
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
-            names.add(normalize_name(re.split(r"[\s=<>!~;\[]", line, maxsplit=1)[0]))
+            names.add(normalize_name(re.split(r"[\s=<>!~;\[@]", line, maxsplit=1)[0]))
     return names
 
 
-def select_pins(
-    pins: Iterable[Pin], skip: Iterable[str], exclude: Iterable[str] = ()
-) -> tuple[list[Pin], list[Pin], list[Pin]]:
-    """Split pins into (kept, on the host already, excluded); names compared per PEP 503."""
-    skip_keys = {normalize_name(n) for n in skip}
-    exclude_keys = {normalize_name(n) for n in exclude}
-    kept, skipped, excluded = [], [], []
+def select_pins(pins: Iterable[Pin], on_host: Iterable[str]) -> tuple[list[Pin], list[Pin]]:
+    """Split pins into (to fetch, on the host already); names compared per PEP 503."""
+    host_keys = {normalize_name(n) for n in on_host}
+    kept, skipped = [], []
     for pin in pins:
-        if pin.key in exclude_keys:
-            excluded.append(pin)
-        elif pin.key in skip_keys:
-            skipped.append(pin)
-        else:
-            kept.append(pin)
-    return kept, skipped, excluded
+        (skipped if pin.key in host_keys else kept).append(pin)
+    return kept, skipped
+
+
+def find_uv() -> str:
+    """The project environment's uv (beside this Python), else the one on PATH."""
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if beside.is_file() else shutil.which("uv")
+    if not found:
+        raise WheelhouseError("uv not found beside this Python nor on PATH: run `make setup`")
+    return found
+
+
+def export_runtime(project: Path = ROOT) -> str:
+    """uv.lock's runtime group as requirements text (markers and hashes kept)."""
+    if not (project / "uv.lock").is_file():
+        raise WheelhouseError(f"{project / 'uv.lock'}: no such file (run `make lock`)")
+    proc = subprocess.run(
+        [find_uv(), *EXPORT_ARGS, "--project", str(project)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise WheelhouseError(f"uv export failed:\n{_tail(proc)}")
+    return proc.stdout
 
 
 def platform_tags(
@@ -222,6 +275,7 @@ class Options:
     find_links: Sequence[str] = ()
     no_index: bool = False
     build_isolation: bool = True
+    arch: str = "x86_64"
     python: str = sys.executable
 
     def index_args(self) -> list[str]:
@@ -253,6 +307,14 @@ def _single_wheel(folder: Path, pin: Pin) -> Path:
     return wheels[0]
 
 
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def download_wheel(pin: Pin, dest: Path, opts: Options) -> tuple[Path | None, str]:
     """Download the target's binary wheel for pin into dest; (None, pip's output) if none."""
     args = ["download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
@@ -262,15 +324,24 @@ def download_wheel(pin: Pin, dest: Path, opts: Options) -> tuple[Path | None, st
     proc = _pip(opts.python, args)
     if proc.returncode != 0:
         return None, _tail(proc)
-    return _single_wheel(dest, pin), ""
+    wheel = _single_wheel(dest, pin)
+    if pin.hashes and sha256_of(wheel) not in pin.hashes:
+        raise WheelhouseError(
+            f"{pin}: {wheel.name} has SHA-256 {sha256_of(wheel)}, which the lock does not list "
+            f"for this pin ({len(pin.hashes)} hashes): the index served another file"
+        )
+    return wheel, ""
 
 
 def build_wheel(pin: Pin, dest: Path, opts: Options) -> Path:
     """Build pin's sdist into a wheel with the local pip; only pure-Python results pass."""
+    # A requirements file carries the lock's hashes, so pip checks the sdist it builds from.
+    requirement = dest / "requirement.txt"
+    requirement.write_text(pin.requirement_line() + "\n", encoding="utf-8")
     args = ["wheel", "--no-deps", "--no-binary", pin.name, "--wheel-dir", str(dest)]
     if not opts.build_isolation:
         args.append("--no-build-isolation")
-    args += [*opts.index_args(), str(pin)]
+    args += [*opts.index_args(), "-r", str(requirement)]
     proc = _pip(opts.python, args)
     if proc.returncode != 0:
         raise WheelhouseError(
@@ -284,7 +355,7 @@ def build_wheel(pin: Pin, dest: Path, opts: Options) -> Path:
             f"{pin}: has no binary wheel for CPython {opts.python_version}, and its sdist is "
             f"not pure Python (building here gave {wheel.name}, which is tied to this "
             f"interpreter, Python {sys.version_info.major}.{sys.version_info.minor}). Build it "
-            f"on a Linux x86_64 machine with CPython {opts.python_version} "
+            f"on a Linux {opts.arch} machine with CPython {opts.python_version} "
             f"('python -m pip wheel --no-deps {pin}') and put the wheel in the wheelhouse, "
             f"or pick a version in the lock that has a wheel."
         )
@@ -346,8 +417,7 @@ def check_size(wheels: Sequence[Wheel], max_mib: float) -> None:
         names = "\n".join(f"    {mib(w.size):7.2f} MiB  {w.path.name}" for w in biggest)
         raise WheelhouseError(
             f"wheelhouse is {mib(total):.2f} MiB, over --max-mib {max_mib:g}. Biggest wheels:\n"
-            f"{names}\nSkip what the host has (--skip-file), drop what it does not need "
-            f"(--exclude), or raise --max-mib."
+            f"{names}\nList what the host has in --host-packages, or raise --max-mib."
         )
 
 
@@ -373,23 +443,27 @@ def install_into(out: Path, wheels: Sequence[Wheel], header: Sequence[str]) -> N
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=(
-            "Download (or build, for pure-Python sdists) one wheel per pin of the lock for a "
-            "target CPython on Linux x86_64, leaving out what the target host already has."
+            "Download (or build, for pure-Python sdists) one wheel per pin of uv.lock's runtime "
+            "group for a target CPython on Linux, leaving out what the target host has."
         ),
     )
     p.add_argument("--python-version", default="3.12", help="target CPython X.Y (default 3.12)")
-    p.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help="pinned requirements file")
     p.add_argument(
-        "--skip-file",
-        type=Path,
-        default=DEFAULT_SKIP_FILE,
-        help="distribution names the target host already has, one per line",
+        "--arch", choices=ARCHES, default="x86_64", help="target machine (default x86_64)"
     )
     p.add_argument(
-        "--exclude",
-        default=default_exclude(),
-        help="comma-separated pins not needed on the host (default: the dev tools but pytest, "
-        "and the full mlflow with its server-only deps, mlflow-skinny stays; '' keeps every pin)",
+        "--host-packages",
+        type=Path,
+        required=True,
+        help="distributions the target host already has, one per line (e.g. `python3 -m pip "
+        "list --format=freeze` run there, or tools/host-packages/nvidia-h200.txt); an empty "
+        "file for a bare host",
+    )
+    p.add_argument(
+        "--requirements",
+        type=Path,
+        help="pinned requirements with markers and hashes (default: uv.lock's runtime group, "
+        "from `uv export --no-dev`)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="wheelhouse folder")
     p.add_argument("--max-mib", type=float, default=60.0, help="fail above this total size")
@@ -398,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         dest="platforms",
         help="target platform tag, repeatable (default manylinux_2_39..2_17, manylinux2014, "
-        "manylinux2010, manylinux1, all x86_64)",
+        "manylinux2010, manylinux1, for --arch)",
     )
     p.add_argument("--find-links", action="append", default=[], help="passed to pip (repeatable)")
     p.add_argument("--no-index", action="store_true", help="passed to pip: no package index")
@@ -411,41 +485,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def selection(
+    requirements: str, source: str, on_host: Iterable[str], python_version: str, arch: str
+) -> tuple[list[Pin], list[Pin], int]:
+    """(to fetch, on the host already, pins not for the target) from requirements text."""
+    pins = parse_requirements(requirements, source)
+    target = for_target(pins, target_environment(python_version, arch), source)
+    kept, skipped = select_pins(target, on_host)
+    return kept, skipped, len(pins) - len(target)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python_version):
-        raise WheelhouseError(f"--python-version must look like 3.12, not {args.python_version!r}")
-    for label, path in (("--lock", args.lock), ("--skip-file", args.skip_file)):
-        if not path.is_file():
-            raise WheelhouseError(f"{label} {path}: no such file")
-    pins = parse_lock(args.lock.read_text(encoding="utf-8"), str(args.lock))
-    skip = parse_name_list(args.skip_file.read_text(encoding="utf-8"))
-    exclude = [n.strip() for n in args.exclude.split(",") if n.strip()]
-    kept, skipped, excluded = select_pins(pins, skip, exclude)
+        raise InputError(f"--python-version must look like 3.12, not {args.python_version!r}")
+    for label, path in (
+        ("--host-packages", args.host_packages),
+        ("--requirements", args.requirements),
+    ):
+        if path is not None and not path.is_file():
+            raise InputError(f"{label} {path}: no such file")
+    if args.requirements is not None:
+        source = str(args.requirements)
+        requirements = args.requirements.read_text(encoding="utf-8")
+    else:
+        source, requirements = "uv.lock (runtime group)", export_runtime()
+    on_host = parse_name_list(args.host_packages.read_text(encoding="utf-8"))
+    kept, skipped, other = selection(requirements, source, on_host, args.python_version, args.arch)
     print(
-        f"{args.lock}: {len(pins)} pins; {len(skipped)} already on the host "
-        f"({args.skip_file}), {len(excluded)} excluded, {len(kept)} to fetch "
-        f"for CPython {args.python_version}"
+        f"{source}: {len(kept) + len(skipped)} pins for CPython {args.python_version} on Linux "
+        f"{args.arch} ({other} for other platforms); {len(skipped)} already on the host "
+        f"({args.host_packages}), {len(kept)} to fetch"
     )
-    if excluded:
-        print("excluded: " + ", ".join(str(p) for p in excluded))
     if not kept:
-        raise WheelhouseError("nothing left to fetch: every pin is skipped or excluded")
+        raise WheelhouseError("nothing left to fetch: the host has every pin")
     opts = Options(
         python_version=args.python_version,
-        platforms=args.platforms or platform_tags(),
+        platforms=args.platforms or platform_tags(args.arch),
         find_links=[str(Path(x).resolve()) if Path(x).exists() else x for x in args.find_links],
         no_index=args.no_index,
         build_isolation=not args.no_build_isolation,
+        arch=args.arch,
     )
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as tmp:
         wheels = fetch_all(kept, Path(tmp), opts, args.jobs)
         print(summary_table(wheels))
         check_size(wheels, args.max_mib)
         header = [
-            f"Wheelhouse for CPython {args.python_version} x86_64, made by tools/wheelhouse.py "
-            f"from {args.lock.name}; {len(skipped)} pins on the host left out "
-            f"({args.skip_file.name}), excluded: {', '.join(exclude) or 'none'}.",
+            f"Wheelhouse for CPython {args.python_version} on Linux {args.arch}, made by "
+            f"tools/wheelhouse.py from {source}; {len(skipped)} pins on the host left out "
+            f"({args.host_packages.name}).",
             "Install: python3 -m pip install --no-index --no-deps --find-links <this folder> "
             f"-r <this folder>/{MANIFEST}",
         ]
@@ -462,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(argv)
     except WheelhouseError as exc:
         print(f"wheelhouse: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, InputError) else 1
 
 
 if __name__ == "__main__":
