@@ -165,9 +165,9 @@ def mlflow_runs(store: str, name: str) -> list:
 
 
 def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
-    """env, then train and evaluate of every variant, then compare, in this process."""
+    """env, then train, evaluate and quantize of every variant, then compare, in this process."""
     from accelbench.results import MetricsFiles
-    from accelbench.stages import compare, env, evaluate, train
+    from accelbench.stages import compare, env, evaluate, quantize, train
 
     env.run(env.select(params), root / "env")
     for name in params.variants:
@@ -176,6 +176,7 @@ def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
         )
         train.run(root, name, train.select(params, name), prepared, out, quiet=True)
         evaluate.run(root, evaluate.select(params), out.model, prepared, out.metrics)
+        quantize.run(root, quantize.select(params), out.model, prepared, out.metrics)
     return compare.run(
         root, compare.select(params), root / "env", root / "metrics", root / "reports"
     )

@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--metrics", type=Path, required=True)
 
+    quantize = sub.add_parser(
+        "quantize", help="one trained variant on the CPU: fp32 next to int8 (dynamic, static)"
+    )
+    quantize.add_argument("--model", type=Path, required=True)
+    quantize.add_argument("--data", type=Path, required=True)
+    quantize.add_argument("--metrics", type=Path, required=True)
+
     compare = sub.add_parser("compare", help="write the comparison report")
     compare.add_argument("--env", type=Path, required=True)
     compare.add_argument("--metrics", type=Path, required=True)
@@ -99,7 +106,7 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-STAGES = ("env", "download", "prepare", "train", "evaluate", "compare")
+STAGES = ("env", "download", "prepare", "train", "evaluate", "quantize", "compare")
 
 
 # OS errors that mean "this path is not what it must be": the user fixes the input.

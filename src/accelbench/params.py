@@ -198,11 +198,34 @@ class ReportParams(_Strict):
     scaling_baselines: dict[str, str] = Field(default_factory=dict)
 
 
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class CostParams(_Strict):
+    """Prices for the report's cost table (compare stage only): tutorial B's energy figures;
+    the hourly prices are the machine's price spread over its life (or a cloud rate)."""
+
+    kwh_usd: NonNegativeFloat = 0.15  # electricity, per kWh
+    cpu_system_w: PositiveFloat = 150.0  # a CPU-only system under load, where RAPL is not read
+    gpu_system_w: PositiveFloat = 450.0  # a system per GPU under load, where NVML is not read
+    cpu_hour_usd: NonNegativeFloat = 0.06  # a CPU system's hour
+    gpu_hour_usd: NonNegativeFloat = 0.13  # one GPU's system hour (a DDP run pays per GPU)
+
+
+class QuantizeParams(_Strict):
+    """Read by the quantize stage: int8 inference on the CPU next to fp32."""
+
+    latency_repeats: Annotated[int, Field(ge=1, le=10_000)] = 100  # batch-1 forward passes
+    calibration_samples: Annotated[int, Field(ge=1, le=60_000)] = 1024  # static int8 ranges
+
+
 class Params(_Strict):
     data: DataParams
     train: TrainParams
     variants: dict[str, VariantParams] = Field(min_length=1)
     report: ReportParams = ReportParams()
+    quantize: QuantizeParams = QuantizeParams()
+    cost: CostParams = CostParams()
 
     @model_validator(mode="after")
     def _check_names(self) -> Params:

@@ -13,7 +13,15 @@ from typing import Any
 from .. import report, tracking
 from ..console import InputError, log
 from ..params import Params, VariantParams
-from ..results import ENV_DEVICES, MetricsFiles, env_json, read_epochs_csv, read_eval, read_train
+from ..results import (
+    ENV_DEVICES,
+    MetricsFiles,
+    env_json,
+    read_epochs_csv,
+    read_eval,
+    read_quantized,
+    read_train,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,7 @@ def select(params: Params) -> CompareInputs:
         speedup_baseline=params.report.speedup_baseline,
         scaling_baselines=params.report.scaling_baselines,
         recipe=recipe,
+        cost=params.cost,
     )
     return CompareInputs(params.variants, spec)
 
@@ -46,14 +55,16 @@ def run(
     rows = []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
-        for path in (files.train_json, files.eval_json, files.epochs_csv):
+        for path in (files.train_json, files.eval_json, files.epochs_csv, files.quantized_json):
             if not path.is_file():
                 raise InputError(
-                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}` and "
-                    "`accelbench evaluate`) before compare"
+                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}`, "
+                    "`accelbench evaluate` and `accelbench quantize`) before compare"
                 )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
-        rows.append(report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv)))
+        row = report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
+        row.quantized = read_quantized(files.quantized_json)
+        rows.append(row)
     result = report.write_report(out_dir, rows, env, inputs.spec)
     run_id = tracking.finish_pipeline(root, result.files, result.headline)
     if run_id:

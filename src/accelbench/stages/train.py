@@ -196,6 +196,7 @@ class _Fitting:
         recipe, variant, placement = self.recipe, self.variant, self.placement
         device = placement.device
         energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
+        cpu_energy_j = hardware.cpu_energy_reader()  # the host's share, every variant
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
@@ -230,6 +231,7 @@ class _Fitting:
                     on_epoch=on_epoch,
                     on_step=on_step,
                     energy_j=energy_j,
+                    cpu_energy_j=cpu_energy_j,
                     resume_from=resume.state if resume and not fresh else None,
                     on_checkpoint=on_checkpoint,
                 )

@@ -1,0 +1,101 @@
+"""quantize@V: the trained model on the CPU in fp32, dynamic int8 (Linear layers) and static
+int8 (x86 backend): test accuracy, batch-1 latency, throughput at the eval batch, file size."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import build, data, quantization, tracking
+from ..batches import normalize_images
+from ..console import log
+from ..params import Params
+from ..results import (
+    MetricsFiles,
+    ModelFile,
+    QuantizedResult,
+    QuantizedSummary,
+    Skipped,
+    remove_leftovers,
+    write_json,
+)
+
+
+@dataclass(frozen=True)
+class QuantizeInputs:
+    batch_size: int
+    test_subset: int
+    latency_repeats: int
+    calibration_samples: int
+
+
+def select(params: Params) -> QuantizeInputs:
+    return QuantizeInputs(
+        params.train.eval_batch_size,
+        params.train.test_subset,
+        params.quantize.latency_repeats,
+        params.quantize.calibration_samples,
+    )
+
+
+def run(
+    root: Path, inputs: QuantizeInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
+) -> QuantizedResult:
+    remove_leftovers(files.quantized_json)
+    model_file = ModelFile.load(model_path)
+    name = model_file.variant
+    if not model_file.trained:  # at once: nothing to load
+        skipped = Skipped(model_file.reason or "no reason recorded")
+        write_json(files.quantized_json, skipped.to_json())
+        log(f"quantize {name}: {model_file.status}")
+        return skipped
+    cpu = torch.device("cpu")
+    model = build.trained_model(model_file.state_dict, str(model_path))
+    test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
+    single = test.images[:1]
+    calibration = normalize_images(
+        data.load_split(prepared_dir, "train", inputs.calibration_samples).images, cpu
+    ).split(inputs.batch_size)
+
+    def measure(method: str, quantized: torch.nn.Module) -> dict:
+        figures = quantization.measure(
+            method, quantized, lambda: test.epoch(0), single, inputs.latency_repeats
+        )
+        return figures.to_json()
+
+    methods = {"fp32": measure("fp32", model)}
+    methods["dynamic_int8"] = measure("dynamic_int8", quantization.dynamic_int8(model))
+    unsupported = {}
+    reason = quantization.static_int8_unsupported()
+    if reason is None:
+        static = quantization.static_int8(model, list(calibration))
+        methods["static_int8"] = measure("static_int8", static)
+    else:
+        unsupported["static_int8"] = reason
+        log(f"quantize {name}: static int8 not supported: {reason}")
+    summary = QuantizedSummary(
+        threads=torch.get_num_threads(),
+        batch_size=inputs.batch_size,
+        latency_repeats=inputs.latency_repeats,
+        methods=methods,
+        unsupported=unsupported,
+    )
+    write_json(files.quantized_json, summary.to_json())
+    for method, figures in methods.items():
+        log(
+            f"quantize {name}: {method}: accuracy {figures['test_accuracy']:.2%}, "
+            f"batch-1 latency {figures['latency_ms']:.3f} ms, "
+            f"{figures['samples_per_s']:,.0f} samples/s, {figures['size_bytes'] / 1024:,.0f} KiB"
+        )
+    if model_file.mlflow_run_id:
+        with tracking.resume_run(root, model_file.mlflow_run_id):
+            tracking.log_metrics(summary.metrics())
+            tracking.log_artifact(files.quantized_json)
+    return summary
+
+
+def main(args: argparse.Namespace, params: Params, root: Path) -> None:
+    run(root, select(params), args.model, args.data, MetricsFiles(args.metrics))
