@@ -160,6 +160,22 @@ def test_random_shift_translates_each_image_within_bounds() -> None:
     assert len(offsets) > 3  # each image draws its own offset
 
 
+def test_random_shift_moves_every_channel_of_an_image_together() -> None:
+    torch.manual_seed(0)
+    images = torch.randn(8, 3, 32, 32)
+    shifted = engine.random_shift(images, 2, fill=-1.0)
+    assert shifted.shape == images.shape
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-1.0)
+    for i in range(8):
+        matches = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(padded[i, :, dy : dy + 32, dx : dx + 32], shifted[i])
+        ]
+        assert len(matches) == 1, f"image {i}: its channels are not one translation of its input"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graph_captured_step_with_random_shifts_trains(prepared) -> None:

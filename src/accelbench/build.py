@@ -9,21 +9,25 @@ import torch
 from . import data, engine
 from .batches import LoaderBatches, ResidentBatches
 from .console import InputError
-from .models import SeedCNN
+from .models import for_dataset
 from .params import LoaderParams, TrainRecipe, VariantParams
 
 
-def fresh_model(train: TrainRecipe, variant: VariantParams, device: torch.device) -> SeedCNN:
-    """The seeded initial model, on its device: the same weights for every variant."""
+def fresh_model(
+    train: TrainRecipe, variant: VariantParams, device: torch.device, dataset: str = "mnist"
+) -> torch.nn.Module:
+    """The dataset's seeded initial model, on its device: the same weights for every variant."""
     engine.seed_everything(train.seed)
     memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
-    return SeedCNN(dropout=train.dropout).to(device, memory_format=memory_format)
+    return for_dataset(dataset, train.dropout).to(device, memory_format=memory_format)
 
 
-def trained_model(state_dict: dict[str, torch.Tensor], source: str = "model file") -> SeedCNN:
-    """A trained model on the CPU, in eval mode (where dropout is inactive); weights of
-    another model or shape are an InputError naming `source`."""
-    model = SeedCNN()
+def trained_model(
+    state_dict: dict[str, torch.Tensor], source: str = "model file", dataset: str = "mnist"
+) -> torch.nn.Module:
+    """The dataset's trained model on the CPU, in eval mode (where dropout is inactive);
+    weights of another model or shape are an InputError naming `source`."""
+    model = for_dataset(dataset)
     try:
         model.load_state_dict(state_dict)
     except (RuntimeError, TypeError, AttributeError) as exc:
@@ -34,8 +38,9 @@ def trained_model(state_dict: dict[str, torch.Tensor], source: str = "model file
     return model.eval()
 
 
-def flops_per_sample(train: TrainRecipe) -> int:
-    return engine.train_flops_per_sample(SeedCNN(dropout=train.dropout))
+def flops_per_sample(train: TrainRecipe, dataset: str = "mnist") -> int:
+    shape = data.DATASETS[dataset].input_shape
+    return engine.train_flops_per_sample(for_dataset(dataset, train.dropout), shape)
 
 
 def train_batches(
@@ -61,6 +66,7 @@ def train_batches(
         )
     return LoaderBatches(
         prepared_dir,
+        data.prepared_dataset(prepared_dir),
         len(split.labels),
         device,
         train.batch_size,

@@ -53,10 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="record the machine's hardware and software facts")
     env.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
 
-    download = sub.add_parser("download", help="fetch and verify the MNIST files")
+    download = sub.add_parser("download", help="fetch and verify the dataset's files")
     download.add_argument("--out", type=Path, required=True)
 
-    prepare = sub.add_parser("prepare", help="decode and validate the IDX files into arrays")
+    prepare = sub.add_parser("prepare", help="decode and validate the raw files into arrays")
     prepare.add_argument("--raw", type=Path, required=True)
     prepare.add_argument("--out", type=Path, required=True)
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
-from .batches import MNIST_MEAN, MNIST_STD
+from .batches import zero_pixel
 from .console import AccelbenchError
 from .params import TrainRecipe, VariantParams
 from .timing import DeviceClock
@@ -186,13 +186,16 @@ def random_shift(images: torch.Tensor, max_px: int, fill: float) -> torch.Tensor
     One gather on the device, so it runs inside a captured graph and costs little next to
     the convolutions; uncovered pixels get `fill` (the normalized background value).
     """
-    n, _, height, width = images.shape
+    n, channels, height, width = images.shape
     padded = F.pad(images, (max_px,) * 4, value=fill)
     offsets = torch.randint(0, 2 * max_px + 1, (2, n, 1), device=images.device)
     rows = (offsets[0] + torch.arange(height, device=images.device))[:, :, None]
     cols = (offsets[1] + torch.arange(width, device=images.device))[:, None, :]
     batch = torch.arange(n, device=images.device)[:, None, None]
-    return padded[batch, 0, rows, cols].unsqueeze(1)
+    if channels == 1:
+        return padded[batch, 0, rows, cols].unsqueeze(1)
+    # the same offset for every channel of an image: [n, h, w, c] back to [n, c, h, w]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
 CAPTURE_WARMUP_STEPS = 3  # eager steps before capture: compilation, autotuning, Adam state
@@ -252,7 +255,7 @@ class TrainStep:
     def augment(self, images: torch.Tensor) -> torch.Tensor:
         if not self.shift_px:
             return images
-        shifted = random_shift(images, self.shift_px, fill=-MNIST_MEAN / MNIST_STD)
+        shifted = random_shift(images, self.shift_px, fill=zero_pixel(images.shape[1]))
         if self.variant.channels_last:
             shifted = shifted.contiguous(memory_format=torch.channels_last)
         return shifted

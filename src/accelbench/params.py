@@ -38,6 +38,7 @@ CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 ]
 Schedule = Literal["constant", "onecycle"]
+Dataset = Literal["mnist", "cifar10"]
 
 
 class ParamsError(InputError):
@@ -56,12 +57,19 @@ VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class DataParams(_Strict):
-    mirrors: list[str] = Field(min_length=1)
+    # mnist: the seed CNN on MNIST; cifar10: the DDP/AMP tutorial's LeNet on CIFAR-10
+    dataset: Dataset = "mnist"
+    mirrors: list[str] = Field(min_length=1)  # MNIST's
+    cifar10_mirrors: list[str] = Field(default=["https://www.cs.toronto.edu/~kriz/"], min_length=1)
+    # The official archive's MD5 (torchvision's too); change it only for a copy you verified.
+    cifar10_md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = (
+        "c58f30108f718f92721af3b95e74349a"
+    )
     timeout_s: PositiveFloat = 30.0
     retries: NonNegativeInt = 2
     deadline_s: PositiveFloat = 600.0  # one file from one mirror, every read and retry included
 
-    @field_validator("mirrors")
+    @field_validator("mirrors", "cifar10_mirrors")
     @classmethod
     def _check_mirrors(cls, mirrors: list[str]) -> list[str]:
         for mirror in mirrors:

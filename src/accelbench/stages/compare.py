@@ -44,6 +44,7 @@ def select(params: Params) -> CompareInputs:
         scaling_baselines=params.report.scaling_baselines,
         recipe=recipe,
         cost=params.cost,
+        dataset=params.data.dataset,
     )
     return CompareInputs(params.variants, spec)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, confusion, engine, tracking
+from .. import build, confusion, data, engine, tracking
 from ..console import InputError, log
 from ..params import Params, VariantParams
 from ..placement import evaluation_device
@@ -48,7 +48,8 @@ def run(
     variant = _trained_variant(model_file, model_path)
     device = evaluation_device(name, variant)
     engine.configure_backends(variant)
-    model = build.trained_model(model_file.state_dict, str(model_path)).to(device)
+    dataset = data.prepared_dataset(prepared_dir).name
+    model = build.trained_model(model_file.state_dict, str(model_path), dataset).to(device)
     batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
     engine.evaluate(model, batches, variant, device)  # warm-up: kernels, autotuning
     result = engine.evaluate(model, batches, variant, device)

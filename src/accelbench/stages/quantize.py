@@ -53,7 +53,8 @@ def run(
         log(f"quantize {name}: {model_file.status}")
         return skipped
     cpu = torch.device("cpu")
-    model = build.trained_model(model_file.state_dict, str(model_path))
+    dataset = data.prepared_dataset(prepared_dir).name
+    model = build.trained_model(model_file.state_dict, str(model_path), dataset)
     test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
     single = test.images[:1]
     calibration = normalize_images(

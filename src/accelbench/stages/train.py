@@ -105,13 +105,14 @@ def train(
     quiet: bool,
 ) -> TrainSummary | None:
     engine.configure_backends(variant, recipe.deterministic)
-    flops_per_sample = build.flops_per_sample(recipe)
+    dataset = data.prepared_dataset(prepared_dir).name  # the data decides the model
+    flops_per_sample = build.flops_per_sample(recipe, dataset)
     fitting = _Fitting.build(name, recipe, variant, placement, prepared_dir, out.profile)
     steps = len(fitting.batches)
     if placement.main:
         log(_start_line(name, recipe, variant, placement, fitting.batches.num_samples))
         remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
-    run_params = _run_params(name, recipe, variant)
+    run_params = _run_params(name, recipe, variant, dataset)
     checkpoint_path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
     checkpointer = Checkpointer(checkpoint_path, run_params, name)
     resume = checkpointer.load()
@@ -120,7 +121,7 @@ def train(
         profiling.check_request(name, recipe.epochs, steps, epochs_done)
     with _tracked_run(root, name, run_params, variant, placement, resume) as run_id:
         if placement.main and resume is None:
-            _log_datasets(prepared_dir, recipe)
+            _log_datasets(prepared_dir, recipe, dataset)
         progress = EpochProgress(name, recipe.epochs, steps, quiet=quiet or not placement.main)
         records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
         progress.close()
@@ -139,7 +140,7 @@ def train(
             write_json(outputs(out.metrics.train_json), summary.to_json())
             write_epochs_csv(outputs(out.metrics.epochs_csv), [r.as_dict() for r in records])
             model_file.save(outputs(out.model))
-        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4])
+        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4], dataset)
     log(
         f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
         f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
@@ -162,6 +163,7 @@ class _Fitting:
     batches: engine.BatchSource
     test_batches: ResidentBatches
     profile_dir: Path | None
+    dataset: str = "mnist"
 
     @classmethod
     def build(
@@ -174,7 +176,8 @@ class _Fitting:
         profile_dir: Path | None,
     ) -> _Fitting:
         device = placement.device
-        model = build.fresh_model(recipe, variant, device)
+        dataset = data.prepared_dataset(prepared_dir).name
+        model = build.fresh_model(recipe, variant, device, dataset)
         shard = {"rank": placement.rank, "world_size": placement.world_size}
         batches = build.train_batches(recipe, variant, prepared_dir, device, **shard)
         test_batches = build.eval_batches(
@@ -184,7 +187,9 @@ class _Fitting:
             recipe.test_subset,
             channels_last=variant.channels_last,
         )
-        return cls(name, recipe, variant, placement, model, batches, test_batches, profile_dir)
+        return cls(
+            name, recipe, variant, placement, model, batches, test_batches, profile_dir, dataset
+        )
 
     def fit(
         self,
@@ -205,7 +210,7 @@ class _Fitting:
 
         def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
             if fresh:  # after an OOM: from scratch, the checkpoint's state left behind
-                self.model = build.fresh_model(recipe, variant, device)
+                self.model = build.fresh_model(recipe, variant, device, self.dataset)
             # one profile per attempt: an OOM retry starts counting steps again
             with profiling.step_profiler(
                 self.profile_dir,
@@ -264,9 +269,12 @@ def record_skip(
     return skipped
 
 
-def _run_params(name: str, recipe: TrainRecipe, variant: VariantParams) -> dict[str, Any]:
+def _run_params(
+    name: str, recipe: TrainRecipe, variant: VariantParams, dataset: str | None = None
+) -> dict[str, Any]:
     """What produced the run: logged to MLflow, kept in the model file, fingerprinted."""
-    return {"variant": {"name": name, **variant.model_dump()}, "train": recipe.model_dump()}
+    run = {"variant": {"name": name, **variant.model_dump()}, "train": recipe.model_dump()}
+    return run | ({"data": {"dataset": dataset}} if dataset else {})
 
 
 def _start_line(
@@ -305,15 +313,15 @@ def _tracked_run(
     return tracking.variant_run(root, name, run_params, tags, system_metrics=True)
 
 
-def _log_datasets(prepared_dir: Path, recipe: TrainRecipe) -> None:
+def _log_datasets(prepared_dir: Path, recipe: TrainRecipe, dataset: str) -> None:
     for split, limit, context in (
         ("train", recipe.train_subset, "training"),
         ("test", recipe.test_subset, "evaluation"),
     ):
         arrays = data.load_split(prepared_dir, split, limit)
-        digest = data.dataset_digest(split, limit)
+        digest = data.dataset_digest(split, limit, prepared_dir)
         tracking.log_dataset(
-            f"mnist-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
+            f"{dataset}-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
         )
 
 
@@ -323,13 +331,14 @@ def _track_outputs(
     model_file: ModelFile,
     out: TrainOutputs,
     example_images: torch.Tensor,
+    dataset: str,
 ) -> None:
     tracking.log_train_summary(summary)
     tracking.log_artifact(out.metrics.epochs_csv)
     for path in sorted(out.profile.glob(f"{name}-rank0.*")) if out.profile else ():
         tracking.log_artifact(path, "profile")
     example = example_images.float().cpu().contiguous().numpy()
-    tracking.log_model(build.trained_model(model_file.state_dict), example)
+    tracking.log_model(build.trained_model(model_file.state_dict, dataset=dataset), example)
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:
