@@ -45,15 +45,19 @@ def test_static_int8_unsupported_names_the_missing_engine() -> None:
     )
 
 
-def test_measure_counts_accuracy_over_every_batch() -> None:
+def test_measure_counts_accuracy_over_every_batch_for_each_model() -> None:
     model = _model()
     images = torch.randn(10, 1, 28, 28)
     labels = model(images).argmax(1)
     labels[:3] = (labels[:3] + 1) % 10  # three wrong on purpose
+    dynamic = quantization.dynamic_int8(model)
     figures = quantization.measure(
-        "fp32", model, lambda: iter([(images[:6], labels[:6]), (images[6:], labels[6:])]),
+        {"fp32": model, "dynamic_int8": dynamic},
+        lambda: iter([(images[:6], labels[:6]), (images[6:], labels[6:])]),
         images[:1], latency_repeats=5,
     )  # fmt: skip
-    assert figures.test_accuracy == pytest.approx(0.7)
-    assert figures.latency_ms > 0 and figures.samples_per_s > 0
-    assert figures.size_bytes == quantization.size_bytes(model)
+    assert list(figures) == ["fp32", "dynamic_int8"]
+    assert figures["fp32"].test_accuracy == pytest.approx(0.7)
+    assert figures["fp32"].latency_ms > 0 and figures["fp32"].samples_per_s > 0
+    assert figures["fp32"].size_bytes == quantization.size_bytes(model)
+    assert figures["dynamic_int8"].size_bytes == quantization.size_bytes(dynamic)

@@ -19,7 +19,7 @@ import io
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -105,32 +105,41 @@ class InferenceFigures:
 
 @torch.no_grad()
 def measure(
-    method: str,
-    model: nn.Module,
+    models: Mapping[str, nn.Module],
     batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
     single: torch.Tensor,
     latency_repeats: int,
-) -> InferenceFigures:
-    """Accuracy and throughput over one pass of `batches()` (after one warm-up batch), and the
-    median latency of `latency_repeats` forward passes of the one-image batch `single`."""
-    model.eval()
+) -> dict[str, InferenceFigures]:
+    """Each model's accuracy and throughput over one pass of `batches()`, and its median
+    latency over `latency_repeats` forward passes of the one-image batch `single`.
+
+    The latency passes take turns (model A, B, C, A, B, C, ...), so that a busy spell of a
+    shared machine slows every model alike instead of one of them.
+    """
+    passes: dict[str, tuple[float, float]] = {}
     with _quiet_deprecation():
-        model(single)  # warm-up: one-time packing of weights, allocator
-        correct = samples = 0
-        started = time.perf_counter()
-        for images, labels in batches():
-            correct += int((model(images).argmax(dim=1) == labels).sum())
-            samples += len(labels)
-        elapsed = time.perf_counter() - started
-        latencies = []
+        for method, model in models.items():
+            model.eval()
+            model(single)  # warm-up: one-time packing of weights, allocator
+            correct = samples = 0
+            started = time.perf_counter()
+            for images, labels in batches():
+                correct += int((model(images).argmax(dim=1) == labels).sum())
+                samples += len(labels)
+            passes[method] = (correct / samples, samples / (time.perf_counter() - started))
+        latencies: dict[str, list[float]] = {method: [] for method in models}
         for _ in range(latency_repeats):
-            tick = time.perf_counter()
-            model(single)
-            latencies.append(time.perf_counter() - tick)
-    return InferenceFigures(
-        method=method,
-        test_accuracy=correct / samples,
-        latency_ms=1000 * statistics.median(latencies),
-        samples_per_s=samples / elapsed,
-        size_bytes=size_bytes(model),
-    )
+            for method, model in models.items():
+                tick = time.perf_counter()
+                model(single)
+                latencies[method].append(time.perf_counter() - tick)
+    return {
+        method: InferenceFigures(
+            method=method,
+            test_accuracy=passes[method][0],
+            latency_ms=1000 * statistics.median(latencies[method]),
+            samples_per_s=passes[method][1],
+            size_bytes=size_bytes(model),
+        )
+        for method, model in models.items()
+    }

@@ -264,7 +264,8 @@ def _quantized_lines(rows: list[Row]) -> list[str]:
         "",
         f"Measured by the quantize stage on this machine's CPU ({q.threads} threads), whatever "
         "device trained the weights; latency is the median of "
-        f"{q.latency_repeats} single-image passes, throughput one pass over the test set.",
+        f"{q.latency_repeats} single-image passes (the models taking turns, so a busy spell of a "
+        "shared machine slows them alike), throughput one pass over the test set.",
         "",
     ]
 

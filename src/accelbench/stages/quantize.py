@@ -56,27 +56,22 @@ def run(
     dataset = data.prepared_dataset(prepared_dir).name
     model = build.trained_model(model_file.state_dict, str(model_path), dataset)
     test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
-    single = test.images[:1]
     calibration = normalize_images(
         data.load_split(prepared_dir, "train", inputs.calibration_samples).images, cpu
     ).split(inputs.batch_size)
 
-    def measure(method: str, quantized: torch.nn.Module) -> dict:
-        figures = quantization.measure(
-            method, quantized, lambda: test.epoch(0), single, inputs.latency_repeats
-        )
-        return figures.to_json()
-
-    methods = {"fp32": measure("fp32", model)}
-    methods["dynamic_int8"] = measure("dynamic_int8", quantization.dynamic_int8(model))
+    models = {"fp32": model, "dynamic_int8": quantization.dynamic_int8(model)}
     unsupported = {}
     reason = quantization.static_int8_unsupported()
     if reason is None:
-        static = quantization.static_int8(model, list(calibration))
-        methods["static_int8"] = measure("static_int8", static)
+        models["static_int8"] = quantization.static_int8(model, list(calibration))
     else:
         unsupported["static_int8"] = reason
         log(f"quantize {name}: static int8 not supported: {reason}")
+    figures = quantization.measure(
+        models, lambda: test.epoch(0), test.images[:1], inputs.latency_repeats
+    )
+    methods = {method: f.to_json() for method, f in figures.items()}
     summary = QuantizedSummary(
         threads=torch.get_num_threads(),
         batch_size=inputs.batch_size,
@@ -85,11 +80,11 @@ def run(
         unsupported=unsupported,
     )
     write_json(files.quantized_json, summary.to_json())
-    for method, figures in methods.items():
+    for method, row in methods.items():
         log(
-            f"quantize {name}: {method}: accuracy {figures['test_accuracy']:.2%}, "
-            f"batch-1 latency {figures['latency_ms']:.3f} ms, "
-            f"{figures['samples_per_s']:,.0f} samples/s, {figures['size_bytes'] / 1024:,.0f} KiB"
+            f"quantize {name}: {method}: accuracy {row['test_accuracy']:.2%}, "
+            f"batch-1 latency {row['latency_ms']:.3f} ms, "
+            f"{row['samples_per_s']:,.0f} samples/s, {row['size_bytes'] / 1024:,.0f} KiB"
         )
     if model_file.mlflow_run_id:
         with tracking.resume_run(root, model_file.mlflow_run_id):
