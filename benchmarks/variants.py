@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from accelbench import build, engine, placement
+from accelbench import build, data, engine, placement
 from accelbench.params import TrainParams, VariantParams, parse_params, read_yaml
 
 
@@ -38,7 +38,8 @@ def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path
     # Built as the pipeline builds them (build.py), so a tuning row is a pipeline row.
     device = where.device
     engine.configure_backends(variant, recipe.deterministic)
-    model = build.fresh_model(recipe, variant, device)
+    dataset = data.prepared_dataset(prepared).name  # the prepared data decides the model
+    model = build.fresh_model(recipe, variant, device, dataset)
     train_batches = build.train_batches(recipe, variant, prepared, device)
     test_batches = build.eval_batches(
         prepared, device, recipe.eval_batch_size, recipe.test_subset,

@@ -58,6 +58,55 @@ def write_fake_mnist(folder: Path, n_train: int = 512, n_test: int = 256) -> dic
     return checksums
 
 
+def cifar10_batch(images: np.ndarray, labels: np.ndarray, label: str) -> bytes:
+    """One batch as the official archive holds it: a pickled dict whose keys load as str with
+    encoding latin1 (as torchvision loads them), data uint8 [n, 3072] (R, G, B planes), labels
+    a list of ints."""
+    import pickle
+
+    batch = {
+        "batch_label": label,
+        "labels": [int(c) for c in labels],
+        "data": images.reshape(len(images), -1),
+        "filenames": [f"{i}.png" for i in range(len(images))],
+    }
+    return pickle.dumps(batch, protocol=2)
+
+
+def write_fake_cifar10(
+    folder: Path, n_per_batch: int = 64, n_test: int = 128, members: dict[str, bytes] | None = None
+) -> str:
+    """`cifar-10-python.tar.gz` in the official layout (cifar-10-batches-py/ with data_batch_1..5,
+    test_batch, batches.meta) holding learnable 32x32 colour images; returns its MD5.
+    `members` replaces or adds files of the archive."""
+    import io
+    import pickle
+    import tarfile
+
+    def colour_images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        digits, labels = synthetic_digits(n, seed)
+        padded = np.zeros((n, 32, 32), np.uint8)
+        padded[:, 2:30, 2:30] = digits
+        return np.stack([padded, padded // 2, 255 - padded], axis=1), labels
+
+    files = {}
+    for i in range(1, 6):
+        files[f"data_batch_{i}"] = cifar10_batch(*colour_images(n_per_batch, 10 + i), f"train {i}")
+    files["test_batch"] = cifar10_batch(*colour_images(n_test, 20), "test")
+    names = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse",
+             b"ship", b"truck"]  # fmt: skip
+    files["batches.meta"] = pickle.dumps({"label_names": names}, protocol=2)
+    files |= members or {}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "cifar-10-python.tar.gz"
+    with tarfile.open(path, "w:gz") as archive:
+        for name, content in files.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+
+
 def shared_mnist() -> Path | None:
     """The verified MNIST mirror: $ACCELBENCH_MNIST_MIRROR, else ../shared/datasets/mnist."""
     candidate = os.environ.get(data.MIRROR_ENV) or str(
@@ -165,9 +214,9 @@ def mlflow_runs(store: str, name: str) -> list:
 
 
 def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
-    """env, then train and evaluate of every variant, then compare, in this process."""
+    """env, then train, evaluate and quantize of every variant, then compare, in this process."""
     from accelbench.results import MetricsFiles
-    from accelbench.stages import compare, env, evaluate, train
+    from accelbench.stages import compare, env, evaluate, quantize, train
 
     env.run(env.select(params), root / "env")
     for name in params.variants:
@@ -176,6 +225,7 @@ def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
         )
         train.run(root, name, train.select(params, name), prepared, out, quiet=True)
         evaluate.run(root, evaluate.select(params), out.model, prepared, out.metrics)
+        quantize.run(root, quantize.select(params), out.model, prepared, out.metrics)
     return compare.run(
         root, compare.select(params), root / "env", root / "metrics", root / "reports"
     )

@@ -33,6 +33,7 @@ def test_dataloader_source_matches_resident_batches(prepared) -> None:
     resident = ResidentBatches(split, CPU, 128, seed=1)
     loader = LoaderBatches(
         prepared,
+        data.DATASETS["mnist"],
         512,
         CPU,
         128,

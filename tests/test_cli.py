@@ -204,6 +204,24 @@ def _case(name: str, tmp_path, prepared, monkeypatch) -> tuple[list[str], int, s
             _model_of_another_shape(empty)
             args = [*evaluate, "--model", str(empty)]
             return ["--params", str(params), *args], 2, "weights do not fit accelbench's model"
+        case "quantize: model is a text file":
+            args = ["quantize", "--data", str(prepared), *metrics, "--model", str(text)]
+            return ["--params", str(params), *args], 2, "not a model file written by"
+        case "quantize: model of another shape":
+            _model_of_another_shape(empty)
+            args = ["quantize", "--data", str(prepared), *metrics, "--model", str(empty)]
+            return ["--params", str(params), *args], 2, "weights do not fit accelbench's model"
+        case "check: a dataset accelbench does not know":
+            raw = yaml.safe_load(params.read_text())
+            raw["data"]["dataset"] = "imagenet"
+            params.write_text(yaml.safe_dump(raw))
+            return ["--params", str(params), "check"], 2, "data.dataset = 'imagenet'"
+        case "prepare: no CIFAR-10 archive":
+            raw = yaml.safe_load(params.read_text())
+            raw["data"]["dataset"] = "cifar10"
+            params.write_text(yaml.safe_dump(raw))
+            args = ["prepare", "--raw", str(tmp_path), "--out", str(tmp_path / "p")]
+            return ["--params", str(params), *args], 2, "cifar-10-python.tar.gz: missing"
         case "compare: empty metrics folder":
             (tmp_path / "env").mkdir()
             for device in ("cpu", "cuda"):
@@ -240,6 +258,10 @@ CASES = [
     "evaluate: model is empty",
     "evaluate: model is another structure",
     "evaluate: model of another shape",
+    "quantize: model is a text file",
+    "quantize: model of another shape",
+    "check: a dataset accelbench does not know",
+    "prepare: no CIFAR-10 archive",
     "compare: empty metrics folder",
     "compare: env folder missing",
 ]

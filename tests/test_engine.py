@@ -160,6 +160,22 @@ def test_random_shift_translates_each_image_within_bounds() -> None:
     assert len(offsets) > 3  # each image draws its own offset
 
 
+def test_random_shift_moves_every_channel_of_an_image_together() -> None:
+    torch.manual_seed(0)
+    images = torch.randn(8, 3, 32, 32)
+    shifted = engine.random_shift(images, 2, fill=-1.0)
+    assert shifted.shape == images.shape
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-1.0)
+    for i in range(8):
+        matches = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(padded[i, :, dy : dy + 32, dx : dx + 32], shifted[i])
+        ]
+        assert len(matches) == 1, f"image {i}: its channels are not one translation of its input"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graph_captured_step_with_random_shifts_trains(prepared) -> None:
@@ -303,14 +319,14 @@ def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> No
 
     params = select(small_params(), "cpu").recipe
     cache = tmp_path / "flops.json"
-    first = build.flops_per_sample(params, cache)
+    first = build.flops_per_sample(params, cache=cache)
     assert first == build.flops_per_sample(params)  # the same count, uncached
 
     def must_not_count(model) -> int:
         raise AssertionError("counted again despite the cache")
 
     monkeypatch.setattr(engine, "train_flops_per_sample", must_not_count)
-    assert build.flops_per_sample(params, cache) == first
+    assert build.flops_per_sample(params, cache=cache) == first
     cache.write_text("{broken")
     monkeypatch.undo()
-    assert build.flops_per_sample(params, cache) == first  # a broken cache: counted again
+    assert build.flops_per_sample(params, cache=cache) == first  # a broken cache: counted again

@@ -80,3 +80,40 @@ def test_env_facts_and_the_doctor_share_one_probe(monkeypatch) -> None:
     cpu_only = hardware.GpuProbe("13.0", None, None, (), cuda_available=False)
     assert hardware.cuda_facts(cpu_only)["reason"].startswith("no NVIDIA driver found")
     assert doctor.gather(cpu_only).driver is None
+
+
+def _zone(root, name: str, energy_uj: int, max_uj: int = 1000) -> None:
+    zone = root / name
+    zone.mkdir(parents=True, exist_ok=True)
+    (zone / "energy_uj").write_text(f"{energy_uj}\n")
+    (zone / "max_energy_range_uj").write_text(f"{max_uj}\n")
+
+
+def test_rapl_reader_sums_packages_skips_subzones_and_undoes_wraparound(tmp_path) -> None:
+    assert hardware.cpu_energy_reader(tmp_path) is None  # no RAPL: no reading, not zeros
+    _zone(tmp_path, "intel-rapl:0", 900)
+    _zone(tmp_path, "intel-rapl:1", 100)
+    _zone(tmp_path, "intel-rapl:0:0", 0)  # a subzone (core): inside package 0 already
+    read = hardware.cpu_energy_reader(tmp_path)
+    _zone(tmp_path, "intel-rapl:0", 50)  # wrapped at 1000 µJ: 151 µJ used
+    _zone(tmp_path, "intel-rapl:1", 300)  # 200 µJ
+    _zone(tmp_path, "intel-rapl:0:0", 999)
+    assert read() == (151 + 200) / 1e6
+    _zone(tmp_path, "intel-rapl:1", 400)
+    assert read() == (151 + 300) / 1e6
+
+
+def test_rapl_reader_is_none_where_the_counter_cannot_be_read(tmp_path, monkeypatch) -> None:
+    """Since Linux 5.10 energy_uj is root-only: reading it fails with EACCES."""
+    from pathlib import Path
+
+    _zone(tmp_path, "intel-rapl:0", 5)
+    read_text = Path.read_text
+
+    def root_only(path, *args, **kwargs):
+        if path.name == "energy_uj":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", root_only)
+    assert hardware.cpu_energy_reader(tmp_path) is None

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from helpers import REPO, repo_params_raw, shared_mnist
+from helpers import REPO, repo_params_raw, shared_mnist, write_fake_cifar10
 
 pytestmark = pytest.mark.slow
 
@@ -83,13 +83,17 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path, monkeypatch) -> Non
 
     first = _dvc(repo, "repro", mirror=mirror)
     out = first.stdout + first.stderr
-    for stage in ("env", "download", "prepare", "train@cpu", "evaluate@cpu", "compare"):
+    for stage in (
+        "env", "download", "prepare", "train@cpu", "evaluate@cpu", "quantize@cpu", "compare"
+    ):  # fmt: skip
         assert f"Running stage '{stage}'" in out
 
     cpu = json.loads((repo / "metrics" / "cpu" / "train.json").read_text())
     assert cpu["status"] == "trained" and cpu["epochs"] == 2 and cpu["train_samples"] == 1024
     report = (repo / "reports" / "comparison.md").read_text()
-    assert "| cpu | trained |" in report
+    assert "| cpu | trained |" in report and "- Dataset: MNIST" in report
+    assert "| cpu | dynamic int8 (Linear layers) |" in report  # the quantized-inference table
+    assert "## Cost of a run" in report and "stated: 150 W × time" in report  # no RAPL here
     assert (repo / "reports" / "epoch_times.png").stat().st_size > 5000
     # every stage recorded where its time went; the report adds them up
     timings = {p.stem for p in (repo / ".accelbench" / "timings").glob("*.json")}
@@ -246,3 +250,46 @@ def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeyp
     rows = {line.split()[2].strip("[]"): line.split() for line in shown.splitlines() if "[" in line}
     assert set(rows) == set(names) and rows["lr-low"][-1] == "0.0005", shown
     assert max(map(len, shown.splitlines())) <= 120 and "…" not in shown, shown
+
+
+def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
+    """`dvc exp run -S data.dataset=cifar10` on a fake archive in the official format, served by
+    $ACCELBENCH_CIFAR10_MIRROR, with the README's flags (the tutorial's recipe): download,
+    prepare, every variant (CUDA ones skipped here; the DataLoader recipe on the CPU),
+    evaluate, quantize and the report."""
+    md5 = write_fake_cifar10(tmp_path / "cifar-mirror", n_per_batch=256, n_test=256)
+    repo = tmp_path / "repo"
+    _copy_repo(repo)
+    raw = repo_params_raw(epochs=3, eval_batch_size=256)
+    raw["variants"]["cpu_dataloader"] = {
+        "device": "cpu", "batches": "dataloader", "loader": {"num_workers": 1},
+    }  # fmt: skip
+    (repo / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    subprocess.run(["git", "commit", "-qam", "cpu_dataloader"], cwd=repo, check=True)
+    env = _env(tmp_path / "no-mnist-needed") | {
+        "ACCELBENCH_CIFAR10_MIRROR": str(tmp_path / "cifar-mirror")
+    }
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "dvc"), "exp", "run",  # the README's command
+         "-S", "data.dataset=cifar10", "-S", "train.batch_size=128",
+         "-S", "train.schedule=constant", "-S", "train.shift_px=0",
+         "-S", f"data.cifar10_md5={md5}"],  # the fake archive's
+        cwd=repo, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+    assert (repo / "data" / "raw" / "cifar-10-python.tar.gz").is_file()
+    for name in ("cpu", "cpu_dataloader"):
+        trained = json.loads((repo / "metrics" / name / "train.json").read_text())
+        assert trained["status"] == "trained" and trained["train_samples"] == 5 * 256
+        epochs = (repo / "metrics" / name / "epochs.csv").read_text().splitlines()
+        assert len(epochs) == 1 + 3  # a header, then the three epochs
+        first, last = (float(line.split(",")[1]) for line in (epochs[1], epochs[-1]))
+        assert last < first  # train_loss: LeNet learns the fake images
+        assert 3e6 < trained["flops_per_sample"] < 4e6  # LeNet's, not the seed CNN's 65 M
+    report = (repo / "reports" / "comparison.md").read_text()
+    assert "- Dataset: CIFAR-10, the DDP/AMP tutorial's LeNet" in report
+    assert "| cpu_dataloader | trained |" in report and "| gpu | skipped |" in report
+    assert "| cpu | static int8 (x86 backend) |" in report or "not supported" in report
+    assert "## Cost of a run" in report
+    assert "tutorials' published figures" not in report  # those are MNIST's

@@ -105,3 +105,87 @@ def test_time_to_target_is_read_from_the_epochs() -> None:
     ]
     assert report.time_to_target(epochs, 0.99) == (8.0, 3)
     assert report.time_to_target(epochs[:2], 0.99) is None
+
+
+def _epochs(*rows: tuple[float, float, float | None]) -> list[dict[str, float]]:
+    """epochs.csv rows: (train_time_s, test_accuracy, gpu_energy_j or None)."""
+    return [
+        {
+            "epoch": i,
+            "train_time_s": t,
+            "test_accuracy": a,
+            "train_loss": 0.1,
+            "gpu_energy_j": e or float("nan"),
+        }
+        for i, (t, a, e) in enumerate(rows, start=1)
+    ]
+
+
+def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> None:
+    from accelbench.params import CostParams
+
+    prices = CostParams(kwh_usd=0.15, cpu_system_w=150, gpu_system_w=450, cpu_hour_usd=0.06,
+                        gpu_hour_usd=0.13)  # fmt: skip
+    rows = [
+        report.Row("cpu", VariantParams(device="cpu"), trained_summary(1800.0),
+                   epochs=_epochs((1800.0, 0.98, None), (1800.0, 0.992, None))),
+        report.Row("gpu", VariantParams(device="cuda"), trained_summary(36.0),
+                   epochs=_epochs((36.0, 0.985, 18_000.0), (36.0, 0.989, 18_000.0))),
+    ]  # fmt: skip
+    result = report.write_report(tmp_path, rows, ENV, _spec(cost=prices))
+    md = (tmp_path / "comparison.md").read_text()
+    # cpu: 150 W × 3600 s = 150 Wh = $0.0225, plus one hour at $0.06; to 99%: both epochs
+    assert (
+        "| cpu | 150.00 Wh | stated: 150 W × time | $0.0225 | $0.0600 | $0.0825 | $0.0825 |" in md
+    )
+    # gpu: NVML's 36 kJ = 10 Wh = $0.0015, plus 72 s at $0.13/h = $0.0026; 99% not reached
+    assert (
+        "| gpu | 10.00 Wh | measured: GPU board (NVML) | $0.0015 | $0.0026 | $0.0041 | not reached |"
+        in md
+    )
+    headline = json.loads((tmp_path / "comparison.json").read_text())
+    assert headline["cpu"]["cost_usd"] == headline["cpu"]["cost_to_target_usd"]
+    assert headline["gpu"]["cost_to_target_usd"] is None
+    assert result.headline["gpu.energy_j"] == 36_000.0
+
+
+def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -> None:
+    from accelbench.costs import run_cost
+    from accelbench.params import CostParams
+
+    epochs = [{"train_time_s": 3600.0, "gpu_energy_j": float("nan"), "cpu_energy_j": 7200.0}]
+    ddp = run_cost(epochs, "cuda", 2, CostParams())
+    assert ddp.energy_source == "measured: CPU packages (RAPL)" and ddp.energy_j == 7200.0
+    assert ddp.time_usd == 2 * CostParams().gpu_hour_usd
+    stated = run_cost([{"train_time_s": 3600.0}], "cuda", 2, CostParams(kwh_usd=1.0))
+    assert stated.energy_source == "stated: 2 × 450 W × time"
+    assert stated.energy_usd == 0.9  # 900 W for an hour at $1/kWh
+
+
+def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
+    from accelbench.results import QuantizedSummary
+
+    def figures(accuracy, latency_ms, samples_per_s, size):
+        return {"method": "", "test_accuracy": accuracy, "latency_ms": latency_ms,
+                "samples_per_s": samples_per_s, "size_bytes": size}  # fmt: skip
+
+    quantized = QuantizedSummary(
+        threads=2, batch_size=2048, latency_repeats=100,
+        methods={"fp32": figures(0.99, 1.0, 10_000, 400 * 1024),
+                 "dynamic_int8": figures(0.9899, 0.8, 12_500, 100 * 1024)},
+        unsupported={"static_int8": "no x86 engine"},
+    )  # fmt: skip
+    row = report.Row("cpu", VariantParams(device="cpu"), trained_summary(10.0))
+    row.quantized = quantized
+    report.write_report(tmp_path, [row], ENV, _spec())
+    md = (tmp_path / "comparison.md").read_text()
+    assert "## Quantized inference on the CPU" in md and "samples/s, batch 2048" in md
+    assert (
+        "| cpu | fp32 | 99.00% | +0.00 pt | 1.000 ms | 1.00× | 10,000 | 1.00× | 400 KiB | 1.00× |"
+        in md
+    )
+    assert (
+        "| cpu | dynamic int8 (Linear layers) | 98.99% | -0.01 pt | 0.800 ms | 1.25× | 12,500 | 1.25× | 100 KiB | 0.25× |"
+        in md
+    )
+    assert "| cpu | static int8 (x86 backend) | not supported: no x86 engine |" in md

@@ -15,12 +15,12 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from .data import Split
+from .data import DATASETS, DatasetSpec, Split
 from .params import LoaderParams
 
 # The tutorials' normalization (training-set mean/std of pixels in [0, 1]).
-MNIST_MEAN = 0.1307
-MNIST_STD = 0.3081
+MNIST_MEAN = DATASETS["mnist"].mean
+MNIST_STD = DATASETS["mnist"].std
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -31,10 +31,26 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
+def spec_of(images: np.ndarray | torch.Tensor) -> DatasetSpec:
+    """The dataset whose prepared images have this shape (uint8 [n, *sample_shape])."""
+    for spec in DATASETS.values():
+        if tuple(images.shape[1:]) == spec.sample_shape:
+            return spec
+    raise ValueError(f"no dataset has images of shape {tuple(images.shape[1:])}")
+
+
 def normalize_images(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """uint8 [n, 28, 28] -> normalized float32 [n, 1, 28, 28] on `device`."""
+    """uint8 [n, 28, 28] (MNIST) or [n, 3, 32, 32] (CIFAR-10) -> normalized float32
+    [n, channels, height, width] on `device`, with the dataset's mean and std."""
+    spec = spec_of(images)
     tensor = torch.as_tensor(images).to(device)
-    return ((tensor.float() / 255.0 - MNIST_MEAN) / MNIST_STD).unsqueeze(1)
+    return ((tensor.float() / 255.0 - spec.mean) / spec.std).reshape(-1, *spec.input_shape)
+
+
+def zero_pixel(channels: int) -> float:
+    """A black pixel, normalized (what an image shifted by augmentation is padded with)."""
+    spec = next(s for s in DATASETS.values() if s.channels == channels)
+    return -spec.mean / spec.std
 
 
 class ResidentBatches:
@@ -102,12 +118,34 @@ class EpochSampler(DistributedSampler):
         return iter(order[self.rank : self.total_size : self.num_replicas].tolist())
 
 
+def _torchvision_dataset(root: Path, spec: DatasetSpec, transform: object) -> object:
+    """torchvision's training set of `spec` over the prepared folder (its layout is there)."""
+    from torchvision import datasets
+
+    if spec.name == "mnist":
+        return datasets.MNIST(str(root), train=True, download=False, transform=transform)
+
+    class PreparedCIFAR10(datasets.CIFAR10):
+        """The prepared batch files: the manifest verified them and `prepare` decoded them with
+        the data-only unpickler; torchvision's per-file MD5s would refuse a test archive."""
+
+        def _check_integrity(self) -> bool:
+            return True
+
+        def _load_meta(self) -> None:
+            self.classes = [str(label) for label in range(10)]
+            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    return PreparedCIFAR10(str(root), train=True, download=False, transform=transform)
+
+
 class LoaderBatches:
-    """The tutorials' recipe: torchvision MNIST + ToTensor + Normalize through a DataLoader."""
+    """The tutorials' recipe: torchvision's dataset + ToTensor + Normalize through a DataLoader."""
 
     def __init__(
         self,
         torchvision_root: Path,
+        spec: DatasetSpec,
         num_samples: int,
         device: torch.device,
         batch_size: int,
@@ -118,15 +156,12 @@ class LoaderBatches:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        from torchvision import datasets, transforms  # import cost only for this source
+        from torchvision import transforms  # import cost only for this source
 
-        dataset = datasets.MNIST(
-            str(torchvision_root),
-            train=True,
-            download=False,
-            transform=transforms.Compose(
-                [transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))]
-            ),
+        channels = spec.channels
+        normalize = transforms.Normalize((spec.mean,) * channels, (spec.std,) * channels)
+        dataset = _torchvision_dataset(
+            torchvision_root, spec, transforms.Compose([transforms.ToTensor(), normalize])
         )
         self.sampler = EpochSampler(min(num_samples, len(dataset)), seed, rank, world_size)
         workers = loader.num_workers

@@ -12,21 +12,25 @@ import torch
 from . import data, engine
 from .batches import LoaderBatches, ResidentBatches
 from .console import InputError
-from .models import SeedCNN
+from .models import for_dataset
 from .params import LoaderParams, TrainRecipe, VariantParams
 
 
-def fresh_model(train: TrainRecipe, variant: VariantParams, device: torch.device) -> SeedCNN:
-    """The seeded initial model, on its device: the same weights for every variant."""
+def fresh_model(
+    train: TrainRecipe, variant: VariantParams, device: torch.device, dataset: str = "mnist"
+) -> torch.nn.Module:
+    """The dataset's seeded initial model, on its device: the same weights for every variant."""
     engine.seed_everything(train.seed)
     memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
-    return SeedCNN(dropout=train.dropout).to(device, memory_format=memory_format)
+    return for_dataset(dataset, train.dropout).to(device, memory_format=memory_format)
 
 
-def trained_model(state_dict: dict[str, torch.Tensor], source: str = "model file") -> SeedCNN:
-    """A trained model on the CPU, in eval mode (where dropout is inactive); weights of
-    another model or shape are an InputError naming `source`."""
-    model = SeedCNN()
+def trained_model(
+    state_dict: dict[str, torch.Tensor], source: str = "model file", dataset: str = "mnist"
+) -> torch.nn.Module:
+    """The dataset's trained model on the CPU, in eval mode (where dropout is inactive);
+    weights of another model or shape are an InputError naming `source`."""
+    model = for_dataset(dataset)
     try:
         model.load_state_dict(state_dict)
     except (RuntimeError, TypeError, AttributeError) as exc:
@@ -37,12 +41,14 @@ def trained_model(state_dict: dict[str, torch.Tensor], source: str = "model file
     return model.eval()
 
 
-def flops_per_sample(train: TrainRecipe, cache: Path | None = None) -> int:
+def flops_per_sample(train: TrainRecipe, dataset: str = "mnist", cache: Path | None = None) -> int:
     """Training FLOPs per sample, counted once per model and torch version: the first count
     in a process imports much of torch's tracing machinery (2-3 s), so the pipeline's train
     stages share one count through `cache` (a JSON file keyed by the model's layers)."""
-    model = SeedCNN(dropout=train.dropout)
-    key = hashlib.sha256(f"{torch.__version__}\n{model!r}".encode()).hexdigest()[:16]
+    model = for_dataset(dataset, train.dropout)
+    shape = data.DATASETS[dataset].input_shape
+    key = f"{torch.__version__}\n{model!r}\n{tuple(shape)}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:16]
     known: dict[str, int] = {}
     if cache is not None:
         try:
@@ -50,7 +56,7 @@ def flops_per_sample(train: TrainRecipe, cache: Path | None = None) -> int:
         except (OSError, ValueError, TypeError, AttributeError):
             known = {}  # missing or unreadable: count again
     if key not in known:
-        known[key] = engine.train_flops_per_sample(model)
+        known[key] = engine.train_flops_per_sample(model, shape)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
@@ -82,6 +88,7 @@ def train_batches(
         )
     return LoaderBatches(
         prepared_dir,
+        data.prepared_dataset(prepared_dir),
         len(split.labels),
         device,
         train.batch_size,

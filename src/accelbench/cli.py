@@ -54,10 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="record the machine's hardware and software facts")
     env.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
 
-    download = sub.add_parser("download", help="fetch and verify the MNIST files")
+    download = sub.add_parser("download", help="fetch and verify the dataset's files")
     download.add_argument("--out", type=Path, required=True)
 
-    prepare = sub.add_parser("prepare", help="decode and validate the IDX files into arrays")
+    prepare = sub.add_parser("prepare", help="decode and validate the raw files into arrays")
     prepare.add_argument("--raw", type=Path, required=True)
     prepare.add_argument("--out", type=Path, required=True)
 
@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--model", type=Path, required=True)
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--metrics", type=Path, required=True)
+
+    quantize = sub.add_parser(
+        "quantize", help="one trained variant on the CPU: fp32 next to int8 (dynamic, static)"
+    )
+    quantize.add_argument("--model", type=Path, required=True)
+    quantize.add_argument("--data", type=Path, required=True)
+    quantize.add_argument("--metrics", type=Path, required=True)
 
     compare = sub.add_parser("compare", help="write the comparison report")
     compare.add_argument("--env", type=Path, required=True)
@@ -112,7 +119,7 @@ def _persistent_compile_cache(root: Path) -> None:
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
 
 
-STAGES = ("env", "download", "prepare", "train", "evaluate", "compare")
+STAGES = ("env", "download", "prepare", "train", "evaluate", "quantize", "compare")
 
 
 # OS errors that mean "this path is not what it must be": the user fixes the input.

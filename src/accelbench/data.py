@@ -1,4 +1,8 @@
-"""MNIST: mirrors, verified atomic downloads, and IDX decoding.
+"""The datasets: mirrors, verified atomic downloads, MNIST's IDX decoding, prepared arrays.
+
+MNIST is the default; CIFAR-10's archive format is in `cifar10.py`, its downloads and
+prepared folder follow the same rules. The prepared folder's manifest names its dataset, so
+the stages after `prepare` build the dataset's model from the data they are given.
 
 A file is accepted by the SHA-256 of its *decompressed* content, so a re-compressed copy
 is fine and a corrupt or truncated one never is. Nothing reaches its final path unless it
@@ -21,7 +25,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -52,6 +56,34 @@ MANIFEST = "manifest.json"
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What the stages need to know of a dataset: its samples' shape and normalization."""
+
+    name: str
+    title: str  # as the report names it, with its model
+    sample_shape: tuple[int, ...]  # one image as prepared (uint8): (28, 28) or (3, 32, 32)
+    mean: float  # per channel, of pixels in [0, 1] (one value: the same for every channel)
+    std: float
+
+    @property
+    def channels(self) -> int:
+        return 1 if len(self.sample_shape) == 2 else self.sample_shape[0]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One normalized image as the model takes it: (channels, height, width)."""
+        return (self.channels, *self.sample_shape[-2:])
+
+
+DATASETS = {
+    # the tutorials' normalization: the training set's pixel mean and std
+    "mnist": DatasetSpec("mnist", "MNIST (seed CNN)", (28, 28), 0.1307, 0.3081),
+    # the DDP/AMP tutorial's: Normalize((0.5,)*3, (0.5,)*3)
+    "cifar10": DatasetSpec("cifar10", "CIFAR-10 (LeNet)", (3, 32, 32), 0.5, 0.5),
+}
+
+
 class DownloadError(AccelbenchError, RuntimeError):
     """Every mirror failed for a file; the message names each mirror and why."""
 
@@ -64,11 +96,13 @@ class IdxFormatError(InputError):
     """An IDX file's header or size is not what MNIST's format promises."""
 
 
-def mirrors_with_override(mirrors: Iterable[str], env: dict[str, str] | None = None) -> list[str]:
-    """The mirror list, with $ACCELBENCH_MNIST_MIRROR (if set) tried first."""
+def mirrors_with_override(
+    mirrors: Iterable[str], env: dict[str, str] | None = None, variable: str = MIRROR_ENV
+) -> list[str]:
+    """The mirror list, with $ACCELBENCH_MNIST_MIRROR (or `variable`, if set) tried first."""
     env = os.environ if env is None else env
     ordered = list(mirrors)
-    override = env.get(MIRROR_ENV, "").strip()
+    override = env.get(variable, "").strip()
     if override:
         ordered = [override] + [m for m in ordered if m != override]
     return ordered
@@ -203,10 +237,15 @@ def download_file(
     timeout_s: float = 30.0,
     retries: int = 2,
     deadline_s: float = 600.0,
+    filename: str | None = None,
+    check: Callable[[Path], None] | None = None,
+    variable: str = MIRROR_ENV,
 ) -> Path:
-    """Fetch `<stem>.gz` from the first mirror that yields a verified copy; each mirror that
+    """Fetch `<stem>.gz` (or `filename`) from the first mirror that yields a verified copy
+    (`check` raises ChecksumError; default: the decompressed SHA-256); each mirror that
     failed before it is logged."""
-    name = f"{stem}.gz"
+    name = filename or f"{stem}.gz"
+    check = check or (lambda path: verify(path, expected_sha256))
     final = out_dir / name
     out_dir.mkdir(parents=True, exist_ok=True)
     failures: list[str] = []
@@ -217,7 +256,7 @@ def download_file(
         tmp = Path(tmp_name)
         try:
             _fetch(mirror, name, tmp, session, timeout_s, deadline_s)
-            verify(tmp, expected_sha256)
+            check(tmp)
             tmp.chmod(_umask_mode())
             os.replace(tmp, final)
             if failures:
@@ -236,8 +275,8 @@ def download_file(
             tmp.unlink(missing_ok=True)
     raise DownloadError(
         f"could not get a verified copy of {name} from any mirror ({'; '.join(failures)}). "
-        f"To use a local copy, set {MIRROR_ENV}=/path/to/folder/with/the/.gz/files "
-        "(a directory, file:// or http(s) URL), or edit data.mirrors in params.yaml."
+        f"To use a local copy, set {variable}=/path/to/the/folder/with/{name} "
+        "(a directory, file:// or http(s) URL), or edit data's mirrors in params.yaml."
     )
 
 
@@ -263,7 +302,7 @@ def download_mnist(
 
 @dataclass(frozen=True)
 class Split:
-    images: np.ndarray  # uint8 [n, 28, 28]
+    images: np.ndarray  # uint8 [n, 28, 28] (MNIST) or [n, 3, 32, 32] (CIFAR-10)
     labels: np.ndarray  # uint8 [n]
 
 
@@ -331,10 +370,16 @@ def read_split(
 
 
 def prepare(
-    raw_dir: Path, out_dir: Path, checksums: Mapping[str, str] | None = MNIST_FILES
+    raw_dir: Path,
+    out_dir: Path,
+    checksums: Mapping[str, str] | None = MNIST_FILES,
+    dataset: str = "mnist",
+    decode: Callable[[Path, Path], dict[str, int]] | None = None,
 ) -> dict[str, int]:
-    """Decode the four IDX files into .npy arrays (and plain IDX files for torchvision),
-    with a manifest of their SHA-256; the raw files are checked against `checksums` first.
+    """Decode the raw files into .npy arrays (and torchvision's layout), with a manifest of
+    their SHA-256 and the dataset's name. MNIST: the four IDX files, checked against
+    `checksums` first; another dataset: `decode(raw_dir, folder)` writes its files (and
+    checks its raw files) and returns the samples per split.
 
     The folder is built beside `out_dir` and renamed into place: all new or all old.
     Returns the number of samples per split.
@@ -346,7 +391,11 @@ def prepare(
     building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
     building.chmod(0o777 & ~_umask())  # mkdtemp's 0700 is not what the umask gives
     try:
-        counts = _prepare_into(raw_dir, building, checksums)
+        if decode is not None:
+            counts = decode(raw_dir, building)
+        else:
+            counts = _prepare_into(raw_dir, building, checksums)
+        write_manifest(building, dataset)
         old = parent / f".{out_dir.name}.old"
         if out_dir.exists():
             os.replace(out_dir, old)
@@ -368,10 +417,28 @@ def _prepare_into(raw_dir: Path, out_dir: Path, checksums: Mapping[str, str] | N
         for stem, content in raw.items():
             (tv_raw / stem).write_bytes(content)
         counts[split] = len(arrays.labels)
+    return counts
+
+
+def write_manifest(out_dir: Path, dataset: str) -> None:
+    """`manifest.json`: the dataset's name and the SHA-256 of every file in `out_dir`."""
     files = sorted(p for p in out_dir.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(out_dir)): _sha256_file(p) for p in files}
-    (out_dir / MANIFEST).write_text(json.dumps({"sha256": manifest}, indent=2) + "\n")
-    return counts
+    payload = {"dataset": dataset, "sha256": manifest}
+    (out_dir / MANIFEST).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def prepared_dataset(prepared_dir: Path) -> DatasetSpec:
+    """The dataset a verified prepared folder holds (manifests before CIFAR-10: MNIST)."""
+    verify_prepared(prepared_dir)
+    manifest = json.loads((prepared_dir / MANIFEST).read_text())
+    name = manifest.get("dataset", "mnist")
+    if name not in DATASETS:
+        raise InputError(
+            f"{prepared_dir / MANIFEST}: unknown dataset {name!r} (known: {', '.join(DATASETS)}); "
+            "run `accelbench prepare` again"
+        )
+    return DATASETS[name]
 
 
 def _sha256_file(path: Path) -> str:
@@ -414,23 +481,30 @@ def verify_prepared(prepared_dir: Path) -> None:
     _verified.add(key)
 
 
-def dataset_digest(split: str, limit: int = 0) -> str:
-    """A short, stable id of a split: the verified file checksums plus the subset size."""
-    prefix = SPLITS[split]
-    text = "".join(sha for stem, sha in MNIST_FILES.items() if stem.startswith(prefix))
+def dataset_digest(split: str, limit: int = 0, prepared_dir: Path | None = None) -> str:
+    """A short, stable id of a split: the verified file checksums plus the subset size (MNIST:
+    the official files'; another dataset: its prepared arrays', from the manifest)."""
+    if prepared_dir is not None and prepared_dataset(prepared_dir).name != "mnist":
+        manifest = json.loads((prepared_dir / MANIFEST).read_text())["sha256"]
+        text = manifest[f"{split}_images.npy"] + manifest[f"{split}_labels.npy"]
+    else:
+        prefix = SPLITS[split]
+        text = "".join(sha for stem, sha in MNIST_FILES.items() if stem.startswith(prefix))
     return hashlib.sha256(f"{text}:{limit}".encode()).hexdigest()[:16]
 
 
 def load_split(prepared_dir: Path, split: str, limit: int = 0) -> Split:
     """Load a prepared split (memory-mapped .npy: milliseconds), checked against the manifest
     and for its shapes and labels; `limit` > 0 keeps the first n."""
-    verify_prepared(prepared_dir)
+    spec = prepared_dataset(prepared_dir)
     images_path = prepared_dir / f"{split}_images.npy"
     labels_path = prepared_dir / f"{split}_labels.npy"
     images, labels = _load_npy(images_path), _load_npy(labels_path)
-    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
+    if images.dtype != np.uint8 or images.shape[1:] != spec.sample_shape:
+        expected = ", ".join(map(str, ("n", *spec.sample_shape)))
         raise InputError(
-            f"{images_path}: {images.dtype} {images.shape}, expected uint8 (n, 28, 28)"
+            f"{images_path}: {images.dtype} {images.shape}, expected uint8 ({expected}) "
+            f"for {spec.name}"
         )
     if labels.dtype != np.uint8 or labels.shape != images.shape[:1]:
         raise InputError(

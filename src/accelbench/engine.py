@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import phases
-from .batches import MNIST_MEAN, MNIST_STD
+from .batches import zero_pixel
 from .console import AccelbenchError
 from .params import TrainRecipe, VariantParams
 from .timing import DeviceClock
@@ -57,6 +57,7 @@ class EpochRecord:
     lr: float
     peak_gpu_mem_mib: float | None
     gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
+    cpu_energy_j: float | None = None  # CPU packages' energy in the same window, from RAPL
     scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
 
     def as_dict(self) -> dict[str, float | int | None]:
@@ -214,13 +215,16 @@ def random_shift(images: torch.Tensor, max_px: int, fill: float) -> torch.Tensor
     One gather on the device, so it runs inside a captured graph and costs little next to
     the convolutions; uncovered pixels get `fill` (the normalized background value).
     """
-    n, _, height, width = images.shape
+    n, channels, height, width = images.shape
     padded = F.pad(images, (max_px,) * 4, value=fill)
     offsets = torch.randint(0, 2 * max_px + 1, (2, n, 1), device=images.device)
     rows = (offsets[0] + torch.arange(height, device=images.device))[:, :, None]
     cols = (offsets[1] + torch.arange(width, device=images.device))[:, None, :]
     batch = torch.arange(n, device=images.device)[:, None, None]
-    return padded[batch, 0, rows, cols].unsqueeze(1)
+    if channels == 1:
+        return padded[batch, 0, rows, cols].unsqueeze(1)
+    # the same offset for every channel of an image: [n, h, w, c] back to [n, c, h, w]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
 CAPTURE_WARMUP_STEPS = 3  # eager steps before capture: compilation, autotuning, Adam state
@@ -280,7 +284,7 @@ class TrainStep:
     def augment(self, images: torch.Tensor) -> torch.Tensor:
         if not self.shift_px:
             return images
-        shifted = random_shift(images, self.shift_px, fill=-MNIST_MEAN / MNIST_STD)
+        shifted = random_shift(images, self.shift_px, fill=zero_pixel(images.shape[1]))
         if self.variant.channels_last:
             shifted = shifted.contiguous(memory_format=torch.channels_last)
         return shifted
@@ -422,6 +426,7 @@ def fit(
     on_epoch: EpochCallback | None = None,
     on_step: StepCallback | None = None,
     energy_j: Callable[[], float] | None = None,
+    cpu_energy_j: Callable[[], float] | None = None,
     resume_from: dict[str, Any] | None = None,
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[EpochRecord]:
@@ -431,7 +436,7 @@ def fit(
     update); `distributed` trains under DistributedDataParallel in the process group this
     process has joined, and sums each epoch's figures over its processes. `energy_j`, if
     given, reads a cumulative energy counter (joules) at the same synchronized epoch
-    boundaries as the clock. `on_checkpoint` receives the complete training state after every
+    boundaries as the clock; `cpu_energy_j` likewise, the CPU packages' (RAPL). `on_checkpoint` receives the complete training state after every
     epoch; `resume_from` (such a state) continues from it, so that an interrupted and resumed
     run ends with the same weights as an uninterrupted one.
     """
@@ -452,7 +457,13 @@ def fit(
     for epoch in range(first_epoch, train.epochs):
         model.train()
         totals = _train_epoch(
-            step, scheduler, train_batches.epoch(epoch), losses, clock, energy_j, on_step
+            step,
+            scheduler,
+            train_batches.epoch(epoch),
+            losses,
+            clock,
+            (energy_j, cpu_energy_j),
+            on_step,
         )
         check_nonfinite(totals.finite, epoch + 1, train.max_nonfinite_steps, variant)
         if distributed:
@@ -519,6 +530,7 @@ class _EpochTotals:
     lr: float  # the rate the epoch's last step used
     energy_j: float | None
     scaler_skipped: int | None
+    cpu_energy_j: float | None = None
 
     def record(self, epoch: int, result: EvalResult, device: torch.device) -> EpochRecord:
         return EpochRecord(
@@ -536,6 +548,7 @@ class _EpochTotals:
                 torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
             ),
             gpu_energy_j=self.energy_j,
+            cpu_energy_j=self.cpu_energy_j,
             scaler_skipped_steps=self.scaler_skipped,
         )
 
@@ -546,17 +559,19 @@ def _train_epoch(
     batches: Iterator[Batch],
     losses: torch.Tensor,
     clock: DeviceClock,
-    energy_j: Callable[[], float] | None,
+    counters: tuple[Callable[[], float] | None, Callable[[], float] | None],
     on_step: StepCallback | None,
 ) -> _EpochTotals:
-    """One timed pass over the batches; the clock and the energy counter are read only
-    around it, after a synchronize."""
+    """One timed pass over the batches; the clock and the energy counters (GPU, CPU) are
+    read only around it, after a synchronize."""
+    energy_j, cpu_energy_j = counters
     optimizer, steps = step.optimizer, len(losses)
     sizes: list[int] = []
     data_wait_s = 0.0
     batches = iter(batches)
     start = clock.now()
     energy_start = energy_j() if energy_j else None
+    cpu_energy_start = cpu_energy_j() if cpu_energy_j else None
     lr = optimizer.param_groups[0]["lr"]
     while True:
         waited_from = time.perf_counter()
@@ -576,6 +591,7 @@ def _train_epoch(
             on_step(len(labels))
     train_time_s = clock.now() - start
     energy = energy_j() - energy_start if energy_j else None
+    cpu_energy = cpu_energy_j() - cpu_energy_start if cpu_energy_j else None
     step_losses = losses[: len(sizes)].double().cpu()
     finite = torch.isfinite(step_losses)
     weights = torch.tensor(sizes, dtype=torch.float64)
@@ -593,6 +609,7 @@ def _train_epoch(
         lr=float(lr),
         energy_j=energy,
         scaler_skipped=skipped,
+        cpu_energy_j=cpu_energy,
     )
 
 
@@ -606,7 +623,8 @@ def _summed_over_processes(totals: _EpochTotals, device: torch.device) -> _Epoch
     )
     dist.all_reduce(summed)
     # Every process reads its own GPU's counter: the run's energy is their sum, and unknown
-    # unless every process had a reading.
+    # unless every process had a reading. The CPU packages' counter is the machine's, shared
+    # by its processes: each keeps its own reading (rank 0's is recorded).
     complete = int(summed[4]) == dist.get_world_size()
     return replace(
         totals,
@@ -650,6 +668,7 @@ def summarize(records: list[EpochRecord]) -> dict[str, float | int | None]:
     samples = records[-1].samples
     gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
     energy = [r.gpu_energy_j for r in records[1:] if r.gpu_energy_j is not None]
+    cpu_energy = [r.cpu_energy_j for r in records[1:] if r.cpu_energy_j is not None]
     return {
         "epochs": len(records),
         "first_epoch_s": times[0],
@@ -670,4 +689,5 @@ def summarize(records: list[EpochRecord]) -> dict[str, float | int | None]:
         # A mean, not a median: NVML's counter advances in steps, so a short epoch reads one
         # step more or less than it used; over all steady epochs those errors cancel.
         "steady_gpu_energy_j_per_epoch": statistics.fmean(energy) if energy else None,
+        "steady_cpu_energy_j_per_epoch": statistics.fmean(cpu_energy) if cpu_energy else None,
     }

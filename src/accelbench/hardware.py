@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -199,3 +200,39 @@ def _nvml_handle(pynvml, device: int):
         if os.environ.get("CUDA_VISIBLE_DEVICES"):
             return None
         return pynvml.nvmlDeviceGetHandleByIndex(device)
+
+
+RAPL_ROOT = Path("/sys/class/powercap")
+
+
+def cpu_energy_reader(root: Path = RAPL_ROOT) -> Callable[[], float] | None:
+    """A function returning the CPU packages' energy in joules since it was made (RAPL), or
+    None where no package counter is readable (no RAPL, a VM, or root-only `energy_uj`, the
+    kernel's default since 5.10).
+
+    Reads the top-level `intel-rapl:<n>` zones (one per package; recent kernels list AMD's
+    packages there too), summed; each counter wraps at its `max_energy_range_uj`, which is
+    undone between readings (readings at least every few minutes: an epoch).
+    """
+    zones = []
+    for zone in sorted(root.glob("intel-rapl:*")):
+        if zone.name.count(":") != 1:  # intel-rapl:0:0 is a subzone (core, uncore, dram)
+            continue
+        try:
+            wrap = int((zone / "max_energy_range_uj").read_text()) + 1
+            first = int((zone / "energy_uj").read_text())
+        except (OSError, ValueError):
+            continue
+        zones.append([zone / "energy_uj", wrap, first, 0])  # path, wrap, last raw, total µJ
+    if not zones:
+        return None
+
+    def joules() -> float:
+        for state in zones:
+            path, wrap, last, _ = state
+            raw = int(path.read_text())
+            state[3] += (raw - last) % wrap
+            state[2] = raw
+        return sum(state[3] for state in zones) / 1e6
+
+    return joules

@@ -38,6 +38,7 @@ CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 ]
 Schedule = Literal["constant", "onecycle"]
+Dataset = Literal["mnist", "cifar10"]
 
 
 class ParamsError(InputError):
@@ -56,12 +57,19 @@ VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class DataParams(_Strict):
-    mirrors: list[str] = Field(min_length=1)
+    # mnist: the seed CNN on MNIST; cifar10: the DDP/AMP tutorial's LeNet on CIFAR-10
+    dataset: Dataset = "mnist"
+    mirrors: list[str] = Field(min_length=1)  # MNIST's
+    cifar10_mirrors: list[str] = Field(default=["https://www.cs.toronto.edu/~kriz/"], min_length=1)
+    # The official archive's MD5 (torchvision's too); change it only for a copy you verified.
+    cifar10_md5: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] = (
+        "c58f30108f718f92721af3b95e74349a"
+    )
     timeout_s: PositiveFloat = 30.0
     retries: NonNegativeInt = 2
     deadline_s: PositiveFloat = 600.0  # one file from one mirror, every read and retry included
 
-    @field_validator("mirrors")
+    @field_validator("mirrors", "cifar10_mirrors")
     @classmethod
     def _check_mirrors(cls, mirrors: list[str]) -> list[str]:
         for mirror in mirrors:
@@ -198,11 +206,34 @@ class ReportParams(_Strict):
     scaling_baselines: dict[str, str] = Field(default_factory=dict)
 
 
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class CostParams(_Strict):
+    """Prices for the report's cost table (compare stage only): tutorial B's energy figures;
+    the hourly prices are the machine's price spread over its life (or a cloud rate)."""
+
+    kwh_usd: NonNegativeFloat = 0.15  # electricity, per kWh
+    cpu_system_w: PositiveFloat = 150.0  # a CPU-only system under load, where RAPL is not read
+    gpu_system_w: PositiveFloat = 450.0  # a system per GPU under load, where NVML is not read
+    cpu_hour_usd: NonNegativeFloat = 0.06  # a CPU system's hour
+    gpu_hour_usd: NonNegativeFloat = 0.13  # one GPU's system hour (a DDP run pays per GPU)
+
+
+class QuantizeParams(_Strict):
+    """Read by the quantize stage: int8 inference on the CPU next to fp32."""
+
+    latency_repeats: Annotated[int, Field(ge=1, le=10_000)] = 100  # batch-1 forward passes
+    calibration_samples: Annotated[int, Field(ge=1, le=60_000)] = 1024  # static int8 ranges
+
+
 class Params(_Strict):
     data: DataParams
     train: TrainParams
     variants: dict[str, VariantParams] = Field(min_length=1)
     report: ReportParams = ReportParams()
+    quantize: QuantizeParams = QuantizeParams()
+    cost: CostParams = CostParams()
 
     @model_validator(mode="after")
     def _check_names(self) -> Params:

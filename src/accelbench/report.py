@@ -15,10 +15,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from . import pipeline_time
-from .params import VariantParams
+from .costs import RunCost, run_cost
+from .params import CostParams, VariantParams
 from .pipeline_time import PipelineTime
 from .progress import fmt_seconds
-from .results import EvalResult, EvalSummary, TrainResult, TrainSummary, scaling_efficiency, speedup
+from .results import (
+    EvalResult,
+    EvalSummary,
+    QuantizedResult,
+    QuantizedSummary,
+    TrainResult,
+    TrainSummary,
+    scaling_efficiency,
+    speedup,
+)
 
 # Published figures of the tutorials this project grew from (seed CNN, batch 512).
 TUTORIAL_FIGURES = [
@@ -29,6 +39,12 @@ TUTORIAL_FIGURES = [
 ]
 
 
+DATASET_TITLES = {
+    "mnist": "MNIST, the tutorials' seed CNN",
+    "cifar10": "CIFAR-10, the DDP/AMP tutorial's LeNet",
+}
+
+
 @dataclass(frozen=True)
 class ReportSpec:
     """What the report needs from params.yaml (the compare stage's keys, no more)."""
@@ -37,6 +53,8 @@ class ReportSpec:
     speedup_baseline: str | None  # the variant every "speedup vs" is measured against
     scaling_baselines: Mapping[str, str]  # DDP variant -> its single-process baseline
     recipe: str  # one line: batch, epochs, lr, schedule, seed, subsets
+    cost: CostParams | None = None  # prices for the cost table (None: no cost table)
+    dataset: str = "mnist"  # the tutorials' published figures are MNIST's: shown only with it
 
 
 @dataclass
@@ -46,6 +64,7 @@ class Row:
     train: TrainResult
     eval: EvalResult | None = None
     epochs: list[dict[str, float]] = field(default_factory=list)
+    quantized: QuantizedResult | None = None
 
     @property
     def trained(self) -> bool:
@@ -223,6 +242,120 @@ def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
     ]
 
 
+QUANT_LABELS = {
+    "fp32": "fp32",
+    "dynamic_int8": "dynamic int8 (Linear layers)",
+    "static_int8": "static int8 (x86 backend)",
+}
+
+
+def _quantized_lines(rows: list[Row]) -> list[str]:
+    """Each trained model on the CPU in fp32 and int8: accuracy, latency, throughput, size."""
+    measured = [r for r in rows if isinstance(r.quantized, QuantizedSummary)]
+    if not measured:
+        return []
+    lines = [
+        "## Quantized inference on the CPU",
+        "",
+        "| variant | model | test accuracy | vs fp32 | latency, batch 1 | speedup | "
+        f"samples/s, batch {measured[0].quantized.batch_size} | speedup | size | vs fp32 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in measured:
+        q = row.quantized
+        base = q.methods["fp32"]
+        for method, label in QUANT_LABELS.items():
+            if method in q.unsupported:
+                lines.append(f"| {row.name} | {label} | not supported: {q.unsupported[method]} |")
+                continue
+            if method not in q.methods:
+                continue
+            m = q.methods[method]
+            lines.append(
+                f"| {row.name} | {label} | {m['test_accuracy']:.2%} | "
+                f"{100 * (m['test_accuracy'] - base['test_accuracy']):+.2f} pt | "
+                f"{m['latency_ms']:.3f} ms | {base['latency_ms'] / m['latency_ms']:.2f}× | "
+                f"{m['samples_per_s']:,.0f} | {m['samples_per_s'] / base['samples_per_s']:.2f}× | "
+                f"{m['size_bytes'] / 1024:,.0f} KiB | {m['size_bytes'] / base['size_bytes']:.2f}× |"
+            )
+    q = measured[0].quantized
+    return [
+        *lines,
+        "",
+        f"Measured by the quantize stage on this machine's CPU ({q.threads} threads), whatever "
+        "device trained the weights; latency is the median of "
+        f"{q.latency_repeats} single-image passes (the models taking turns, so a busy spell of a "
+        "shared machine slows them alike), throughput one pass over the test set.",
+        "",
+    ]
+
+
+def _costs(row: Row, prices: CostParams, target: float) -> tuple[RunCost, RunCost | None]:
+    """The whole run's cost, and the cost up to the epoch that reached `target` (or None)."""
+    processes = row.train.world_size
+    whole = run_cost(row.epochs, row.variant.device, processes, prices)
+    reached = time_to_target(row.epochs, target)
+    upto = None
+    if reached:
+        upto = run_cost(row.epochs[: reached[1]], row.variant.device, processes, prices)
+    return whole, upto
+
+
+def _usd(value: float) -> str:
+    return (
+        f"${value:.2f}" if value >= 1 else f"${value:.4f}" if value >= 0.0001 else f"${value:.2e}"
+    )
+
+
+def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
+    """Energy cost, time cost and their sum per trained variant, for the run and to target."""
+    prices = spec.cost
+    trained = [r for r in rows if r.trained and r.epochs]
+    if prices is None or not trained:
+        return []
+    lines = [
+        "## Cost of a run",
+        "",
+        "| variant | energy (training) | energy from | energy cost | time cost | cost of the run "
+        f"| cost to {spec.target_accuracy:.1%} |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in trained:
+        whole, upto = _costs(row, prices, spec.target_accuracy)
+        lines.append(
+            f"| {row.name} | {whole.energy_j / 3600:,.2f} Wh | {whole.energy_source} | "
+            f"{_usd(whole.energy_usd)} | {_usd(whole.time_usd)} | {_usd(whole.total_usd)} | "
+            f"{_usd(upto.total_usd) if upto else 'not reached'} |"
+        )
+    return [
+        *lines,
+        "",
+        f"Prices (`cost:` in params.yaml): electricity ${prices.kwh_usd:g}/kWh; an hour of a CPU "
+        f"system ${prices.cpu_hour_usd:g}, of a GPU system ${prices.gpu_hour_usd:g} per GPU; "
+        f"where no counter was read, a CPU system draws {prices.cpu_system_w:g} W and a GPU "
+        f"system {prices.gpu_system_w:g} W per GPU. Measured energy covers only the parts "
+        "named (a GPU board's counter leaves out the host; RAPL, the CPU packages, leaves out "
+        "memory, disks and fans). Training time only: evaluation and start-up excluded.",
+        "",
+    ]
+
+
+def _cost_headline(rows: list[Row], spec: ReportSpec) -> dict[str, dict[str, float | None]]:
+    """Per trained variant: the run's cost and the cost to the target (comparison.json, MLflow)."""
+    if spec.cost is None:
+        return {}
+    out = {}
+    for row in rows:
+        if row.trained and row.epochs:
+            whole, upto = _costs(row, spec.cost, spec.target_accuracy)
+            out[row.name] = {
+                "cost_usd": whole.total_usd,
+                "energy_j": whole.energy_j,
+                "cost_to_target_usd": upto.total_usd if upto else None,
+            }
+    return out
+
+
 def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]:
     """Settings (other than `distributed`) in which two variants differ."""
     ours, theirs = variant.model_dump(), base.model_dump()
@@ -255,7 +388,9 @@ def _curves_figure(path: Path, rows: list[Row], target: float) -> None:
     plt.close(fig)
 
 
-def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float | None]) -> None:
+def _epoch_times_figure(
+    path: Path, rows: list[Row], speedups: dict[str, float | None], references: bool = True
+) -> None:
     trained = [r for r in rows if r.trained]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     if not trained:
@@ -277,7 +412,7 @@ def _epoch_times_figure(path: Path, rows: list[Row], speedups: dict[str, float |
                 va="bottom",
                 fontsize=8,
             )
-        for ref in TUTORIAL_FIGURES[1::2]:
+        for ref in TUTORIAL_FIGURES[1::2] if references else ():
             ax.axhline(ref["epoch_s"], linestyle=":", color="#d62728", linewidth=1)
             ax.annotate(
                 f"tutorial: {ref['hardware']} {ref['epoch_s']} s",
@@ -375,7 +510,7 @@ def write_report(
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
     _curves_figure(curves, rows, spec.target_accuracy)
-    _epoch_times_figure(times, rows, speedups)
+    _epoch_times_figure(times, rows, speedups, references=spec.dataset == "mnist")
     gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
     _summary_figure(summary, rows, speedups, spec.speedup_baseline, gpu)
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
@@ -388,11 +523,14 @@ def write_report(
         "autotuning, compilation) is shown apart.",
         "",
         *_env_lines(env),
+        f"- Dataset: {DATASET_TITLES.get(spec.dataset, spec.dataset)}",
         f"- Recipe: {spec.recipe}",
         "",
         *_table(rows, speedups, spec),
         "",
         *_scaling_lines(rows, spec.scaling_baselines),
+        *_quantized_lines(rows),
+        *_cost_lines(rows, spec),
         "![summary: epoch time and accuracy per variant](summary.png)",
         "",
         "![epoch times](epoch_times.png)",
@@ -408,17 +546,21 @@ def write_report(
         ]
     if pipeline is not None:
         md += pipeline_time.markdown(pipeline)
-    md += [
-        "## The tutorials' published figures (for reference, other hardware)",
-        "",
-        "| source | hardware | epoch | test accuracy |",
-        "|---|---|---|---|",
-        *[
-            f"| {f['source']} | {f['hardware']} | {f['epoch_s']} s | {f['accuracy']:.2%} |"
-            for f in TUTORIAL_FIGURES
-        ],
-        "",
-    ]
+    md += (
+        [
+            "## The tutorials' published figures (MNIST; for reference, other hardware)",
+            "",
+            "| source | hardware | epoch | test accuracy |",
+            "|---|---|---|---|",
+            *[
+                f"| {f['source']} | {f['hardware']} | {f['epoch_s']} s | {f['accuracy']:.2%} |"
+                for f in TUTORIAL_FIGURES
+            ],
+            "",
+        ]
+        if spec.dataset == "mnist"
+        else []
+    )
     (out_dir / "comparison.md").write_text("\n".join(md))
     speedup_key = f"speedup_vs_{spec.speedup_baseline or 'baseline'}"
     headline = {}
@@ -431,6 +573,8 @@ def write_report(
             "test_accuracy": row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
             "time_to_target_s": reached[0] if reached else None,
         }
+    for name, figures in _cost_headline(rows, spec).items():
+        headline[name].update(figures)
     (out_dir / "comparison.json").write_text(json.dumps(headline, indent=2, sort_keys=True) + "\n")
     files = [out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"]
     if pipeline is not None:

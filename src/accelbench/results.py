@@ -27,6 +27,7 @@ CONFUSION_CSV = "confusion.csv"
 CONFUSION_PNG = "confusion.png"
 RUN_JSON = "run.json"
 PER_CLASS_CSV = "per_class.csv"
+QUANTIZED_JSON = "quantized.json"
 ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
 
 
@@ -67,6 +68,10 @@ class MetricsFiles:
     @property
     def per_class_csv(self) -> Path:
         return self.folder / PER_CLASS_CSV
+
+    @property
+    def quantized_json(self) -> Path:
+        return self.folder / QUANTIZED_JSON
 
 
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
@@ -180,6 +185,7 @@ class TrainSummary:
     peak_host_rss_mib: float
     steady_samples_per_s_per_process: float | None
     compile_cache: str | None = None  # torch.compile's caches at the start: warm | cold | partial
+    steady_cpu_energy_j_per_epoch: float | None = None  # RAPL, where readable
     status: str = "trained"
 
     def to_json(self) -> dict[str, Any]:
@@ -300,6 +306,42 @@ def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalR
 
 def read_eval(path: Path) -> EvalResult:
     return eval_from_json(_read_json(path), str(path))
+
+
+@dataclass(frozen=True)
+class QuantizedSummary:
+    """`quantized.json`: the trained model on the CPU in fp32 and quantized to int8, each
+    method's figures keyed by its name (`quantization.METHODS`); a method this torch build
+    cannot run is in `unsupported` with the reason."""
+
+    threads: int  # CPU threads the figures were measured with
+    batch_size: int  # throughput's batch; latency is at batch 1
+    latency_repeats: int
+    methods: dict[str, dict[str, Any]]  # method -> InferenceFigures.to_json()
+    unsupported: dict[str, str]  # method -> why not
+    status: str = "trained"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def metrics(self) -> dict[str, float]:
+        """Flat figures for a tracker: `quant_<method>_<figure>`."""
+        return {
+            f"quant_{method}_{key}": value
+            for method, figures in self.methods.items()
+            for key, value in figures.items()
+            if isinstance(value, int | float)
+        }
+
+
+QuantizedResult = QuantizedSummary | Skipped
+
+
+def read_quantized(path: Path) -> QuantizedResult:
+    payload = _read_json(path)
+    if payload.get("status") != "trained":
+        return _strict(Skipped, payload, str(path))
+    return _strict(QuantizedSummary, payload, str(path))
 
 
 @dataclass(frozen=True)

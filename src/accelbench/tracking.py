@@ -481,12 +481,21 @@ def log_eval_summary(summary: EvalSummary, dataset=None) -> None:
     )
 
 
-def log_evaluation(root: Path, run_id: str, summary: EvalSummary, artifacts: list[Path]) -> None:
+def log_evaluation(
+    root: Path,
+    run_id: str,
+    summary: EvalSummary,
+    artifacts: list[Path],
+    more_metrics: Mapping[str, float | int | None] | None = None,
+) -> None:
     """An evaluated variant's figures and files, in the run that trained it; the figures
     against its model and the test set the training stage logged as the run's evaluation
-    dataset (so MLflow's models view lists and ranks every variant's model by them)."""
+    dataset (so MLflow's models view lists and ranks every variant's model by them).
+    `more_metrics` (the quantized models' figures) are logged as plain run metrics."""
     with resume_run(root, run_id):
         log_eval_summary(summary, _evaluation_dataset(run_id))
+        if more_metrics:
+            log_metrics(more_metrics)
         for path in artifacts:
             log_artifact(path)
 

@@ -43,6 +43,7 @@ def train(
     root: Path,
     name: str,
     run_params: dict[str, Any],
+    dataset: str,
     recipe: TrainRecipe,
     variant: VariantParams,
     placement: Placement,
@@ -54,8 +55,8 @@ def train(
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
     with phases.phase("model"):
-        flops_per_sample = build.flops_per_sample(recipe, root / FLOPS_CACHE)
-    fitting = _Fitting.build(name, recipe, variant, placement, prepared_dir, out.profile)
+        flops_per_sample = build.flops_per_sample(recipe, dataset, root / FLOPS_CACHE)
+    fitting = _Fitting.build(name, recipe, variant, placement, prepared_dir, out.profile, dataset)
     steps = len(fitting.batches)
     if placement.main:
         log(_start_line(name, recipe, variant, placement, fitting.batches.num_samples))
@@ -70,7 +71,7 @@ def train(
     with _tracked_run(root, name, run_params, variant, placement, resume) as run_id:
         if placement.main and resume is None:
             with phases.phase("mlflow"):
-                _log_datasets(prepared_dir, recipe)
+                _log_datasets(prepared_dir, recipe, dataset)
         progress = EpochProgress(name, recipe.epochs, steps, quiet=quiet or not placement.main)
         with phases.phase("training"):
             records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
@@ -91,7 +92,7 @@ def train(
             write_json(outputs(out.metrics.train_json), summary.to_json())
             write_epochs_csv(outputs(out.metrics.epochs_csv), [r.as_dict() for r in records])
             model_file.save(outputs(out.model))
-        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4])
+        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4], dataset)
     log(
         f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
         f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
@@ -114,6 +115,7 @@ class _Fitting:
     batches: engine.BatchSource
     test_batches: ResidentBatches
     profile_dir: Path | None
+    dataset: str = "mnist"
 
     @classmethod
     def build(
@@ -124,10 +126,11 @@ class _Fitting:
         placement: Placement,
         prepared_dir: Path,
         profile_dir: Path | None,
+        dataset: str = "mnist",
     ) -> _Fitting:
         device = placement.device
         with phases.phase("model"):
-            model = build.fresh_model(recipe, variant, device)
+            model = build.fresh_model(recipe, variant, device, dataset)
         shard = {"rank": placement.rank, "world_size": placement.world_size}
         with phases.phase("data"):
             batches = build.train_batches(recipe, variant, prepared_dir, device, **shard)
@@ -138,7 +141,9 @@ class _Fitting:
                 recipe.test_subset,
                 channels_last=variant.channels_last,
             )
-        return cls(name, recipe, variant, placement, model, batches, test_batches, profile_dir)
+        return cls(
+            name, recipe, variant, placement, model, batches, test_batches, profile_dir, dataset
+        )
 
     def fit(
         self,
@@ -150,6 +155,7 @@ class _Fitting:
         recipe, variant, placement = self.recipe, self.variant, self.placement
         device = placement.device
         energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
+        cpu_energy_j = hardware.cpu_energy_reader()  # the host's share, every variant
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
@@ -158,7 +164,7 @@ class _Fitting:
 
         def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
             if fresh:  # after an OOM: from scratch, the checkpoint's state left behind
-                self.model = build.fresh_model(recipe, variant, device)
+                self.model = build.fresh_model(recipe, variant, device, self.dataset)
             # one profile per attempt: an OOM retry starts counting steps again
             with profiling.step_profiler(
                 self.profile_dir,
@@ -184,6 +190,7 @@ class _Fitting:
                     on_epoch=on_epoch,
                     on_step=on_step,
                     energy_j=energy_j,
+                    cpu_energy_j=cpu_energy_j,
                     resume_from=resume.state if resume and not fresh else None,
                     on_checkpoint=on_checkpoint,
                 )
@@ -213,6 +220,7 @@ def _tracked_run(
     root: Path,
     name: str,
     run_params: dict[str, Any],
+    dataset: str,
     variant: VariantParams,
     placement: Placement,
     resume: Resume | None,
@@ -234,15 +242,15 @@ def _tracked_run(
     return tracking.variant_run(root, name, run_params, tags, system_metrics=True)
 
 
-def _log_datasets(prepared_dir: Path, recipe: TrainRecipe) -> None:
+def _log_datasets(prepared_dir: Path, recipe: TrainRecipe, dataset: str) -> None:
     for split, limit, context in (
         ("train", recipe.train_subset, "training"),
         ("test", recipe.test_subset, "evaluation"),
     ):
         arrays = data.load_split(prepared_dir, split, limit)
-        digest = data.dataset_digest(split, limit)
+        digest = data.dataset_digest(split, limit, prepared_dir)
         tracking.log_dataset(
-            f"mnist-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
+            f"{dataset}-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
         )
 
 
@@ -252,10 +260,11 @@ def _track_outputs(
     model_file: ModelFile,
     out: TrainOutputs,
     example_images: torch.Tensor,
+    dataset: str,
 ) -> None:
     tracking.log_train_summary(summary)
     tracking.log_artifact(out.metrics.epochs_csv)
     for path in sorted(out.profile.glob(f"{name}-rank0.*")) if out.profile else ():
         tracking.log_artifact(path, "profile")
     example = example_images.float().cpu().contiguous().numpy()
-    tracking.log_model(build.trained_model(model_file.state_dict), example, name)
+    tracking.log_model(build.trained_model(model_file.state_dict, dataset=dataset), example, name)

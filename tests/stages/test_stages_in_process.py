@@ -37,6 +37,10 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     report = (tmp_path / "reports" / "comparison.md").read_text()
     assert "| cpu | trained |" in report and "| gpu | skipped |" in report
     assert "Skipped gpu, amp" in report
+    assert "## Quantized inference on the CPU" in report
+    assert "| cpu | dynamic int8 (Linear layers) |" in report
+    assert "## Cost of a run" in report and "| cpu |" in report.split("## Cost of a run")[1]
+    assert headline["cpu.cost_usd"] > 0 and "gpu.cost_usd" not in headline  # skipped: no cost
 
     client = MlflowClient(mlflow_store)
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
@@ -55,6 +59,7 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     history = client.get_metric_history(cpu.info.run_id, "test_accuracy")
     assert sorted(m.step for m in history) == [1, 2]
     assert "eval_macro_f1" in cpu.data.metrics and "steady_epoch_s" in cpu.data.metrics
+    assert "quant_dynamic_int8_latency_ms" in cpu.data.metrics
     artifacts = {a.path for a in client.list_artifacts(cpu.info.run_id)}
     assert {"epochs.csv", "confusion.png", "eval.json", "per_class.csv"} <= artifacts
     # The evaluation is logged against the variant's model and the test set: the models view
@@ -94,6 +99,7 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert skipped.data.tags["status"] == "skipped" and skipped.data.tags["skip_reason"]
     parent_artifacts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert "comparison.md" in parent_artifacts
+    assert parents[0].data.metrics["cpu.cost_usd"] == headline["cpu.cost_usd"]
 
     # a second pipeline gets a new parent; the first one stays finished
     out = train.TrainOutputs(

@@ -17,9 +17,11 @@ from ..results import (
     ENV_DEVICES,
     EvalSummary,
     MetricsFiles,
+    QuantizedSummary,
     env_json,
     read_epochs_csv,
     read_eval,
+    read_quantized,
     read_run_record,
     read_train,
 )
@@ -44,6 +46,8 @@ def select(params: Params) -> CompareInputs:
         speedup_baseline=params.report.speedup_baseline,
         scaling_baselines=params.report.scaling_baselines,
         recipe=recipe,
+        cost=params.cost,
+        dataset=params.data.dataset,
     )
     return CompareInputs(params.variants, spec)
 
@@ -55,14 +59,22 @@ def run(
     rows, tracked = [], []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
-        for path in (files.train_json, files.eval_json, files.epochs_csv, files.run_json):
+        for path in (
+            files.train_json,
+            files.eval_json,
+            files.epochs_csv,
+            files.quantized_json,
+            files.run_json,
+        ):
             if not path.is_file():
                 raise InputError(
-                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}` and "
-                    "`accelbench evaluate`) before compare"
+                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}`, "
+                    "`accelbench evaluate` and `accelbench quantize`) before compare"
                 )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
-        rows.append(report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv)))
+        row = report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
+        row.quantized = read_quantized(files.quantized_json)
+        rows.append(row)
         tracked.append((read_run_record(files.run_json), evaluated, files))
     with phases.phase("outputs"):
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
@@ -81,7 +93,12 @@ def _track_variants(root: Path, tracked: list) -> None:
     for record, evaluated, files in tracked:
         if isinstance(evaluated, EvalSummary) and record.mlflow_run_id:
             artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
-            tracking.log_evaluation(root, record.mlflow_run_id, evaluated, artifacts)
+            quantized = read_quantized(files.quantized_json)
+            more = None
+            if isinstance(quantized, QuantizedSummary):
+                artifacts.append(files.quantized_json)
+                more = quantized.metrics()
+            tracking.log_evaluation(root, record.mlflow_run_id, evaluated, artifacts, more)
         elif record.status == "skipped":
             tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"

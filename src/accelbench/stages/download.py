@@ -1,4 +1,5 @@
-"""download: fetch and verify the four MNIST files, mirror by mirror."""
+"""download: fetch and verify the dataset's files (MNIST's four, or CIFAR-10's archive),
+mirror by mirror."""
 
 from __future__ import annotations
 
@@ -15,15 +16,21 @@ def select(params: Params) -> DataParams:
 
 
 def run(inputs: DataParams, out_dir: Path) -> list[Path]:
-    mirrors = data.mirrors_with_override(inputs.mirrors)
-    log(f"download: mirrors in order: {', '.join(mirrors)}")
-    paths = data.download_mnist(
-        out_dir,
-        mirrors,
-        timeout_s=inputs.timeout_s,
-        retries=inputs.retries,
-        deadline_s=inputs.deadline_s,
-    )
+    limits = {
+        "timeout_s": inputs.timeout_s,
+        "retries": inputs.retries,
+        "deadline_s": inputs.deadline_s,
+    }
+    if inputs.dataset == "cifar10":
+        from .. import cifar10
+
+        mirrors = data.mirrors_with_override(inputs.cifar10_mirrors, variable=cifar10.MIRROR_ENV)
+        log(f"download: CIFAR-10 mirrors in order: {', '.join(mirrors)}")
+        paths = cifar10.download(out_dir, mirrors, inputs.cifar10_md5, **limits)
+    else:
+        mirrors = data.mirrors_with_override(inputs.mirrors)
+        log(f"download: mirrors in order: {', '.join(mirrors)}")
+        paths = data.download_mnist(out_dir, mirrors, **limits)
     for path in paths:
         log(f"download: {path.name} verified")
     return paths

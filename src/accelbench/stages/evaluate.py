@@ -60,14 +60,15 @@ def run(
         return _record_untrained(model_file, files)
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
-    from .. import build, confusion, engine
+    from .. import build, confusion, data, engine
 
     with phases.phase("device"):
         device = evaluation_device(name, variant)
         engine.configure_backends(variant)
         engine.start_device(device)
     with phases.phase("model"):
-        model = build.trained_model(model_file.state_dict, str(model_path)).to(device)
+        dataset = data.prepared_dataset(prepared_dir).name
+        model = build.trained_model(model_file.state_dict, str(model_path), dataset).to(device)
     with phases.phase("data"):
         batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
     with phases.phase("evaluation"):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import phases, torchrun
+from .. import data, phases, torchrun
 from ..console import log
 from ..params import Params, TrainRecipe, VariantParams
 from ..placement import place
@@ -88,12 +88,14 @@ def run(
     with phases.phase("imports"):  # MLflow and the model code: only to train
         from ..training import train
 
-    run_params = _run_params(name, inputs.recipe, inputs.variant)
+    dataset = data.prepared_dataset(prepared_dir).name  # the data decides the model
+    run_params = _run_params(name, inputs.recipe, inputs.variant, dataset)
     with torchrun.process_group(placement):
         return train(
             root,
             name,
             run_params,
+            dataset,
             inputs.recipe,
             inputs.variant,
             placement,
@@ -120,9 +122,12 @@ def record_skip(
     return skipped
 
 
-def _run_params(name: str, recipe: TrainRecipe, variant: VariantParams) -> dict[str, Any]:
+def _run_params(
+    name: str, recipe: TrainRecipe, variant: VariantParams, dataset: str | None = None
+) -> dict[str, Any]:
     """What produced the run: logged to MLflow, kept in the model file, fingerprinted."""
-    return {"variant": {"name": name, **variant.model_dump()}, "train": recipe.model_dump()}
+    run = {"variant": {"name": name, **variant.model_dump()}, "train": recipe.model_dump()}
+    return run | ({"data": {"dataset": dataset}} if dataset else {})
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

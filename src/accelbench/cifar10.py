@@ -1,0 +1,164 @@
+"""CIFAR-10: the official python archive, verified, and its pickled batches decoded safely.
+
+The archive (`cifar-10-python.tar.gz`, 163 MB) is accepted by the MD5 the dataset's page and
+torchvision publish for it: the bytes as served, so a re-compressed copy is refused (unlike
+MNIST's files, whose decompressed content is checked). Its batches are Python pickles; they
+are read with an unpickler that can build only dicts, lists, strings and NumPy arrays, so an
+archive someone else made (with `data.cifar10_md5` changed) can hold wrong data but never run
+code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .console import InputError
+from .data import ChecksumError, Split
+
+ARCHIVE = "cifar-10-python.tar.gz"
+FOLDER = "cifar-10-batches-py"  # inside the archive; torchvision's CIFAR10 reads this folder
+ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"  # torchvision.datasets.CIFAR10.tgz_md5
+MIRROR_ENV = "ACCELBENCH_CIFAR10_MIRROR"
+TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_BATCH = "test_batch"
+META = "batches.meta"
+CLASSES = 10
+
+
+def md5_file(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_archive(path: Path, expected_md5: str) -> None:
+    """The archive's MD5 is `expected_md5` (raises ChecksumError, as data.verify does)."""
+    actual = md5_file(path)
+    if actual != expected_md5:
+        raise ChecksumError(f"MD5 of the archive is {actual[:12]}…, expected {expected_md5[:12]}…")
+
+
+def download(
+    out_dir: Path,
+    mirrors: list[str],
+    md5: str,
+    *,
+    timeout_s: float = 30.0,
+    retries: int = 2,
+    deadline_s: float = 600.0,
+) -> list[Path]:
+    from . import data
+
+    data.remove_leftovers(out_dir)
+    path = data.download_file(
+        ARCHIVE,
+        "",
+        out_dir,
+        mirrors,
+        timeout_s=timeout_s,
+        retries=retries,
+        deadline_s=deadline_s,
+        filename=ARCHIVE,
+        check=lambda tmp: check_archive(tmp, md5),
+        variable=MIRROR_ENV,
+    )
+    return [path]
+
+
+# What a CIFAR-10 batch pickle may build: NumPy arrays (their reconstructor, type and dtype;
+# `numpy.core` was renamed `numpy._core` in NumPy 2) and bytes (Python 3's protocol-2 form).
+_ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
+}
+
+
+class _DataOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"refused to load {module}.{name} (not data)")
+        return super().find_class(module, name)
+
+
+def _batch(content: bytes, source: str) -> Split:
+    """One pickled batch: {data: uint8 [n, 3072] (R, G, B planes of 32x32), labels: [n]}."""
+    what = f"{source}: not a CIFAR-10 batch"
+    try:
+        batch = _DataOnly(io.BytesIO(content), encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
+        raise InputError(f"{what} ({exc}); run `accelbench download` again") from None
+    if not isinstance(batch, dict):
+        raise InputError(f"{what} (a {type(batch).__name__}, expected a dict)")
+    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+    images, labels = batch.get("data"), batch.get("labels")
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 2:
+        raise InputError(f"{what} (its data is not a uint8 [n, 3072] array)")
+    if images.shape[1] != 3 * 32 * 32 or not isinstance(labels, list):
+        raise InputError(f"{what} (data {images.shape}, expected [n, 3072], and a label list)")
+    labels_array = np.asarray(labels, dtype=np.int64)
+    if len(labels_array) != len(images):
+        raise InputError(f"{source}: {len(images)} images but {len(labels_array)} labels")
+    if len(labels_array) and (labels_array.min() < 0 or labels_array.max() >= CLASSES):
+        raise InputError(f"{source}: a label outside 0..{CLASSES - 1}")
+    return Split(images.reshape(-1, 3, 32, 32), labels_array.astype(np.uint8))
+
+
+def read_archive(path: Path, expected_md5: str | None) -> tuple[dict[str, Split], dict[str, bytes]]:
+    """The train and test splits, and the archive's batch files (name -> content)."""
+    again = "run `accelbench download` (or `dvc repro download`) again"
+    if not path.is_file():
+        raise InputError(f"{path}: missing; {again}")
+    if expected_md5 is not None:
+        try:
+            check_archive(path, expected_md5)
+        except ChecksumError as exc:
+            raise InputError(f"{path}: not the CIFAR-10 archive ({exc}); {again}") from None
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(path, "r:gz") as archive:
+            for name in (*TRAIN_BATCHES, TEST_BATCH, META):
+                try:
+                    member = archive.extractfile(f"{FOLDER}/{name}")
+                except KeyError:
+                    member = None
+                if member is None:
+                    raise InputError(f"{path}: no {FOLDER}/{name} in the archive; {again}")
+                members[name] = member.read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise InputError(f"{path}: not a readable tar.gz ({exc}); {again}") from None
+    train = [_batch(members[name], f"{ARCHIVE}:{name}") for name in TRAIN_BATCHES]
+    splits = {
+        "train": Split(
+            np.concatenate([s.images for s in train]), np.concatenate([s.labels for s in train])
+        ),
+        "test": _batch(members[TEST_BATCH], f"{ARCHIVE}:{TEST_BATCH}"),
+    }
+    return splits, members
+
+
+def prepare_into(raw_dir: Path, out_dir: Path, expected_md5: str | None) -> dict[str, int]:
+    """The splits as .npy arrays ([n, 3, 32, 32] uint8), and the batch files in torchvision's
+    layout (`cifar-10-batches-py/`) for the DataLoader variant."""
+    splits, members = read_archive(raw_dir / ARCHIVE, expected_md5)
+    torchvision_dir = out_dir / FOLDER
+    torchvision_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in members.items():
+        (torchvision_dir / name).write_bytes(content)
+    counts = {}
+    for split, arrays in splits.items():
+        np.save(out_dir / f"{split}_images.npy", arrays.images)
+        np.save(out_dir / f"{split}_labels.npy", arrays.labels)
+        counts[split] = len(arrays.labels)
+    return counts

@@ -1,0 +1,73 @@
+"""What a training run costs in money: its energy at a price per kWh, plus its time at a
+price per machine hour (tutorial B's cost analysis, for the user's own prices).
+
+Energy is measured where the machine lets us: the GPU boards' counters (NVML) and the CPU
+packages' (RAPL), read around every epoch's timed training. Where neither was read, it is
+the stated system wattage times the training time. Pure: epoch rows and prices in, figures
+out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .params import CostParams
+
+J_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """The cost of some epochs of one variant's training (time: training only)."""
+
+    train_s: float
+    energy_j: float
+    energy_source: str  # what the energy covers: which counters, or the stated wattage
+    energy_usd: float
+    time_usd: float
+
+    @property
+    def total_usd(self) -> float:
+        return self.energy_usd + self.time_usd
+
+
+def _measured(epochs: Sequence[Mapping[str, float]], key: str) -> float | None:
+    """The sum of a per-epoch counter over `epochs`; None unless every epoch has a reading."""
+    values = [e.get(key, math.nan) for e in epochs]
+    if not values or any(v is None or math.isnan(v) for v in values):
+        return None
+    return float(sum(values))
+
+
+def run_cost(
+    epochs: Sequence[Mapping[str, float]], device: str, processes: int, prices: CostParams
+) -> RunCost:
+    """The cost of `epochs` (epochs.csv rows) of a variant on `device` with `processes`
+    processes (GPUs, for a DDP variant: each GPU's system wattage and hour are counted)."""
+    train_s = float(sum(e["train_time_s"] for e in epochs))
+    gpu_j = _measured(epochs, "gpu_energy_j") if device == "cuda" else None
+    cpu_j = _measured(epochs, "cpu_energy_j")
+    parts = []
+    if gpu_j is not None:
+        parts.append("GPU boards (NVML)" if processes > 1 else "GPU board (NVML)")
+    if cpu_j is not None:
+        parts.append("CPU packages (RAPL)")
+    if parts:
+        energy_j = (gpu_j or 0.0) + (cpu_j or 0.0)
+        source = "measured: " + " + ".join(parts)
+    else:
+        watts = prices.gpu_system_w * processes if device == "cuda" else prices.cpu_system_w
+        energy_j = watts * train_s
+        systems = f"{processes} × " if device == "cuda" and processes > 1 else ""
+        stated = prices.gpu_system_w if device == "cuda" else prices.cpu_system_w
+        source = f"stated: {systems}{stated:g} W × time"
+    hour_usd = prices.gpu_hour_usd * processes if device == "cuda" else prices.cpu_hour_usd
+    return RunCost(
+        train_s=train_s,
+        energy_j=energy_j,
+        energy_source=source,
+        energy_usd=energy_j / J_PER_KWH * prices.kwh_usd,
+        time_usd=train_s / 3600 * hour_usd,
+    )

@@ -1,0 +1,98 @@
+"""quantize@V: the trained model on the CPU in fp32, dynamic int8 (Linear layers) and static
+int8 (x86 backend): test accuracy, batch-1 latency, throughput at the eval batch, file size.
+
+It writes files only; compare logs the figures to the variant's MLflow run (like evaluate's)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import build, data, phases, quantization
+from ..batches import normalize_images
+from ..console import log
+from ..params import Params
+from ..results import (
+    MetricsFiles,
+    ModelFile,
+    QuantizedResult,
+    QuantizedSummary,
+    Skipped,
+    remove_leftovers,
+    write_json,
+)
+
+
+@dataclass(frozen=True)
+class QuantizeInputs:
+    batch_size: int
+    test_subset: int
+    latency_repeats: int
+    calibration_samples: int
+
+
+def select(params: Params) -> QuantizeInputs:
+    return QuantizeInputs(
+        params.train.eval_batch_size,
+        params.train.test_subset,
+        params.quantize.latency_repeats,
+        params.quantize.calibration_samples,
+    )
+
+
+def run(
+    root: Path, inputs: QuantizeInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
+) -> QuantizedResult:
+    remove_leftovers(files.quantized_json)
+    with phases.phase("model"):
+        model_file = ModelFile.load(model_path)
+    name = model_file.variant
+    phases.RECORDER.stage = f"quantize@{name}"
+    if not model_file.trained:  # at once: nothing to load
+        skipped = Skipped(model_file.reason or "no reason recorded")
+        write_json(files.quantized_json, skipped.to_json())
+        log(f"quantize {name}: {model_file.status}")
+        return skipped
+    cpu = torch.device("cpu")
+    dataset = data.prepared_dataset(prepared_dir).name
+    model = build.trained_model(model_file.state_dict, str(model_path), dataset)
+    test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
+    calibration = normalize_images(
+        data.load_split(prepared_dir, "train", inputs.calibration_samples).images, cpu
+    ).split(inputs.batch_size)
+
+    models = {"fp32": model, "dynamic_int8": quantization.dynamic_int8(model)}
+    unsupported = {}
+    reason = quantization.static_int8_unsupported()
+    if reason is None:
+        models["static_int8"] = quantization.static_int8(model, list(calibration))
+    else:
+        unsupported["static_int8"] = reason
+        log(f"quantize {name}: static int8 not supported: {reason}")
+    with phases.phase("evaluation"):
+        figures = quantization.measure(
+            models, lambda: test.epoch(0), test.images[:1], inputs.latency_repeats
+        )
+    methods = {method: f.to_json() for method, f in figures.items()}
+    summary = QuantizedSummary(
+        threads=torch.get_num_threads(),
+        batch_size=inputs.batch_size,
+        latency_repeats=inputs.latency_repeats,
+        methods=methods,
+        unsupported=unsupported,
+    )
+    write_json(files.quantized_json, summary.to_json())
+    for method, row in methods.items():
+        log(
+            f"quantize {name}: {method}: accuracy {row['test_accuracy']:.2%}, "
+            f"batch-1 latency {row['latency_ms']:.3f} ms, "
+            f"{row['samples_per_s']:,.0f} samples/s, {row['size_bytes'] / 1024:,.0f} KiB"
+        )
+    return summary
+
+
+def main(args: argparse.Namespace, params: Params, root: Path) -> None:
+    run(root, select(params), args.model, args.data, MetricsFiles(args.metrics))
