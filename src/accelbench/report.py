@@ -573,6 +573,8 @@ def write_report(
             "test_accuracy": row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
             "time_to_target_s": reached[0] if reached else None,
         }
+    # DVC's metrics: the figures a user compares (120 columns); cost is in the rest.
+    write_variant_metrics(out_dir / METRICS_DIR, headline)
     for name, figures in _cost_headline(rows, spec).items():
         headline[name].update(figures)
     (out_dir / "comparison.json").write_text(json.dumps(headline, indent=2, sort_keys=True) + "\n")
@@ -580,7 +582,6 @@ def write_report(
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
         files[-1].write_text(json.dumps(pipeline.to_json(), indent=2) + "\n")
-    write_variant_metrics(out_dir / METRICS_DIR, headline)
     flat = {
         f"{name}.{key}": value
         for name, values in headline.items()

@@ -220,7 +220,6 @@ def _tracked_run(
     root: Path,
     name: str,
     run_params: dict[str, Any],
-    dataset: str,
     variant: VariantParams,
     placement: Placement,
     resume: Resume | None,
