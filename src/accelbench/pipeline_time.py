@@ -10,7 +10,7 @@ from typing import Any
 from .phases import PHASES, StageTiming
 
 # dvc.yaml's order; a stage of another name (a variant) sorts by its prefix.
-ORDER = ("env", "download", "prepare", "train", "evaluate", "compare")
+ORDER = ("env", "download", "prepare", "train", "evaluate", "quantize", "compare")
 
 
 def _order(timing: StageTiming) -> tuple[int, float]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import build, data, phases, quantization
-from ..batches import normalize_images
+from ..batches import ResidentBatches, normalize_images
 from ..console import log
 from ..params import Params
 from ..results import (
@@ -56,22 +56,8 @@ def run(
         write_json(files.quantized_json, skipped.to_json())
         log(f"quantize {name}: {model_file.status}")
         return skipped
-    cpu = torch.device("cpu")
-    dataset = data.prepared_dataset(prepared_dir).name
-    model = build.trained_model(model_file.state_dict, str(model_path), dataset)
-    test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
-    calibration = normalize_images(
-        data.load_split(prepared_dir, "train", inputs.calibration_samples).images, cpu
-    ).split(inputs.batch_size)
-
-    models = {"fp32": model, "dynamic_int8": quantization.dynamic_int8(model)}
-    unsupported = {}
-    reason = quantization.static_int8_unsupported()
-    if reason is None:
-        models["static_int8"] = quantization.static_int8(model, list(calibration))
-    else:
-        unsupported["static_int8"] = reason
-        log(f"quantize {name}: static int8 not supported: {reason}")
+    with phases.phase("model"):  # the fp32 model, calibration data and the int8 models
+        models, unsupported, test = _models(name, model_file, model_path, prepared_dir, inputs)
     with phases.phase("evaluation"):
         figures = quantization.measure(
             models, lambda: test.epoch(0), test.images[:1], inputs.latency_repeats
@@ -92,6 +78,33 @@ def run(
             f"{row['samples_per_s']:,.0f} samples/s, {row['size_bytes'] / 1024:,.0f} KiB"
         )
     return summary
+
+
+def _models(
+    name: str,
+    model_file: ModelFile,
+    model_path: Path,
+    prepared_dir: Path,
+    inputs: QuantizeInputs,
+) -> tuple[dict[str, torch.nn.Module], dict[str, str], ResidentBatches]:
+    """The fp32 model on the CPU, its int8 versions (those this build supports; why not, for
+    the others) and the test batches."""
+    cpu = torch.device("cpu")
+    dataset = data.prepared_dataset(prepared_dir).name
+    model = build.trained_model(model_file.state_dict, str(model_path), dataset)
+    test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
+    calibration = normalize_images(
+        data.load_split(prepared_dir, "train", inputs.calibration_samples).images, cpu
+    ).split(inputs.batch_size)
+    models = {"fp32": model, "dynamic_int8": quantization.dynamic_int8(model)}
+    unsupported = {}
+    reason = quantization.static_int8_unsupported()
+    if reason is None:
+        models["static_int8"] = quantization.static_int8(model, list(calibration))
+    else:
+        unsupported["static_int8"] = reason
+        log(f"quantize {name}: static int8 not supported: {reason}")
+    return models, unsupported, test
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:
