@@ -71,8 +71,21 @@ def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_d
     assert json.loads(json.dumps(pipeline.to_json()))["stages"]["train@cpu"]["this_run"] is False
 
 
-def test_without_an_env_timing_every_stage_counts_and_there_is_no_span() -> None:
-    compare = _timing("compare", 1025.0, 3.0)
+def test_a_repro_of_some_stages_counts_only_those() -> None:
+    """`dvc repro -s train@gpu compare` long after a whole repro: env is not in this one."""
+    env = _timing("env", 1000.0, 2.0)
+    earlier = _timing("train@cpu", 1003.0, 50.0, 40.0)
+    train = _timing("train@gpu", 5000.0, 20.0, 12.0)
+    compare = _timing("compare", 5021.5, 3.0)
+    pipeline = pipeline_time.collect([env, earlier, train], compare)
+    assert pipeline.this_run == {"train@gpu", "compare"}
+    assert pipeline.span_s == pytest.approx(24.5) and pipeline.between_stages_s == pytest.approx(
+        1.5
+    )
+
+
+def test_compare_alone_has_no_span_and_shows_every_stage_as_last_run() -> None:
+    compare = _timing("compare", 9025.0, 3.0)
     pipeline = pipeline_time.collect([_timing("train@gpu", 1003.0, 20.0, 12.0)], compare)
     assert pipeline.this_run == {"train@gpu", "compare"} and pipeline.span_s is None
     assert "DVC's own work" not in "\n".join(pipeline_time.markdown(pipeline))

@@ -67,15 +67,27 @@ class PipelineTime:
         }
 
 
+# DVC starts a stage a second or two after the last one ended; a longer pause means the
+# earlier stage ran in an earlier `dvc repro` (or by hand).
+SAME_REPRO_GAP_S = 60.0
+
+
 def collect(timings: list[StageTiming], current: StageTiming) -> PipelineTime:
-    """`current` is the compare stage's own timing so far. A `dvc repro` always runs env
-    (always_changed), so the stages that started after env's latest run ran in this one."""
+    """`current` is the compare stage's own timing so far. The stages of this `dvc repro` are
+    the unbroken run of stages that ended, one after the other, up to compare's start (a
+    whole `dvc repro` starts with env, always; `dvc repro -s ...` runs only some)."""
     stages = sorted([t for t in timings if t.stage != current.stage] + [current], key=_order)
-    env = next((t for t in stages if t.stage == "env"), None)
-    if env is None:  # stages run by hand: no repro to measure, every stage as last run
+    this_run, start = {current.stage}, current.started
+    for timing in sorted(stages, key=lambda t: t.started, reverse=True):
+        if timing is current or timing.started >= current.started:
+            continue
+        if start - timing.ended > SAME_REPRO_GAP_S:
+            break
+        this_run.add(timing.stage)
+        start = timing.started
+    if this_run == {current.stage}:  # compare alone, or by hand: no repro to measure
         return PipelineTime(stages, {t.stage for t in stages}, None)
-    this_run = {t.stage for t in stages if t.started >= env.started - 1.0}
-    return PipelineTime(stages, this_run, current.ended - env.started)
+    return PipelineTime(stages, this_run, current.ended - start)
 
 
 def _s(seconds: float | None) -> str:
