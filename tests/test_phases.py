@@ -45,12 +45,14 @@ def test_timings_round_trip_and_unreadable_files_are_left_out(tmp_path) -> None:
     assert timing.other_s == pytest.approx(7.0)
 
 
-def _timing(stage: str, started: float, wall: float, training: float | None = None) -> StageTiming:
-    return StageTiming(stage, started, wall, {"imports": wall / 2}, training)
+def _timing(
+    stage: str, started: float, wall: float, training: float | None = None, by: str | None = "1@0"
+) -> StageTiming:
+    return StageTiming(stage, started, wall, {"imports": wall / 2}, training, by)
 
 
 def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_date() -> None:
-    earlier = _timing("train@cpu", 100.0, 50.0, 40.0)  # cached: ran before this repro's env
+    earlier = _timing("train@cpu", 100.0, 50.0, 40.0, by="7@50")  # an earlier dvc repro
     env = _timing("env", 1000.0, 2.0)
     train = _timing("train@gpu", 1003.0, 20.0, 12.0)
     compare = _timing("compare", 1025.0, 3.0)
@@ -71,12 +73,12 @@ def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_d
     assert json.loads(json.dumps(pipeline.to_json()))["stages"]["train@cpu"]["this_run"] is False
 
 
-def test_a_repro_of_some_stages_counts_only_those() -> None:
-    """`dvc repro -s train@gpu compare` long after a whole repro: env is not in this one."""
-    env = _timing("env", 1000.0, 2.0)
-    earlier = _timing("train@cpu", 1003.0, 50.0, 40.0)
-    train = _timing("train@gpu", 5000.0, 20.0, 12.0)
-    compare = _timing("compare", 5021.5, 3.0)
+def test_back_to_back_repros_are_told_apart_by_their_dvc_process() -> None:
+    """`dvc repro -s train@gpu compare` right after a whole repro: env is not in this one."""
+    env = _timing("env", 1000.0, 2.0, by="7@50")
+    earlier = _timing("train@cpu", 1003.0, 50.0, 40.0, by="7@50")
+    train = _timing("train@gpu", 1055.0, 20.0, 12.0, by="9@1054")
+    compare = _timing("compare", 1076.5, 3.0, by="9@1054")
     pipeline = pipeline_time.collect([env, earlier, train], compare)
     assert pipeline.this_run == {"train@gpu", "compare"}
     assert pipeline.span_s == pytest.approx(24.5) and pipeline.between_stages_s == pytest.approx(
@@ -84,8 +86,23 @@ def test_a_repro_of_some_stages_counts_only_those() -> None:
     )
 
 
-def test_compare_alone_has_no_span_and_shows_every_stage_as_last_run() -> None:
-    compare = _timing("compare", 9025.0, 3.0)
+def test_run_by_hand_there_is_no_span_and_every_stage_shows_as_last_run() -> None:
+    compare = _timing("compare", 9025.0, 3.0, by=None)
     pipeline = pipeline_time.collect([_timing("train@gpu", 1003.0, 20.0, 12.0)], compare)
     assert pipeline.this_run == {"train@gpu", "compare"} and pipeline.span_s is None
     assert "DVC's own work" not in "\n".join(pipeline_time.markdown(pipeline))
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "expected"),
+    [
+        (["/repo/.venv/bin/python", "/repo/.venv/bin/dvc", "repro"], True),
+        (["dvc", "exp", "run"], True),
+        (["python3", "-m", "dvc", "repro"], True),
+        (["/bin/sh", "-c", "accelbench train cpu"], False),
+        (["python3", "-m", "accelbench.cli", "train"], False),
+        ([], False),
+    ],
+)
+def test_a_dvc_process_is_recognized_by_its_command_line(cmdline, expected) -> None:
+    assert phases.is_dvc(cmdline) is expected

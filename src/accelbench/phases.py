@@ -89,7 +89,9 @@ class Recorder:
 
     def timing(self) -> StageTiming:
         wall = time.time() - self.started
-        return StageTiming(self.stage, self.started, wall, dict(self.seconds), self.training_s)
+        return StageTiming(
+            self.stage, self.started, wall, dict(self.seconds), self.training_s, launcher()
+        )
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class StageTiming:
     wall_s: float
     phases: dict[str, float]
     training_s: float | None = None  # sum of the timed epochs (train stages)
+    launcher: str | None = None  # the `dvc` process that ran it ("pid@start"), if any
 
     @property
     def ended(self) -> float:
@@ -127,7 +130,30 @@ class StageTiming:
             wall_s=float(data["wall_s"]),
             phases={str(k): float(v) for k, v in data["phases"].items()},
             training_s=None if data.get("training_s") is None else float(data["training_s"]),
+            launcher=None if data.get("launcher") is None else str(data["launcher"]),
         )
+
+
+def is_dvc(cmdline: list[str]) -> bool:
+    """A `dvc` command line: the `dvc` entry point, or `python -m dvc`."""
+    words = [os.path.basename(word) for word in cmdline[:3]]
+    return (bool(words) and (words[0] == "dvc" or (len(words) > 1 and words[1] == "dvc"))) or (
+        len(words) > 2 and words[1] == "-m" and words[2] == "dvc"
+    )
+
+
+def launcher() -> str | None:
+    """The nearest `dvc` process above this one ("pid@start time"): every stage of one
+    `dvc repro` (or queued experiment) shares it; None for a stage run by hand."""
+    try:
+        import psutil
+
+        for parent in psutil.Process().parents():
+            if is_dvc(parent.cmdline()):
+                return f"{parent.pid}@{parent.create_time():.2f}"
+    except Exception:
+        return None
+    return None
 
 
 RECORDER = Recorder()

@@ -67,27 +67,16 @@ class PipelineTime:
         }
 
 
-# DVC starts a stage a second or two after the last one ended; a longer pause means the
-# earlier stage ran in an earlier `dvc repro` (or by hand).
-SAME_REPRO_GAP_S = 60.0
-
-
 def collect(timings: list[StageTiming], current: StageTiming) -> PipelineTime:
-    """`current` is the compare stage's own timing so far. The stages of this `dvc repro` are
-    the unbroken run of stages that ended, one after the other, up to compare's start (a
-    whole `dvc repro` starts with env, always; `dvc repro -s ...` runs only some)."""
+    """`current` is the compare stage's own timing so far. This `dvc repro`'s stages are those
+    its `dvc` process ran (the same launcher as compare's); run by hand, there is no repro to
+    measure and every stage is shown as last run."""
     stages = sorted([t for t in timings if t.stage != current.stage] + [current], key=_order)
-    this_run, start = {current.stage}, current.started
-    for timing in sorted(stages, key=lambda t: t.started, reverse=True):
-        if timing is current or timing.started >= current.started:
-            continue
-        if start - timing.ended > SAME_REPRO_GAP_S:
-            break
-        this_run.add(timing.stage)
-        start = timing.started
-    if this_run == {current.stage}:  # compare alone, or by hand: no repro to measure
+    if current.launcher is None:
         return PipelineTime(stages, {t.stage for t in stages}, None)
-    return PipelineTime(stages, this_run, current.ended - start)
+    ran = [t for t in stages if t.launcher == current.launcher]
+    start = min(t.started for t in ran)
+    return PipelineTime(stages, {t.stage for t in ran}, current.ended - start)
 
 
 def _s(seconds: float | None) -> str:
