@@ -106,3 +106,11 @@ def test_run_by_hand_there_is_no_span_and_every_stage_shows_as_last_run() -> Non
 )
 def test_a_dvc_process_is_recognized_by_its_command_line(cmdline, expected) -> None:
     assert phases.is_dvc(cmdline) is expected
+
+
+def test_training_outside_the_timed_epochs_is_overhead_named_fit_setup() -> None:
+    timing = StageTiming("train@amp", 0.0, 30.0, {"imports": 5.0, "training": 12.0}, 4.0)
+    assert timing.overhead_phases() == pytest.approx(
+        {"imports": 5.0, "fit_setup": 8.0, "other": 13.0}
+    )
+    assert timing.overhead_s == pytest.approx(26.0)

@@ -29,6 +29,8 @@ PHASES = {
     "data": "reading the prepared arrays and moving them to the device",
     "model": "building the model, counting its FLOPs",
     "training": "the timed epochs (compilation, autotuning and graph capture in the first)",
+    "fit_setup": "in training, outside the timed epochs: importing and setting up torch.compile, "
+    "the optimizer, DDP",
     "evaluation": "evaluating on the test set (after every epoch, untimed; the evaluate stage)",
     "checkpoint": "saving the per-epoch training state",
     "outputs": "writing the stage's files and figures",
@@ -113,6 +115,16 @@ class StageTiming:
     def other_s(self) -> float:
         """Wall time no phase accounts for (interpreter exit excluded)."""
         return max(self.wall_s - sum(self.phases.values()), 0.0)
+
+    def overhead_phases(self) -> dict[str, float]:
+        """The overhead by phase: every phase but the timed epochs; the training phase's
+        time outside them (importing and setting up torch.compile, the optimizer, DDP) as
+        `fit_setup`; wall time no phase accounts for as `other`."""
+        parts = {k: v for k, v in self.phases.items() if k != "training"}
+        if "training" in self.phases:
+            parts["fit_setup"] = max(self.phases["training"] - (self.training_s or 0.0), 0.0)
+        parts["other"] = self.other_s
+        return parts
 
     @property
     def overhead_s(self) -> float:

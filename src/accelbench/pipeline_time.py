@@ -48,9 +48,8 @@ class PipelineTime:
     def phase_totals(self) -> dict[str, float]:
         totals: dict[str, float] = {}
         for timing in self.ran:
-            for name, seconds in timing.phases.items():
+            for name, seconds in timing.overhead_phases().items():
                 totals[name] = totals.get(name, 0.0) + seconds
-            totals["other"] = totals.get("other", 0.0) + timing.other_s
         return totals
 
     def to_json(self) -> dict[str, Any]:
@@ -86,10 +85,7 @@ def _s(seconds: float | None) -> str:
 
 
 def _largest(timing: StageTiming, n: int = 3) -> str:
-    parts = dict(timing.phases)
-    parts.pop("training", None)  # shown in its own column
-    parts["other"] = timing.other_s
-    top = sorted(parts.items(), key=lambda kv: -kv[1])[:n]
+    top = sorted(timing.overhead_phases().items(), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{name} {seconds:.1f}" for name, seconds in top if seconds >= 0.05)
 
 
@@ -124,7 +120,6 @@ def markdown(pipeline: PipelineTime) -> list[str]:
         )
         lines.append("")
     totals = pipeline.phase_totals()
-    totals.pop("training", None)
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
     lines.append(
         "Overhead by phase, over the stages that ran: "
