@@ -136,6 +136,7 @@ def visit(
     screenshot: Path,
     experiment: str = EXPERIMENT,
     chart_metrics: tuple[str, ...] = CHART_METRICS,
+    pipeline: str | None = None,
 ) -> dict[str, str]:
     """Walk the UI; return the text a user saw on each page (and save screenshots)."""
     from playwright.sync_api import sync_playwright
@@ -146,10 +147,12 @@ def visit(
         experiment_id = json.load(response)["experiment"]["experiment_id"]
     runs = _api(url, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
     tags = lambda run: {t["key"]: t["value"] for t in run["data"].get("tags", [])}  # noqa: E731
-    parent = max(
-        (r for r in runs if tags(r).get(ROLE_TAG) == "pipeline"),
-        key=lambda r: int(r["info"]["start_time"]),
-    )
+    pipelines = [r for r in runs if tags(r).get(ROLE_TAG) == "pipeline"]
+    if pipeline is not None:  # a given one, else the newest
+        pipelines = [r for r in pipelines if r["info"]["run_id"] == pipeline]
+        if not pipelines:
+            raise SystemExit(f"--pipeline {pipeline}: no such pipeline run in the store")
+    parent = max(pipelines, key=lambda r: int(r["info"]["start_time"]))
     children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
     child_ids = json.dumps([r["info"]["run_id"] for r in children])
     seen: dict[str, str] = {}
@@ -234,9 +237,10 @@ def main() -> int:
         default=list(CHART_METRICS),
         help="the metrics charted in -chart.png (default: %(default)s)",
     )
+    parser.add_argument("--pipeline", metavar="RUN_ID", help="this pipeline run, not the newest")
     args = parser.parse_args()
     with mlflow_server(args.store) as url:
-        seen = visit(url, args.out, chart_metrics=tuple(args.chart_metrics))
+        seen = visit(url, args.out, chart_metrics=tuple(args.chart_metrics), pipeline=args.pipeline)
     print(f"children: {seen['children']}\nscreenshot: {args.out}")
     return 0
 
