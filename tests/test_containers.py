@@ -87,14 +87,20 @@ def test_image_installs_from_the_same_lock_as_make_and_ci() -> None:
     [runtime_export] = re.findall(r"uv export [^&]*--no-dev -o /tmp/lock/runtime.txt", DOCKERFILE)
     assert "--frozen" in runtime_export
     assert 'requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock' in DOCKERFILE
-    assert "--require-hashes \\\n         --compile-bytecode -r /tmp/lock/requirements.txt" in DOCKERFILE
+    assert (
+        "--require-hashes \\\n         --compile-bytecode -r /tmp/lock/requirements.txt"
+        in DOCKERFILE
+    )
     assert "--only-group dev -o /opt/venv/dev-requirements.txt" in DOCKERFILE
     dev_stage = DOCKERFILE.split("FROM runtime AS dev", 1)[1]
     assert "pip install --require-hashes --no-deps -r /opt/venv/dev-requirements.txt" in dev_stage
     # uv itself: the lock's version, as `make setup` installs it
     assert _arg_default("UV_VERSION") == _lock()["uv"]
     makefile = (REPO / "Makefile").read_text()
-    assert "uv sync --locked --quiet --compile-bytecode" in makefile and 'pip install --quiet "uv==$(UV_VERSION)"' in makefile
+    assert (
+        "uv sync --locked --quiet --compile-bytecode" in makefile
+        and 'pip install --quiet "uv==$(UV_VERSION)"' in makefile
+    )
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in ci and "make container-test" in ci
     readme = (REPO / "README.md").read_text()
