@@ -8,12 +8,27 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from accelbench import tracking
 from helpers import REPO, cpu_train_command, mlflow_runs
+
+
+def _train_cpu(
+    folder: Path, prepared: Path, env: dict[str, str], epochs: int
+) -> subprocess.CompletedProcess:
+    """`accelbench train cpu` in its own process, as dvc.yaml runs it."""
+    return subprocess.run(
+        cpu_train_command(folder, prepared, epochs=epochs),
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_an_exception_marks_the_run_failed(tmp_path, mlflow_store) -> None:
@@ -34,14 +49,7 @@ def test_closed_tracking_port_costs_seconds_and_loses_no_outputs(tmp_path, prepa
         port = s.getsockname()[1]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
     started = time.monotonic()
-    result = subprocess.run(
-        cpu_train_command(tmp_path, prepared, epochs=2),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = _train_cpu(tmp_path, prepared, env, epochs=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("WARNING: MLflow tracking") == 1
     assert (tmp_path / "cpu.pt").exists() and (tmp_path / "metrics" / "train.json").exists()
@@ -97,14 +105,7 @@ def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow
     [orphan] = mlflow_runs(mlflow_store, "cpu")
     assert orphan.info.status == "RUNNING"
 
-    rerun = subprocess.run(
-        cpu_train_command(tmp_path, prepared, epochs=1),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    rerun = _train_cpu(tmp_path, prepared, env, epochs=1)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"MLflow run {orphan.info.run_id} was left RUNNING" in rerun.stderr
     runs = {r.info.run_id: r for r in mlflow_runs(mlflow_store, "cpu")}
