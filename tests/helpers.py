@@ -125,7 +125,8 @@ SMALL = {"epochs": 2, "batch_size": 128, "eval_batch_size": 256, "shift_px": 0}
 
 def repo_params_raw(variants: dict | None = None, **train: Any) -> dict:
     """params.yaml as a mapping, with some `train` values (and the variants) replaced; a
-    replaced variant set keeps only the report baselines that still name variants."""
+    replaced variant set keeps only the report baselines and quantized variants that still
+    name variants."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["train"].update(train)
     if variants is not None:
@@ -136,6 +137,8 @@ def repo_params_raw(variants: dict | None = None, **train: Any) -> dict:
         report["scaling_baselines"] = {
             k: v for k, v in report.get("scaling_baselines", {}).items() if {k, v} <= set(variants)
         }
+        quantize = raw.setdefault("quantize", {})
+        quantize["variants"] = [v for v in quantize.get("variants", []) if v in variants]
     return raw
 
 
@@ -225,7 +228,8 @@ def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
         )
         train.run(root, name, train.select(params, name), prepared, out, quiet=True)
         evaluate.run(root, evaluate.select(params), out.model, prepared, out.metrics)
-        quantize.run(root, quantize.select(params), out.model, prepared, out.metrics)
+        if name in params.quantize.variants:
+            quantize.run(root, quantize.select(params), out.model, prepared, out.metrics)
     return compare.run(
         root, compare.select(params), root / "env", root / "metrics", root / "reports"
     )

@@ -234,3 +234,14 @@ def test_mirror_forms_download_can_use_are_accepted(raw) -> None:
         "rel",
     ]
     assert len(parse_params(raw).data.mirrors) == 5
+
+
+def test_quantized_variants_are_variants_named_once(raw) -> None:
+    assert parse_params(raw).quantize.variants == ["cpu"]  # one model: the same network
+    bad = copy.deepcopy(raw)
+    bad["quantize"]["variants"] = ["cpu", "tpu"]
+    assert "quantize.variants: 'tpu' is not a variant (params.yaml defines: cpu, gpu" in _error(bad)
+    bad["quantize"]["variants"] = ["amp", "amp"]
+    assert "quantize.variants ['amp', 'amp']: a variant is named twice" in _error(bad)
+    bad["quantize"]["variants"] = []  # quantize nothing
+    assert parse_params(bad).quantize.variants == []

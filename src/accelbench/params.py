@@ -223,6 +223,9 @@ class CostParams(_Strict):
 class QuantizeParams(_Strict):
     """Read by the quantize stage: int8 inference on the CPU next to fp32."""
 
+    # The variants whose trained models are quantized, one quantize@V stage each (dvc.yaml's
+    # foreach); [] quantizes none. Every variant trains the same network, so one is the default.
+    variants: list[str] = ["cpu"]
     latency_repeats: Annotated[int, Field(ge=1, le=10_000)] = 100  # batch-1 forward passes
     calibration_samples: Annotated[int, Field(ge=1, le=60_000)] = 1024  # static int8 ranges
 
@@ -259,7 +262,19 @@ class Params(_Strict):
                     "equal share of every global batch)"
                 )
         self._check_baselines()
+        self._check_quantized()
         return self
+
+    def _check_quantized(self) -> None:
+        names = self.quantize.variants
+        for name in names:
+            if name not in self.variants:
+                raise ValueError(
+                    f"quantize.variants: {name!r} is not a variant "
+                    f"(params.yaml defines: {', '.join(self.variants)})"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError(f"quantize.variants {names}: a variant is named twice")
 
     def _check_baselines(self) -> None:
         defined = f"params.yaml defines: {', '.join(self.variants)}"

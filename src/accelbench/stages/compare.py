@@ -31,6 +31,7 @@ from ..results import (
 class CompareInputs:
     variants: Mapping[str, VariantParams]
     spec: report.ReportSpec
+    quantized: tuple[str, ...] = ()  # the variants with a quantize@V stage
 
 
 def select(params: Params) -> CompareInputs:
@@ -49,7 +50,7 @@ def select(params: Params) -> CompareInputs:
         cost=params.cost,
         dataset=params.data.dataset,
     )
-    return CompareInputs(params.variants, spec)
+    return CompareInputs(params.variants, spec, tuple(params.quantize.variants))
 
 
 def run(
@@ -59,13 +60,9 @@ def run(
     rows, tracked = [], []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
-        for path in (
-            files.train_json,
-            files.eval_json,
-            files.epochs_csv,
-            files.quantized_json,
-            files.run_json,
-        ):
+        quantized = name in inputs.quantized
+        needed = [files.train_json, files.eval_json, files.epochs_csv, files.run_json]
+        for path in needed + ([files.quantized_json] if quantized else []):
             if not path.is_file():
                 raise InputError(
                     f"{path}: missing; run `dvc repro` (or `accelbench train {name}`, "
@@ -73,9 +70,9 @@ def run(
                 )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
         row = report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
-        row.quantized = read_quantized(files.quantized_json)
+        row.quantized = read_quantized(files.quantized_json) if quantized else None
         rows.append(row)
-        tracked.append((read_run_record(files.run_json), evaluated, files))
+        tracked.append((read_run_record(files.run_json), evaluated, row.quantized, files))
     with phases.phase("outputs"):
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
         result = report.write_report(out_dir, rows, env, inputs.spec, pipeline)
@@ -90,10 +87,9 @@ def run(
 def _track_variants(root: Path, tracked: list) -> None:
     """Each variant's evaluation in the run that trained it, and each skipped variant as a run
     that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
-    for record, evaluated, files in tracked:
+    for record, evaluated, quantized, files in tracked:
         if isinstance(evaluated, EvalSummary) and record.mlflow_run_id:
             artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
-            quantized = read_quantized(files.quantized_json)
             more = None
             if isinstance(quantized, QuantizedSummary):
                 artifacts.append(files.quantized_json)
