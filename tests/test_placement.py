@@ -59,3 +59,38 @@ def test_a_model_trained_on_cuda_is_evaluated_on_cuda_or_refused() -> None:
     assert placement.evaluation_device("cpu", CPU, NONE) == torch.device("cpu")
     with pytest.raises(StageError, match=r"evaluate: variant 'gpu' needs CUDA but no NVIDIA"):
         placement.evaluation_device("gpu", GPU, NONE)
+
+
+def test_nvml_alone_settles_that_too_few_gpus_are_here(monkeypatch) -> None:
+    """Fewer GPUs in the driver than a variant needs: the answer, with no torch call."""
+    monkeypatch.setattr(placement.hardware, "nvml_gpu_count", lambda: (1, ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("asked torch"))
+    assert placement.visible(at_least=2) == placement.Visible(1)
+    monkeypatch.setattr(placement.hardware, "nvml_gpu_count", lambda: (0, "the driver sees none"))
+    assert placement.visible() == placement.Visible(0, "the driver sees none")
+
+
+def test_a_skipped_variant_s_stages_never_import_torch(tmp_path, prepared) -> None:
+    """train, evaluate and quantize of a variant no machine has the GPUs for return at once:
+    importing torch (3-6 s on some hosts) is the cost they avoid."""
+    import subprocess
+    import sys
+
+    from helpers import write_params
+
+    huge = {"device": "cuda", "precision": "fp32", "distributed": {"nproc_per_node": 64}}
+    params = write_params(tmp_path, {"cpu": {"device": "cpu"}, "huge": huge})
+    files = ["--data", str(prepared), "--model", str(tmp_path / "huge.pt"), "--metrics", "m"]
+    stages = [["train", "huge", *files], ["evaluate", *files], ["quantize", *files]]
+    script = (
+        "import sys\nfrom accelbench import cli\n"
+        f"for argv in {stages!r}:\n"
+        f"    assert cli.main(['--params', {str(params)!r}, *argv]) == 0, argv\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "train huge: skipped: asks for 64 GPUs per node" in done.stderr
+    assert "evaluate huge: skipped" in done.stderr and "quantize huge: skipped" in done.stderr

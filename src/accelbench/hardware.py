@@ -15,8 +15,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def _version(dist: str) -> str | None:
     try:
@@ -36,6 +34,8 @@ def cpu_model() -> str:
 
 
 def software_facts() -> dict[str, Any]:
+    import torch
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -44,6 +44,8 @@ def software_facts() -> dict[str, Any]:
 
 
 def cpu_facts() -> dict[str, Any]:
+    import torch
+
     return {
         "cpu_model": cpu_model(),
         "logical_cpus": os.cpu_count(),
@@ -51,6 +53,9 @@ def cpu_facts() -> dict[str, Any]:
         "machine": platform.machine(),
         **software_facts(),
     }
+
+
+NO_DRIVER = "no NVIDIA driver found (NVML could not start): no GPU on this machine"
 
 
 @dataclass(frozen=True)
@@ -74,10 +79,12 @@ class GpuProbe:
 
     @property
     def unavailable_reason(self) -> str:
+        import torch
+
         if self.torch_cuda is None:
             return f"torch {torch.__version__} is a CPU-only build"
         if self.driver is None:
-            return "no NVIDIA driver found (NVML could not start): no GPU on this machine"
+            return NO_DRIVER
         return "torch.cuda.is_available() is False (driver too old for this torch build?)"
 
 
@@ -107,8 +114,34 @@ def _nvml() -> dict[str, Any]:
         pynvml.nvmlShutdown()
 
 
+def nvml_gpu_count() -> tuple[int, str] | None:
+    """The GPUs the driver sees and, for none, why, asked of NVML alone (no torch import, a
+    few milliseconds); None where NVML cannot tell. No process sees more GPUs than the
+    driver (CUDA_VISIBLE_DEVICES only hides some), so a count below what a variant needs
+    settles that it cannot run here."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:  # no libnvidia-ml: no NVIDIA driver at all
+        return 0, NO_DRIVER
+    except pynvml.NVMLError:
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    return count, "" if count else "the NVIDIA driver sees no GPU"
+
+
 def probe_gpus() -> GpuProbe:
     """Ask NVML (once) and torch about the GPUs; never fails on a machine without one."""
+    import torch
+
     nvml = _nvml()
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     probe = GpuProbe(
@@ -192,6 +225,8 @@ def gpu_energy_reader(device: int = 0):
 
 
 def _nvml_handle(pynvml, device: int):
+    import torch
+
     try:
         uuid = str(torch.cuda.get_device_properties(device).uuid)
         prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"

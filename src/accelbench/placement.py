@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import hardware
 from .console import StageError
 from .params import VariantParams
+
+if TYPE_CHECKING:
+    import torch
 
 REFUSAL_ADVICE = (
     "Run on a machine with the GPUs it needs (or lower distributed.nproc_per_node), or set "
@@ -43,17 +45,30 @@ class Visible:
         return cls(0, probe.unavailable_reason)
 
 
-def visible() -> Visible:
+def visible(at_least: int = 1) -> Visible:
+    """The GPUs this process can use. Where NVML alone shows fewer than `at_least`, that is
+    the answer, without importing torch (seconds on some hosts): a variant this machine
+    cannot run is skipped at once."""
+    nvml = hardware.nvml_gpu_count()
+    if nvml is not None and nvml[0] < at_least:
+        return Visible(*nvml)
+    import torch
+
     if torch.cuda.is_available():
         return Visible(torch.cuda.device_count())
     return Visible.of(hardware.probe_gpus())
 
 
+def gpus_needed(variant: VariantParams) -> int:
+    """GPUs `variant` needs on this machine: none, one, or one per process of the node."""
+    if not variant.uses_cuda:
+        return 0
+    return variant.distributed.nproc_per_node if variant.distributed else 1
+
+
 def shortfall(variant: VariantParams, here: Visible) -> str | None:
     """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run."""
-    if not variant.uses_cuda:
-        return None
-    needed = variant.distributed.nproc_per_node if variant.distributed else 1
+    needed = gpus_needed(variant)
     if here.gpus >= needed:
         return None
     if variant.distributed is None:
@@ -95,11 +110,14 @@ def place(
     environ = os.environ if environ is None else environ
     if variant.distributed is not None and "LOCAL_RANK" in environ:
         return _torchrun_child(variant, environ)  # the launcher checked the machine
-    missing = shortfall(variant, here if here is not None else visible())
-    if missing is not None:
+    needed = gpus_needed(variant)
+    missing = needed and shortfall(variant, here if here is not None else visible(needed))
+    if missing:
         if require_gpu:
             raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
         return Placement(skip_reason=missing)
+    import torch
+
     if variant.distributed is not None:
         return Placement(launch=True, world_size=variant.distributed.world_size)
     if variant.uses_cuda:
@@ -108,6 +126,8 @@ def place(
 
 
 def _torchrun_child(variant: VariantParams, environ: Mapping[str, str]) -> Placement:
+    import torch
+
     local_rank = int(environ["LOCAL_RANK"])
     backend = variant.distributed.backend
     if backend == "auto":
@@ -131,6 +151,8 @@ def evaluation_device(
     name: str, variant: VariantParams, here: Visible | None = None
 ) -> torch.device:
     """The device a trained model is evaluated on: the one it trained on, in one process."""
+    import torch
+
     single = variant.model_copy(update={"distributed": None})
     missing = shortfall(single, here if here is not None else visible())
     if missing is not None:

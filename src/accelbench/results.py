@@ -349,7 +349,9 @@ class ModelFile:
     """`models/<variant>.pt`: the trained weights (CPU tensors) and what produced them.
 
     `params` is the run's params (`{"variant": {...}, "train": {...}}`), so the file says how
-    its weights were trained; a skipped variant's file carries the reason instead of weights.
+    its weights were trained. A skipped variant's file carries the reason instead of weights,
+    as JSON: it has no tensors, and writing and reading it needs no torch import, so the
+    stages of a variant this machine cannot run return at once.
     """
 
     variant: str
@@ -364,19 +366,34 @@ class ModelFile:
         return self.status == "trained"
 
     def save(self, path: Path) -> None:
-        """torch.save to a temporary file, then rename: a kill mid-save keeps the old file."""
-        atomic_torch_save(asdict(self), path)
+        """torch.save (JSON without weights) to a temporary file, then rename: a kill mid-save
+        keeps the old file."""
+        if self.state_dict is None and not self.trained:
+            write_json(path, asdict(self))
+        else:
+            atomic_torch_save(asdict(self), path)
 
     @classmethod
     def load(cls, path: Path) -> ModelFile:
         """Read a model file (tensors and plain types only: `weights_only`, never code);
         anything that is not one of ours is an InputError naming the file."""
-        import torch
-
         if not path.is_file():
             what = "is a folder" if path.is_dir() else "does not exist"
             raise InputError(f"{path}: {what}; expected a model file written by `accelbench train`")
         not_ours = f"{path}: not a model file written by `accelbench train`"
+        with path.open("rb") as handle:
+            is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
+        if is_json:
+            payload = _read_json(path)
+            try:
+                model_file = _strict(cls, payload, str(path))
+            except (ValueError, TypeError):
+                model_file = None
+            if model_file is None or model_file.trained or not isinstance(model_file.variant, str):
+                raise InputError(f"{not_ours} (another structure); re-run train for it")
+            return model_file
+        import torch
+
         try:
             with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
                 warnings.simplefilter("ignore")

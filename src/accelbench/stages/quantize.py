@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .. import build, data, phases, quantization
-from ..batches import ResidentBatches, normalize_images
+from .. import phases
 from ..console import log
 from ..params import Params
 from ..results import (
@@ -24,6 +22,11 @@ from ..results import (
     remove_leftovers,
     write_json,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batches import ResidentBatches
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,10 @@ def run(
         write_json(files.quantized_json, skipped.to_json())
         log(f"quantize {name}: {model_file.status}")
         return skipped
+    with phases.phase("imports"):  # torch and the int8 stack: only for a trained model
+        import torch
+
+        from .. import quantization
     with phases.phase("model"):  # the fp32 model, calibration data and the int8 models
         models, unsupported, test = _models(name, model_file, model_path, prepared_dir, inputs)
     with phases.phase("evaluation"):
@@ -89,6 +96,11 @@ def _models(
 ) -> tuple[dict[str, torch.nn.Module], dict[str, str], ResidentBatches]:
     """The fp32 model on the CPU, its int8 versions (those this build supports; why not, for
     the others) and the test batches."""
+    import torch
+
+    from .. import build, data, quantization
+    from ..batches import normalize_images
+
     cpu = torch.device("cpu")
     dataset = data.prepared_dataset(prepared_dir).name
     model = build.trained_model(model_file.state_dict, str(model_path), dataset)
