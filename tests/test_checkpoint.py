@@ -28,7 +28,7 @@ def _state(epochs_done: int = 3) -> dict:
 def test_a_state_saved_under_other_params_is_not_resumed(tmp_path) -> None:
     path = tmp_path / "checkpoint.pt"
     saved_under = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu")
-    saved_under.saver(lambda: "run-1")(_state())
+    saved_under.saver("run-1")(_state())
     resumed = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu").load()
     assert resumed is not None and resumed.epochs_done == 3 and resumed.mlflow_run_id == "run-1"
     assert Checkpointer(path, {"train": {"lr": 0.2}}, "cpu").load() is None
@@ -36,7 +36,7 @@ def test_a_state_saved_under_other_params_is_not_resumed(tmp_path) -> None:
 
 def test_without_a_path_nothing_is_saved_or_resumed(tmp_path) -> None:
     checkpointer = Checkpointer(None, {}, "ddp")
-    assert checkpointer.saver(lambda: "run") is None and checkpointer.load() is None
+    assert checkpointer.saver("run") is None and checkpointer.load() is None
     checkpointer.discard()  # nothing to remove, no error
 
 
@@ -52,7 +52,7 @@ class _RunsCode:
 
 def _bad_files(tmp_path) -> dict[str, bytes]:
     good = tmp_path / "good.pt"
-    Checkpointer(good, {}, "cpu").saver(lambda: "run-1")(_state())
+    Checkpointer(good, {}, "cpu").saver("run-1")(_state())
     whole = good.read_bytes()
     marker = tmp_path / "code-ran"
     return {

@@ -90,48 +90,21 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     assert run.info.status == "RUNNING"  # the server died before it could be told; see README
 
 
-def _killed_mid_run(folder: Path, prepared: Path, store: str, *, group: bool):
-    """`accelbench train cpu` killed with SIGKILL once its run exists: the stage alone, or
-    (`group`) the stage and its tracker process together; returns the stage's pid."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": store}
-    command = cpu_train_command(folder, prepared, epochs=200)
-    process = subprocess.Popen(
-        command, cwd=folder, env=env, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow_store) -> None:
+    """kill -9 before the first checkpoint: the rerun ends the orphan KILLED, with why, and
+    its own run joins the same pipeline run; nothing stays RUNNING."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+    command = cpu_train_command(tmp_path, prepared, epochs=200)
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not mlflow_runs(store, "cpu"):
+    while not mlflow_runs(mlflow_store, "cpu"):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.5)
-    if group:
-        os.killpg(process.pid, signal.SIGKILL)  # nothing unwinds, the tracker dies too
-    else:
-        process.kill()
+    process.kill()  # SIGKILL: nothing unwinds
     process.wait()
-    return process.pid
-
-
-def test_a_stage_killed_outright_has_its_run_ended_by_its_tracker(
-    tmp_path, prepared, mlflow_store
-) -> None:
-    from accelbench.tracker import KILLED_OUTRIGHT
-
-    _killed_mid_run(tmp_path, prepared, mlflow_store, group=False)
-    deadline = time.monotonic() + 60
-    while (run := mlflow_runs(mlflow_store, "cpu")[0]).info.status == "RUNNING":
-        assert time.monotonic() < deadline, "the tracker left the run RUNNING"
-        time.sleep(0.5)
-    assert run.info.status == "KILLED" and run.data.tags[tracking.CLOSED_TAG] == KILLED_OUTRIGHT
-
-
-def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow_store) -> None:
-    """kill -9 of the stage and its tracker before the first checkpoint: the rerun ends the
-    orphan KILLED, with why, and its own run joins the same pipeline run; nothing stays
-    RUNNING."""
-    pid = _killed_mid_run(tmp_path, prepared, mlflow_store, group=True)
     [orphan] = mlflow_runs(mlflow_store, "cpu")
     assert orphan.info.status == "RUNNING"
 
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
     rerun = _train_cpu(tmp_path, prepared, env, epochs=1)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"MLflow run {orphan.info.run_id} was left RUNNING" in rerun.stderr
@@ -139,7 +112,7 @@ def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow
     closed = runs.pop(orphan.info.run_id)
     [finished] = runs.values()
     assert closed.info.status == "KILLED" and finished.info.status == "FINISHED"
-    assert f"process {pid}" in closed.data.tags[tracking.CLOSED_TAG]  # the stage's, recorded
+    assert f"process {process.pid}" in closed.data.tags[tracking.CLOSED_TAG]
     parent = "mlflow.parentRunId"
     assert closed.data.tags[parent] == finished.data.tags[parent]
 

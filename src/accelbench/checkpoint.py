@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,14 +78,13 @@ class Checkpointer:
         log(f"train {self.name}: resuming after epoch {resume.epochs_done} from {self.path}")
         return resume
 
-    def saver(self, mlflow_run_id: Callable[[], str | None]):
-        """engine.fit's `on_checkpoint` (None when there is nowhere to save); the run id is
-        asked for at the first save (a tracker process may still be opening the run)."""
+    def saver(self, mlflow_run_id: str | None):
+        """engine.fit's `on_checkpoint` (None when there is nowhere to save)."""
         if self.path is None:
             return None
 
         def save(state: dict[str, Any]) -> None:
-            payload = {"fingerprint": self.fingerprint, "mlflow_run_id": mlflow_run_id()}
+            payload = {"fingerprint": self.fingerprint, "mlflow_run_id": mlflow_run_id}
             atomic_torch_save(payload | {"state": state}, self.path)
 
         return save

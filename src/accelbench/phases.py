@@ -24,9 +24,8 @@ PHASES = {
     "startup": "Python start and the CLI's own imports, before the stage's code",
     "imports": "importing the stage's modules (torch, MLflow, ...)",
     "params": "reading and validating params.yaml",
-    "mlflow": "MLflow: store set-up, starting, logging to and ending runs (a train stage: "
-    "waiting for its tracker process, which logs the model at the end)",
-    "device": "finding the GPUs (NVML, then torch), CUDA start, backend set-up",
+    "mlflow": "MLflow: store set-up, starting, logging to and ending runs",
+    "device": "CUDA and NVML start, backend set-up",
     "data": "reading the prepared arrays and moving them to the device",
     "model": "building the model, counting its FLOPs",
     "training": "the timed epochs (compilation, autotuning and graph capture in the first)",
@@ -35,6 +34,7 @@ PHASES = {
     "evaluation": "evaluating on the test set (after every epoch, untimed; the evaluate stage)",
     "checkpoint": "saving the per-epoch training state",
     "outputs": "writing the stage's files and figures",
+    "model_logging": "logging the model to MLflow",
     "launch": "waiting for torchrun's processes (a distributed stage)",
 }
 

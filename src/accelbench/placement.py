@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import hardware, phases
+from . import hardware
 from .console import StageError
 from .params import VariantParams
 
@@ -52,8 +52,7 @@ def visible(at_least: int = 1) -> Visible:
     nvml = hardware.nvml_gpu_count()
     if nvml is not None and nvml[0] < at_least:
         return Visible(*nvml)
-    with phases.phase("imports"):
-        import torch
+    import torch
 
     if torch.cuda.is_available():
         return Visible(torch.cuda.device_count())
@@ -117,8 +116,7 @@ def place(
         if require_gpu:
             raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
         return Placement(skip_reason=missing)
-    with phases.phase("imports"):
-        import torch
+    import torch
 
     if variant.distributed is not None:
         return Placement(launch=True, world_size=variant.distributed.world_size)

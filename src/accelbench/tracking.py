@@ -288,22 +288,19 @@ def variant_run(
     memory and power every second; without a GPU those series are absent, not zeros.
     """
     with _ended_as_it_went(
-        start_variant_run(root, variant, params, tags, system_metrics)
+        _start_variant_run(root, variant, params, tags, system_metrics)
     ) as run_id:
         yield run_id
 
 
 @tolerant
-def start_variant_run(
+def _start_variant_run(
     root: Path,
     variant: str,
     params: Mapping[str, Any],
     tags: Mapping[str, str],
     system_metrics: bool,
-    pid: int | None = None,
 ) -> str:
-    """Start a variant's run under the pipeline run and make it the active one. `pid`: the
-    process the run belongs to (default: this one; a tracker process names its stage's)."""
     experiment_id = setup(root)
     parent = pipeline_run_id(root, experiment_id)
     all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
@@ -315,7 +312,7 @@ def start_variant_run(
     run = mlflow.start_run(
         run_name=variant,
         parent_run_id=parent,
-        tags=all_tags | _process_tags(pid),
+        tags=all_tags | _process_tags(),
         log_system_metrics=system_metrics,
     )
     try:
@@ -324,13 +321,12 @@ def start_variant_run(
             if (root / name).is_file():
                 mlflow.log_artifact(str(root / name), artifact_path="pipeline")
     except Exception:
-        end_run("FAILED")
+        _end_run("FAILED")
         raise
     return run.info.run_id
 
 
-def end_run(status: str) -> None:
-    """End the active run as `status`; a server gone away still ends it locally."""
+def _end_run(status: str) -> None:
     try:
         with phases.phase("mlflow"):
             mlflow.end_run(status=status)
@@ -350,12 +346,12 @@ def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
     try:
         yield run_id
     except KeyboardInterrupt:
-        end_run("KILLED")
+        _end_run("KILLED")
         raise
     except BaseException:
-        end_run("FAILED")
+        _end_run("FAILED")
         raise
-    end_run("FINISHED")
+    _end_run("FINISHED")
 
 
 def numpy_dataset(name: str, images, labels, source: Path, digest: str):
@@ -380,20 +376,19 @@ def log_dataset(name: str, images, labels, source: Path, digest: str, context: s
 @contextmanager
 def resume_run(root: Path, run_id: str) -> Iterator[str]:
     """Re-open a variant's run (evaluation, or training resumed from a checkpoint)."""
-    with _ended_as_it_went(reopen_run(root, run_id)) as reopened:
+    with _ended_as_it_went(_reopen_run(root, run_id)) as reopened:
         yield reopened
 
 
 @tolerant
-def reopen_run(root: Path, run_id: str, pid: int | None = None) -> str:
-    """Make `run_id` the active run again; `pid` as for `start_variant_run`."""
+def _reopen_run(root: Path, run_id: str) -> str:
     experiment_id = setup(root)
     run = MlflowClient().get_run(run_id)
     parent, variant = run.data.tags.get("mlflow.parentRunId"), run.data.tags.get("variant")
     if parent and variant:
         close_zombies(experiment_id, parent, variant, keep=run_id)
     reopened = mlflow.start_run(run_id=run_id).info.run_id
-    mlflow.set_tags(_process_tags(pid))
+    mlflow.set_tags(_process_tags())
     return reopened
 
 
@@ -406,13 +401,12 @@ def machine_id() -> str:
         return socket.gethostname()
 
 
-def _process_tags(pid: int | None = None) -> dict[str, str]:
-    pid = os.getpid() if pid is None else pid
-    started = psutil.Process(pid).create_time()  # seconds since the epoch, in any pid namespace
+def _process_tags() -> dict[str, str]:
+    started = psutil.Process().create_time()  # seconds since the epoch, in every pid namespace
     return {
         HOST_TAG: socket.gethostname(),
         MACHINE_TAG: machine_id(),
-        PID_TAG: str(pid),
+        PID_TAG: str(os.getpid()),
         PID_STARTED_TAG: f"{started:.2f}",
     }
 
@@ -557,7 +551,7 @@ def log_model(model, input_example, name: str) -> None:
     import mlflow.pytorch
     import torch
 
-    with torch.no_grad():
+    with phases.phase("model_logging"), torch.no_grad():
         output = model(torch.as_tensor(input_example)).numpy()
         signature = mlflow.models.infer_signature(input_example, output)
         mlflow.pytorch.log_model(

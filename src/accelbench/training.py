@@ -7,6 +7,7 @@ only to train: a skipped variant's stage never imports MLflow or the model code.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import build, engine, hardware, phases, profiling
+from . import build, data, engine, hardware, phases, profiling, tracking
 from .batches import ResidentBatches
 from .checkpoint import Checkpointer, Resume
 from .console import log
@@ -31,7 +32,6 @@ from .results import (
     write_json,
 )
 from .run_summary import summarize_run
-from .tracker import Tracker, open_request, tracked
 
 if TYPE_CHECKING:
     from .stages.train import TrainOutputs
@@ -50,9 +50,7 @@ def train(
     prepared_dir: Path,
     out: TrainOutputs,
     quiet: bool,
-    tracker: Tracker,
 ) -> TrainSummary | None:
-    """Train `name` here; `tracker` (started by the stage) keeps its MLflow run."""
     with phases.phase("device"):
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
@@ -70,15 +68,13 @@ def train(
     if out.profile is not None:
         epochs_done = resume.epochs_done if resume else 0
         profiling.check_request(name, recipe.epochs, steps, epochs_done)
-    datasets = _datasets(prepared_dir, recipe, dataset)
-    opening = _opening(name, run_params, variant, placement, resume, datasets)
-    with tracked(tracker, opening) as tracker:
-        if not variant.uses_cuda:
-            tracker.wait_until_idle()
+    with _tracked_run(root, name, run_params, variant, placement, resume) as run_id:
+        if placement.main and resume is None:
+            with phases.phase("mlflow"):
+                _log_datasets(prepared_dir, recipe, dataset)
         progress = EpochProgress(name, recipe.epochs, steps, quiet=quiet or not placement.main)
         with phases.phase("training"):
-            saver = checkpointer.saver(lambda: tracker.run_id)
-            records, accumulation = fitting.fit(progress, resume, tracker, saver)
+            records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
         progress.close()
         if not placement.main:
             return None
@@ -90,13 +86,13 @@ def train(
             flops_per_sample=flops_per_sample,
         )
         state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
-        model_file = ModelFile(name, "trained", tracker.run_id, run_params, state_dict)
+        model_file = ModelFile(name, "trained", run_id, run_params, state_dict)
         phases.RECORDER.training_s = summary.total_train_s
         with phases.phase("outputs"), staged() as outputs:  # all new or all old
             write_json(outputs(out.metrics.train_json), summary.to_json())
             write_epochs_csv(outputs(out.metrics.epochs_csv), [r.as_dict() for r in records])
             model_file.save(outputs(out.model))
-        _track_outputs(tracker, name, summary, out, fitting.test_batches.images[:4], dataset)
+        _track_outputs(name, summary, model_file, out, fitting.test_batches.images[:4], dataset)
     log(
         f"train {name}: first epoch {summary.first_epoch_s:.2f} s, steady "
         f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
@@ -153,7 +149,6 @@ class _Fitting:
         self,
         progress: EpochProgress,
         resume: Resume | None,
-        tracker: Tracker,
         on_checkpoint: Callable[[dict[str, Any]], None] | None,
     ) -> tuple[list[engine.EpochRecord], int]:
         """Epoch records, and the accumulation steps they were trained with."""
@@ -164,7 +159,8 @@ class _Fitting:
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
-            tracker.log_metrics(record.as_dict(), step=record.epoch)  # rank 0's alone
+            if placement.main:
+                tracking.log_metrics(record.as_dict(), step=record.epoch)
 
         def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
             if fresh:  # after an OOM: from scratch, the checkpoint's state left behind
@@ -220,18 +216,19 @@ def _start_line(
     )
 
 
-def _opening(
+def _tracked_run(
+    root: Path,
     name: str,
     run_params: dict[str, Any],
     variant: VariantParams,
     placement: Placement,
     resume: Resume | None,
-    datasets: dict[str, Any],
-) -> dict[str, Any] | None:
-    """The variant's MLflow run: continued when resuming (its datasets logged already),
-    none outside rank 0."""
+) -> contextlib.AbstractContextManager[str | None]:
+    """The variant's MLflow run: continued when resuming, none outside rank 0."""
     if not placement.main:
-        return None
+        return contextlib.nullcontext(None)
+    if resume is not None and resume.mlflow_run_id:
+        return tracking.resume_run(root, resume.mlflow_run_id)  # one variant, one run
     tags = {
         "status": "trained",
         "device": variant.device,
@@ -241,33 +238,32 @@ def _opening(
         "precision": variant.precision,
         "world_size": str(placement.world_size),
     }
-    resumed = resume.mlflow_run_id if resume is not None else None  # one variant, one run
-    return open_request(name, run_params, tags, resumed, datasets)
+    return tracking.variant_run(root, name, run_params, tags, system_metrics=True)
 
 
-def _datasets(prepared_dir: Path, recipe: TrainRecipe, dataset: str) -> dict[str, Any]:
-    """The training and evaluation data, as the run's MLflow dataset inputs."""
-    return {
-        "prepared": str(prepared_dir.resolve()),
-        "dataset": dataset,
-        "train_subset": recipe.train_subset,
-        "test_subset": recipe.test_subset,
-    }
+def _log_datasets(prepared_dir: Path, recipe: TrainRecipe, dataset: str) -> None:
+    for split, limit, context in (
+        ("train", recipe.train_subset, "training"),
+        ("test", recipe.test_subset, "evaluation"),
+    ):
+        arrays = data.load_split(prepared_dir, split, limit)
+        digest = data.dataset_digest(split, limit, prepared_dir)
+        tracking.log_dataset(
+            f"{dataset}-{split}", arrays.images, arrays.labels, prepared_dir, digest, context
+        )
 
 
 def _track_outputs(
-    tracker: Tracker,
     name: str,
     summary: TrainSummary,
+    model_file: ModelFile,
     out: TrainOutputs,
     example_images: torch.Tensor,
     dataset: str,
 ) -> None:
-    tracker.log_metrics(summary.metrics())
-    tracker.log_artifact(out.metrics.epochs_csv)
+    tracking.log_train_summary(summary)
+    tracking.log_artifact(out.metrics.epochs_csv)
     for path in sorted(out.profile.glob(f"{name}-rank0.*")) if out.profile else ():
-        tracker.log_artifact(path, "profile")
-    example = example_images.float().cpu().contiguous().tolist()
-    tracker.send(
-        {"op": "model", "path": str(out.model.resolve()), "dataset": dataset, "example": example}
-    )
+        tracking.log_artifact(path, "profile")
+    example = example_images.float().cpu().contiguous().numpy()
+    tracking.log_model(build.trained_model(model_file.state_dict, dataset=dataset), example, name)

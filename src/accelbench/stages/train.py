@@ -30,7 +30,6 @@ from ..results import (
     write_epochs_csv,
     write_json,
 )
-from ..tracker import Tracker
 
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
@@ -72,8 +71,7 @@ def run(
     argv: list[str] | None = None,
 ) -> TrainResult | None:
     """Train (or skip) one variant; None in a process that writes no outputs."""
-    with phases.phase("device"):  # NVML alone where it settles a skip
-        placement = place(name, inputs.variant, require_gpu=inputs.require_gpu)
+    placement = place(name, inputs.variant, require_gpu=inputs.require_gpu)
     if placement.skip_reason is not None:
         return record_skip(root, name, inputs, placement.skip_reason, out)
     if placement.launch:
@@ -87,10 +85,7 @@ def run(
         if isinstance(summary, TrainSummary):
             phases.RECORDER.training_s = summary.total_train_s
         return summary
-    # MLflow in a process of its own, starting now (rank 0 alone tracks); the model code
-    # only to train: a skipped variant's stage imports neither.
-    tracker = Tracker.spawn(root) if placement.main else Tracker()
-    with phases.phase("imports"):
+    with phases.phase("imports"):  # MLflow and the model code: only to train
         from ..training import train
 
     dataset = data.prepared_dataset(prepared_dir).name  # the data decides the model
@@ -107,7 +102,6 @@ def run(
             prepared_dir,
             out,
             quiet,
-            tracker,
         )
 
 
