@@ -25,7 +25,7 @@ PHASES = {
     "imports": "importing the stage's modules (torch, MLflow, ...)",
     "params": "reading and validating params.yaml",
     "mlflow": "MLflow: store set-up, starting, logging to and ending runs",
-    "device": "CUDA and NVML start, backend set-up",
+    "device": "finding the GPUs (NVML, then torch), CUDA start, backend set-up",
     "data": "reading the prepared arrays and moving them to the device",
     "model": "building the model, counting its FLOPs",
     "training": "the timed epochs (compilation, autotuning and graph capture in the first)",

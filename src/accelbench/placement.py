@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import hardware
+from . import hardware, phases
 from .console import StageError
 from .params import VariantParams
 
@@ -52,7 +52,8 @@ def visible(at_least: int = 1) -> Visible:
     nvml = hardware.nvml_gpu_count()
     if nvml is not None and nvml[0] < at_least:
         return Visible(*nvml)
-    import torch
+    with phases.phase("imports"):
+        import torch
 
     if torch.cuda.is_available():
         return Visible(torch.cuda.device_count())
@@ -116,7 +117,8 @@ def place(
         if require_gpu:
             raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
         return Placement(skip_reason=missing)
-    import torch
+    with phases.phase("imports"):
+        import torch
 
     if variant.distributed is not None:
         return Placement(launch=True, world_size=variant.distributed.world_size)

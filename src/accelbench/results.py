@@ -18,6 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from . import phases
 from .console import InputError
 
 TRAIN_JSON = "train.json"
@@ -392,7 +393,8 @@ class ModelFile:
             if model_file is None or model_file.trained or not isinstance(model_file.variant, str):
                 raise InputError(f"{not_ours} (another structure); re-run train for it")
             return model_file
-        import torch
+        with phases.phase("imports"):
+            import torch
 
         try:
             with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news

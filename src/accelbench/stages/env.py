@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, hardware, placement
+from .. import doctor, hardware, phases, placement
 from ..console import StageError, log
 from ..params import Params, VariantParams
 from ..results import env_json, write_json
@@ -30,6 +30,8 @@ def select(params: Params) -> EnvInputs:
 
 
 def run(inputs: EnvInputs, out_dir: Path) -> dict[str, dict[str, Any]]:
+    with phases.phase("imports"):  # the facts come from torch
+        import torch  # noqa: F401
     probe = hardware.probe_gpus()  # once: the facts below and the doctor's share it
     facts = {"cpu": hardware.cpu_facts(), "cuda": hardware.cuda_facts(probe)}
     for device, payload in facts.items():

@@ -71,7 +71,8 @@ def run(
     argv: list[str] | None = None,
 ) -> TrainResult | None:
     """Train (or skip) one variant; None in a process that writes no outputs."""
-    placement = place(name, inputs.variant, require_gpu=inputs.require_gpu)
+    with phases.phase("device"):  # NVML alone where it settles a skip
+        placement = place(name, inputs.variant, require_gpu=inputs.require_gpu)
     if placement.skip_reason is not None:
         return record_skip(root, name, inputs, placement.skip_reason, out)
     if placement.launch:
