@@ -22,10 +22,11 @@ def test_a_nested_phase_counts_for_itself_only() -> None:
     assert recorder.seconds["training"] == pytest.approx(0.1, abs=0.03)
 
 
-def test_an_unknown_phase_is_refused() -> None:
+@pytest.mark.parametrize("name", ["compiling", "fit_setup"])  # fit_setup is derived
+def test_an_unknown_or_derived_phase_is_refused(name) -> None:
     with (
-        pytest.raises(ValueError, match="unknown phase 'compiling'"),
-        Recorder().phase("compiling"),
+        pytest.raises(ValueError, match=f"unknown phase '{name}'; a stage records: startup"),
+        Recorder().phase(name),
     ):
         pass
 

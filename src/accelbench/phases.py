@@ -19,7 +19,8 @@ from pathlib import Path
 
 TIMINGS_DIR = Path(".accelbench") / "timings"
 
-# Phases a stage may record, in the report's order, with what each covers.
+# Every phase, in the report's order, with what it covers (the report's legend). A stage
+# records all of them but those in DERIVED, which the timing works out from the others.
 PHASES = {
     "startup": "Python start and the CLI's own imports, before the stage's code",
     "imports": "importing the stage's modules (torch, MLflow, ...)",
@@ -37,6 +38,7 @@ PHASES = {
     "model_logging": "logging the model to MLflow",
     "launch": "waiting for torchrun's processes (a distributed stage)",
 }
+DERIVED = ("fit_setup",)  # training minus the timed epochs (`StageTiming.overhead_phases`)
 
 
 def process_started() -> float:
@@ -66,8 +68,9 @@ class Recorder:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        if name not in PHASES:
-            raise ValueError(f"unknown phase {name!r}; known: {', '.join(PHASES)}")
+        if name not in PHASES or name in DERIVED:
+            recordable = ", ".join(p for p in PHASES if p not in DERIVED)
+            raise ValueError(f"unknown phase {name!r}; a stage records: {recordable}")
         now = time.perf_counter()
         if self._stack:  # pause the enclosing phase
             outer, since = self._stack[-1]

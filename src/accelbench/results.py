@@ -36,43 +36,25 @@ def env_json(folder: Path, device: str) -> Path:
     return folder / f"{device}.json"
 
 
+def _in_folder(name: str) -> property:
+    """A MetricsFiles path: `name` in its folder."""
+    return property(lambda files: files.folder / name, doc=f"`{name}` in the folder")
+
+
 @dataclass(frozen=True)
 class MetricsFiles:
-    """One variant's metrics folder (`metrics/<variant>/` in dvc.yaml)."""
+    """One variant's metrics folder (`metrics/<variant>/` in dvc.yaml) and its files."""
 
     folder: Path
 
-    @property
-    def train_json(self) -> Path:
-        return self.folder / TRAIN_JSON
-
-    @property
-    def epochs_csv(self) -> Path:
-        return self.folder / EPOCHS_CSV
-
-    @property
-    def eval_json(self) -> Path:
-        return self.folder / EVAL_JSON
-
-    @property
-    def confusion_csv(self) -> Path:
-        return self.folder / CONFUSION_CSV
-
-    @property
-    def confusion_png(self) -> Path:
-        return self.folder / CONFUSION_PNG
-
-    @property
-    def run_json(self) -> Path:
-        return self.folder / RUN_JSON
-
-    @property
-    def per_class_csv(self) -> Path:
-        return self.folder / PER_CLASS_CSV
-
-    @property
-    def quantized_json(self) -> Path:
-        return self.folder / QUANTIZED_JSON
+    train_json = _in_folder(TRAIN_JSON)
+    epochs_csv = _in_folder(EPOCHS_CSV)
+    eval_json = _in_folder(EVAL_JSON)
+    confusion_csv = _in_folder(CONFUSION_CSV)
+    confusion_png = _in_folder(CONFUSION_PNG)
+    run_json = _in_folder(RUN_JSON)
+    per_class_csv = _in_folder(PER_CLASS_CSV)
+    quantized_json = _in_folder(QUANTIZED_JSON)
 
 
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
