@@ -22,7 +22,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.flop_counter import FlopCounterMode
 
 from . import phases
 from .batches import zero_pixel
@@ -87,6 +86,8 @@ def train_flops_per_sample(model: nn.Module, sample_shape: tuple[int, ...] = (1,
     """FLOPs of one forward + backward pass for one sample, counted by PyTorch's FlopCounter."""
     probe = copy.deepcopy(model).to("cpu").float().train()
     x = torch.zeros((2, *sample_shape))
+    from torch.utils.flop_counter import FlopCounterMode  # once per model (build's cache)
+
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(probe(x), torch.zeros(2, dtype=torch.long)).backward()
     return counter.get_total_flops() // 2

@@ -60,7 +60,8 @@ def run(
         return _record_untrained(model_file, files)
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
-    from .. import build, confusion, data, engine
+    with phases.phase("imports"):  # torch is in already (the model file); matplotlib is not
+        from .. import build, confusion, data, engine
 
     with phases.phase("device"):
         device = evaluation_device(name, variant)
