@@ -442,9 +442,10 @@ def fit(
     run ends with the same weights as an uninterrupted one.
     """
     clock = DeviceClock(device)
-    step, optimizer, scheduler = _make_step(
-        model, train, variant, device, len(train_batches), accumulation_steps, distributed
-    )
+    with phases.phase("step_setup"):
+        step, optimizer, scheduler = _make_step(
+            model, train, variant, device, len(train_batches), accumulation_steps, distributed
+        )
     records: list[EpochRecord] = []
     first_epoch = 0
     if resume_from is not None:

@@ -30,8 +30,10 @@ PHASES = {
     "data": "reading the prepared arrays and moving them to the device",
     "model": "building the model, counting its FLOPs",
     "training": "the timed epochs (compilation, autotuning and graph capture in the first)",
-    "fit_setup": "in training, outside the timed epochs: importing and setting up torch.compile, "
-    "the optimizer, DDP",
+    "step_setup": "building the step before the first epoch: torch.compile's import and "
+    "wrapper, the optimizer, DDP",
+    "fit_setup": "in training, outside the timed epochs and every other phase (per-epoch "
+    "bookkeeping, the rest)",
     "evaluation": "evaluating on the test set (after every epoch, untimed; the evaluate stage)",
     "checkpoint": "saving the per-epoch training state",
     "outputs": "writing the stage's files and figures",
@@ -121,7 +123,7 @@ class StageTiming:
 
     def overhead_phases(self) -> dict[str, float]:
         """The overhead by phase: every phase but the timed epochs; the training phase's
-        time outside them (importing and setting up torch.compile, the optimizer, DDP) as
+        time outside them and every phase nested in training (per-epoch bookkeeping) as
         `fit_setup`; wall time no phase accounts for as `other`."""
         parts = {k: v for k, v in self.phases.items() if k != "training"}
         if "training" in self.phases:

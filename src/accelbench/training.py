@@ -154,8 +154,9 @@ class _Fitting:
         """Epoch records, and the accumulation steps they were trained with."""
         recipe, variant, placement = self.recipe, self.variant, self.placement
         device = placement.device
-        energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
-        cpu_energy_j = hardware.cpu_energy_reader()  # the host's share, every variant
+        with phases.phase("device"):  # NVML's and RAPL's energy counters
+            energy_j = hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
+            cpu_energy_j = hardware.cpu_energy_reader()  # the host's share, every variant
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
