@@ -224,8 +224,9 @@ class QuantizeParams(_Strict):
     """Read by the quantize stage: int8 inference on the CPU next to fp32."""
 
     # The variants whose trained models are quantized, one quantize@V stage each (dvc.yaml's
-    # foreach); [] quantizes none. Every variant trains the same network, so one is the default.
-    variants: list[str] = ["cpu"]
+    # foreach, so params.yaml names them: `[cpu]`, one, as every variant trains the same
+    # network). A params file without the key (a benchmark's candidates) quantizes none.
+    variants: list[str] = []
     latency_repeats: Annotated[int, Field(ge=1, le=10_000)] = 100  # batch-1 forward passes
     calibration_samples: Annotated[int, Field(ge=1, le=60_000)] = 1024  # static int8 ranges
 
