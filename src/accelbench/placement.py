@@ -112,8 +112,10 @@ def place(
     if variant.distributed is not None and "LOCAL_RANK" in environ:
         return _torchrun_child(variant, environ)  # the launcher checked the machine
     needed = gpus_needed(variant)
-    missing = needed and shortfall(variant, here if here is not None else visible(needed))
-    if missing:
+    missing = None
+    if needed:  # NVML alone settles too few GPUs: a skipped variant never imports torch
+        missing = shortfall(variant, here if here is not None else visible(needed))
+    if missing is not None:
         if require_gpu:
             raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
         return Placement(skip_reason=missing)

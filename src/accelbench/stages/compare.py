@@ -18,6 +18,7 @@ from ..results import (
     EvalSummary,
     MetricsFiles,
     QuantizedSummary,
+    RunRecord,
     env_json,
     read_epochs_csv,
     read_eval,
@@ -72,7 +73,7 @@ def run(
         row = report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
         row.quantized = read_quantized(files.quantized_json) if quantized else None
         rows.append(row)
-        tracked.append((read_run_record(files.run_json), evaluated, row.quantized, files))
+        tracked.append((read_run_record(files.run_json), row, files))
     with phases.phase("outputs"):
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
         result = report.write_report(out_dir, rows, env, inputs.spec, pipeline)
@@ -84,17 +85,17 @@ def run(
     return result.headline
 
 
-def _track_variants(root: Path, tracked: list) -> None:
+def _track_variants(root: Path, tracked: list[tuple[RunRecord, report.Row, MetricsFiles]]) -> None:
     """Each variant's evaluation in the run that trained it, and each skipped variant as a run
     that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
-    for record, evaluated, quantized, files in tracked:
-        if isinstance(evaluated, EvalSummary) and record.mlflow_run_id:
+    for record, row, files in tracked:
+        if isinstance(row.eval, EvalSummary) and record.mlflow_run_id:
             artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
             more = None
-            if isinstance(quantized, QuantizedSummary):
+            if isinstance(row.quantized, QuantizedSummary):
                 artifacts.append(files.quantized_json)
-                more = quantized.metrics()
-            tracking.log_evaluation(root, record.mlflow_run_id, evaluated, artifacts, more)
+                more = row.quantized.metrics()
+            tracking.log_evaluation(root, record.mlflow_run_id, row.eval, artifacts, more)
         elif record.status == "skipped":
             tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
