@@ -61,7 +61,6 @@ class DatasetSpec:
     """What the stages need to know of a dataset: its samples' shape and normalization."""
 
     name: str
-    title: str  # as the report names it, with its model
     sample_shape: tuple[int, ...]  # one image as prepared (uint8): (28, 28) or (3, 32, 32)
     mean: float  # per channel, of pixels in [0, 1] (one value: the same for every channel)
     std: float
@@ -78,9 +77,9 @@ class DatasetSpec:
 
 DATASETS = {
     # the tutorials' normalization: the training set's pixel mean and std
-    "mnist": DatasetSpec("mnist", "MNIST (seed CNN)", (28, 28), 0.1307, 0.3081),
+    "mnist": DatasetSpec("mnist", (28, 28), 0.1307, 0.3081),
     # the DDP/AMP tutorial's: Normalize((0.5,)*3, (0.5,)*3)
-    "cifar10": DatasetSpec("cifar10", "CIFAR-10 (LeNet)", (3, 32, 32), 0.5, 0.5),
+    "cifar10": DatasetSpec("cifar10", (3, 32, 32), 0.5, 0.5),
 }
 
 

@@ -437,9 +437,10 @@ def fit(
     update); `distributed` trains under DistributedDataParallel in the process group this
     process has joined, and sums each epoch's figures over its processes. `energy_j`, if
     given, reads a cumulative energy counter (joules) at the same synchronized epoch
-    boundaries as the clock; `cpu_energy_j` likewise, the CPU packages' (RAPL). `on_checkpoint` receives the complete training state after every
-    epoch; `resume_from` (such a state) continues from it, so that an interrupted and resumed
-    run ends with the same weights as an uninterrupted one.
+    boundaries as the clock; `cpu_energy_j` likewise, the CPU packages' (RAPL).
+    `on_checkpoint` receives the complete training state after every epoch; `resume_from`
+    (such a state) continues from it, so that an interrupted and resumed run ends with the
+    same weights as an uninterrupted one.
     """
     clock = DeviceClock(device)
     with phases.phase("step_setup"):

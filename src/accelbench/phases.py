@@ -154,9 +154,7 @@ class StageTiming:
 def is_dvc(cmdline: list[str]) -> bool:
     """A `dvc` command line: the `dvc` entry point, or `python -m dvc`."""
     words = [os.path.basename(word) for word in cmdline[:3]]
-    return (bool(words) and (words[0] == "dvc" or (len(words) > 1 and words[1] == "dvc"))) or (
-        len(words) > 2 and words[1] == "-m" and words[2] == "dvc"
-    )
+    return "dvc" in words[:2] or words[1:3] == ["-m", "dvc"]
 
 
 def launcher() -> str | None:

@@ -366,27 +366,7 @@ class ModelFile:
         not_ours = f"{path}: not a model file written by `accelbench train`"
         with path.open("rb") as handle:
             is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
-        if is_json:
-            payload = _read_json(path)
-            try:
-                model_file = _strict(cls, payload, str(path))
-            except (ValueError, TypeError):
-                model_file = None
-            if model_file is None or model_file.trained or not isinstance(model_file.variant, str):
-                raise InputError(f"{not_ours} (another structure); re-run train for it")
-            return model_file
-        with phases.phase("imports"):
-            import torch
-
-        try:
-            with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
-                warnings.simplefilter("ignore")
-                payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # garbage, empty, truncated, pickled code: many types
-            # torch's own words, first sentence, with the error's type: a bare KeyError says "101"
-            first = " ".join(str(exc).split()).split(". ")[0][:100]
-            reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-            raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
+        payload = _read_json(path) if is_json else _torch_payload(path, not_ours)
         try:
             model_file = _strict(cls, payload, str(path)) if isinstance(payload, dict) else None
         except (ValueError, TypeError):
@@ -398,6 +378,22 @@ class ModelFile:
         ):
             raise InputError(f"{not_ours} (no weights or params); re-run train for it")
         return model_file
+
+
+def _torch_payload(path: Path, not_ours: str) -> Any:
+    """What torch.save wrote to `path` (tensors and plain types only, never code)."""
+    with phases.phase("imports"):
+        import torch
+
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # garbage, empty, truncated, pickled code: many types
+        # torch's own words, first sentence, with the error's type: a bare KeyError says "101"
+        first = " ".join(str(exc).split()).split(". ")[0][:100]
+        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
