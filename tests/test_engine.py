@@ -330,3 +330,40 @@ def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> No
     cache.write_text("{broken")
     monkeypatch.undo()
     assert build.flops_per_sample(params, cache=cache) == first  # a broken cache: counted again
+
+
+def test_a_compiled_variant_compiles_the_whole_loss_and_trains_like_the_eager_one(
+    prepared, monkeypatch
+) -> None:
+    """torch.compile gets augmentation, forward and loss as one function (Inductor on a GPU;
+    here the aot_eager backend, which runs the same traced graphs without generating code)."""
+    compiled_calls = []
+    real_compile = torch.compile
+
+    def compile_on_cpu(fn, *, mode=None, dynamic=None):
+        compiled = real_compile(fn, backend="aot_eager", dynamic=dynamic)
+
+        def counted(images, labels):
+            compiled_calls.append(len(labels))
+            return compiled(images, labels)
+
+        return counted
+
+    monkeypatch.setattr(torch, "compile", compile_on_cpu)
+    train = TrainParams(epochs=2, batch_size=100, seed=0, dropout=0.0)  # 512 = 5 x 100 + 12
+    weights = {}
+    for mode in ("none", "default"):
+        compiled_calls.clear()
+        variant = VariantParams(device="cpu", precision="fp32", compile=mode)
+        model, records = fit_small(prepared, train, variant)
+        weights[mode] = model.state_dict()
+        assert records[-1].samples == 512
+    assert compiled_calls == [100] * 10  # full batches only: the partial ones ran eagerly
+    engine.seed_everything(train.seed)
+    initial = SeedCNN(dropout=0.0).state_dict()
+    for name, eager in weights["none"].items():
+        moved = (eager - initial[name]).abs().max().item()
+        diff = (weights["default"][name] - eager).abs().max().item()
+        # the same arithmetic in another order (conv1 as multiply-adds): rounding, which
+        # Adam's normalized steps can grow to a few percent of 10 small steps, no more
+        assert diff < 0.05 * moved, f"{name}: compiled vs eager {diff:.2e}, moved {moved:.2e}"

@@ -245,6 +245,9 @@ def side_stream(device: torch.device) -> Iterator[torch.cuda.Stream]:
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (images, labels) -> loss
+
+
 class TrainStep:
     """One optimizer step; with `cuda_graph`, the whole step is captured once and replayed.
 
@@ -254,16 +257,18 @@ class TrainStep:
     variant starts training from the same state. Under DistributedDataParallel the graph
     also holds DDP's gradient all-reduce (NCCL collectives can be captured).
 
-    `model` is the module trained eagerly (the plain module, or its DDP wrapper); `step_model`
-    is `model` or its torch.compile'd wrapper (same weights). Batches of another size than the
-    first (the last, partial one of an epoch) run eagerly through `model`, so a compiled
-    variant compiles one shape, not two, inside its timed epoch.
+    `model` is the module trained (the plain module, or its DDP wrapper). With `compile`, the
+    whole loss (augmentation, forward pass and cross-entropy, under autocast) goes through
+    torch.compile as one function, so Inductor fuses the augmentation's gather and layout
+    change and the loss into its kernels (the model alone left them as separate eager
+    kernels in every step). Batches of another size than the first (the last, partial one
+    of an epoch) run eagerly, so a compiled variant compiles one shape, not two, inside its
+    timed epoch.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        step_model: nn.Module,
         optimizer: torch.optim.Optimizer,
         variant: VariantParams,
         device: torch.device,
@@ -271,7 +276,7 @@ class TrainStep:
         accumulation_steps: int = 1,
         warmup_steps: int = CAPTURE_WARMUP_STEPS,
     ) -> None:
-        self.model, self.step_model, self.shift_px = model, step_model, shift_px
+        self.model, self.shift_px = model, shift_px
         self.warmup_steps = warmup_steps
         self.ddp = isinstance(model, DistributedDataParallel)
         self.accumulation_steps = accumulation_steps
@@ -281,6 +286,10 @@ class TrainStep:
         self.full_shape: torch.Size | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.full_batch_loss = self._loss  # the full batches' loss, compiled if asked
+        if variant.compile != "none":
+            mode = None if variant.compile == "default" else variant.compile
+            self.full_batch_loss = torch.compile(self._loss, mode=mode, dynamic=False)
 
     def augment(self, images: torch.Tensor) -> torch.Tensor:
         if not self.shift_px:
@@ -291,11 +300,11 @@ class TrainStep:
         return shifted
 
     def eager(
-        self, images: torch.Tensor, labels: torch.Tensor, module: nn.Module | None = None
+        self, images: torch.Tensor, labels: torch.Tensor, loss_fn: LossFn | None = None
     ) -> torch.Tensor:
-        module = module or self.step_model
+        loss_fn = loss_fn or self.full_batch_loss
         if self.accumulation_steps == 1:
-            loss = self._loss(module, images, labels)
+            loss = loss_fn(images, labels)
             self.scaler.scale(loss).backward()
             return self._optimizer_step(loss.detach().float())
         total = len(labels)
@@ -316,15 +325,15 @@ class TrainStep:
             # one collective per step on every process, however its shard was chunked.
             last = i == len(chunks) - 1
             with contextlib.nullcontext() if last or not self.ddp else self.model.no_sync():
-                chunk_loss = self._loss(module, chunk, chunk_labels)
+                chunk_loss = loss_fn(chunk, chunk_labels)
                 share = len(chunk_labels) / total
                 self.scaler.scale(chunk_loss * share).backward()
             loss = loss + chunk_loss.detach().float() * share
         return self._optimizer_step(loss)
 
-    def _loss(self, module: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast(self.variant, self.device):
-            return F.cross_entropy(module(self.augment(images)), labels)
+            return F.cross_entropy(self.model(self.augment(images)), labels)
 
     def _optimizer_step(self, loss: torch.Tensor) -> torch.Tensor:
         self.scaler.step(self.optimizer)
@@ -349,7 +358,7 @@ class TrainStep:
                 self.eager(static_images, static_labels)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_loss = self._loss(self.step_model, static_images, static_labels)
+            static_loss = self.full_batch_loss(static_images, static_labels)
             static_loss.backward()
             self.optimizer.step()
         # Undo the warm-up: same starting point as an eager run (copies keep the addresses
@@ -368,7 +377,7 @@ class TrainStep:
             self.full_shape = images.shape
         if images.shape != self.full_shape:
             self.optimizer.zero_grad(set_to_none=True)  # never add into a graph's gradients
-            return self.eager(images, labels, self.model)
+            return self.eager(images, labels, self._loss)
         if not self.variant.cuda_graph or self.accumulation_steps > 1:
             return self.eager(images, labels)  # a graph captures one pass per step
         if self.graph is None:
@@ -497,19 +506,14 @@ def _make_step(
     distributed: bool,
 ) -> tuple[TrainStep, torch.optim.Optimizer, Any]:
     """The step (DDP-wrapped and compiled as the variant says), its optimizer and schedule."""
-    eager_model = model
+    trained = model
     if distributed:
         # Gradients are averaged across processes in backward; every step must go through it.
-        eager_model = wrap_ddp(model, device, graphed=variant.cuda_graph)
-    step_model = eager_model
-    if variant.compile != "none":
-        mode = None if variant.compile == "default" else variant.compile
-        step_model = torch.compile(eager_model, mode=mode, dynamic=False)
+        trained = wrap_ddp(model, device, graphed=variant.cuda_graph)
     optimizer = make_optimizer(model, train, variant, device)
     scheduler = make_scheduler(optimizer, train, steps_per_epoch)
     step = TrainStep(
-        eager_model,
-        step_model,
+        trained,
         optimizer,
         variant,
         device,

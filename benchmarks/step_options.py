@@ -1,0 +1,141 @@
+"""Time candidate ways of running the training step on one GPU, each in a fresh process with
+its own cold torch.compile cache, and print one JSON line per candidate.
+
+    python benchmarks/step_options.py amp:base amp:poolfirst gpu:base ... [--epochs 4] [--profile DIR]
+
+A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
+  base      the step as the pipeline runs it
+  cdt       Inductor's coordinate-descent tuning of its generated kernels
+  limit0    cuDNN's benchmark tries every engine (torch.backends.cudnn.benchmark_limit = 0)
+  poolfirst max-pool before the second ReLU (the same function: max and ReLU commute)
+  autotune  torch.compile mode max-autotune-no-cudagraphs (Triton and cuDNN convolutions)
+Needs data/prepared (dvc repro prepare). Nothing is written to MLflow or DVC; first epoch
+includes compilation and graph capture, steady is the median of the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OPTIONS = ("base", "cdt", "limit0", "poolfirst", "autotune")
+
+
+def _patch(options: set[str], variant):
+    """Apply the candidate's options; returns the variant to train."""
+    import torch
+    from torch import nn
+
+    from accelbench import engine, models
+
+    if "cdt" in options:
+        torch._inductor.config.coordinate_descent_tuning = True
+    if "autotune" in options:
+        variant = variant.model_copy(update={"compile": "max-autotune-no-cudagraphs"})
+    if "poolfirst" in options:
+        original_init = models.SeedCNN.__init__
+
+        def init(self, dropout: float = 0.25) -> None:
+            original_init(self, dropout)
+            conv1, relu1, conv2, relu2, pool, drop = self.features
+            self.features = nn.Sequential(conv1, relu1, conv2, pool, relu2, drop)
+
+        models.SeedCNN.__init__ = init
+    if "limit0" in options:
+        configure = engine.configure_backends
+
+        def configure_all(variant, deterministic=False):
+            configure(variant, deterministic)
+            torch.backends.cudnn.benchmark_limit = 0
+
+        engine.configure_backends = configure_all
+    return variant
+
+
+def run_one(candidate: str, epochs: int, subset: int, profile: Path | None) -> dict:
+    name, _, spec = candidate.partition(":")
+    options = set(spec.split("+")) - {"base", ""}
+    unknown = options - set(OPTIONS)
+    if unknown:
+        raise SystemExit(f"unknown options {sorted(unknown)}; known: {', '.join(OPTIONS)}")
+    started = time.perf_counter()
+    import torch
+
+    from accelbench import build, engine, profiling
+    from accelbench.params import load_params
+
+    imported = time.perf_counter() - started
+    params = load_params("params.yaml")
+    recipe = params.train.model_copy(update={"epochs": epochs, "train_subset": subset})
+    variant = _patch(options, params.variant(name))
+    device = torch.device("cuda", 0) if variant.uses_cuda else torch.device("cpu")
+    prepared = Path("data/prepared")
+    engine.configure_backends(variant)
+    engine.start_device(device)
+    model = build.fresh_model(recipe, variant, device)
+    batches = build.train_batches(recipe, variant, prepared, device)
+    tests = build.eval_batches(
+        prepared, device, recipe.eval_batch_size, 0, channels_last=variant.channels_last
+    )
+    label = candidate.replace(":", "-").replace("+", "-")
+    with profiling.step_profiler(
+        profile, label, 0, len(batches), cuda=device.type == "cuda"
+    ) as on_step:
+        records = engine.fit(
+            model, batches, tests, recipe, variant, device, on_step=lambda n: on_step()
+        )
+    times = [r.train_time_s for r in records]
+    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else None
+    return {
+        "candidate": candidate,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "import_s": round(imported, 2),
+        "first_epoch_s": round(times[0], 3),
+        "steady_epoch_s": round(steady, 4) if steady else None,
+        "epoch_s": [round(t, 4) for t in times],
+        "test_accuracy": [round(r.test_accuracy, 4) for r in records],
+        "train_loss": [round(r.train_loss, 4) for r in records],
+        "wall_s": round(time.perf_counter() - started, 1),
+        "profiled": profile is not None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("candidates", nargs="+", metavar="VARIANT:OPTIONS")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--subset", type=int, default=0, help="first N training images")
+    parser.add_argument("--profile", type=Path, help="also write a step profile of each here")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(
+            json.dumps(run_one(args.candidates[0], args.epochs, args.subset, args.profile)),
+            flush=True,
+        )
+        return 0
+    for candidate in args.candidates:
+        with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
+            env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache}
+            command = [sys.executable, __file__, "--one", candidate, "--epochs", str(args.epochs)]
+            command += ["--subset", str(args.subset)]
+            if args.profile:
+                command += ["--profile", str(args.profile)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode:
+            tail = done.stderr.strip().splitlines()[-5:]
+            print(json.dumps({"candidate": candidate, "error": tail}), flush=True)
+        else:
+            print(done.stdout.strip().splitlines()[-1], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
