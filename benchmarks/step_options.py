@@ -9,8 +9,9 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   limit0    cuDNN's benchmark tries every engine (torch.backends.cudnn.benchmark_limit = 0)
   poolfirst max-pool before the second ReLU (the same function: max and ReLU commute)
   autotune  torch.compile mode max-autotune-no-cudagraphs (Triton and cuDNN convolutions)
-Needs data/prepared (dvc repro prepare). Nothing is written to MLflow or DVC; first epoch
-includes compilation and graph capture, steady is the median of the others.
+Reads --params (params.yaml) and --data (data/prepared: `dvc repro prepare`). Nothing is
+written to MLflow or DVC. The first epoch includes compilation and graph capture; steady is
+the median of the others, as in the report.
 """
 
 from __future__ import annotations
@@ -58,12 +59,19 @@ def _patch(options: set[str], variant):
     return variant
 
 
-def run_one(candidate: str, epochs: int, subset: int, profile: Path | None) -> dict:
+def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
+    """'amp:poolfirst+cdt' -> ('amp', {'poolfirst', 'cdt'}); a ValueError names what is wrong."""
     name, _, spec = candidate.partition(":")
-    options = set(spec.split("+")) - {"base", ""}
+    if name not in variants:
+        raise ValueError(f"{candidate!r}: no variant {name!r} (params: {', '.join(variants)})")
+    options = set(spec.split("+")) - {""}
     unknown = options - set(OPTIONS)
     if unknown:
-        raise SystemExit(f"unknown options {sorted(unknown)}; known: {', '.join(OPTIONS)}")
+        raise ValueError(f"{candidate!r}: unknown {sorted(unknown)}; known: {', '.join(OPTIONS)}")
+    return name, options - {"base"}
+
+
+def run_one(candidate: str, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     import torch
 
@@ -71,14 +79,15 @@ def run_one(candidate: str, epochs: int, subset: int, profile: Path | None) -> d
     from accelbench.params import load_params
 
     imported = time.perf_counter() - started
-    params = load_params("params.yaml")
-    recipe = params.train.model_copy(update={"epochs": epochs, "train_subset": subset})
+    params = load_params(args.params)
+    name, options = parse_candidate(candidate, params.variants)
+    recipe = params.train.model_copy(update={"epochs": args.epochs, "train_subset": args.subset})
     variant = _patch(options, params.variant(name))
     device = torch.device("cuda", 0) if variant.uses_cuda else torch.device("cpu")
-    prepared = Path("data/prepared")
     engine.configure_backends(variant)
     engine.start_device(device)
     model = build.fresh_model(recipe, variant, device)
+    prepared, profile = args.data, args.profile
     batches = build.train_batches(recipe, variant, prepared, device)
     tests = build.eval_batches(
         prepared, device, recipe.eval_batch_size, 0, channels_last=variant.channels_last
@@ -91,7 +100,7 @@ def run_one(candidate: str, epochs: int, subset: int, profile: Path | None) -> d
             model, batches, tests, recipe, variant, device, on_step=lambda n: on_step()
         )
     times = [r.train_time_s for r in records]
-    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else None
+    steady = engine.summarize(records)["steady_epoch_s"]
     return {
         "candidate": candidate,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -110,22 +119,30 @@ def run_one(candidate: str, epochs: int, subset: int, profile: Path | None) -> d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("candidates", nargs="+", metavar="VARIANT:OPTIONS")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--data", type=Path, default=Path("data/prepared"))
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--subset", type=int, default=0, help="first N training images")
     parser.add_argument("--profile", type=Path, help="also write a step profile of each here")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        print(
-            json.dumps(run_one(args.candidates[0], args.epochs, args.subset, args.profile)),
-            flush=True,
-        )
+        print(json.dumps(run_one(args.candidates[0], args)), flush=True)
         return 0
+    from accelbench.params import load_params
+
+    variants = load_params(args.params).variants
+    for candidate in args.candidates:  # every candidate checked before any is run
+        try:
+            parse_candidate(candidate, variants)
+        except ValueError as exc:
+            parser.error(str(exc))
     for candidate in args.candidates:
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
             env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache}
             command = [sys.executable, __file__, "--one", candidate, "--epochs", str(args.epochs)]
-            command += ["--subset", str(args.subset)]
+            command += ["--subset", str(args.subset), "--params", str(args.params)]
+            command += ["--data", str(args.data)]
             if args.profile:
                 command += ["--profile", str(args.profile)]
             done = subprocess.run(command, env=env, capture_output=True, text=True)

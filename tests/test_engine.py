@@ -50,17 +50,29 @@ def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
     assert plain[0].gpu_energy_j is None
 
 
+def _epochs_reading(joules: list[float], epoch_s: float) -> list[engine.EpochRecord]:
+    return [
+        engine.EpochRecord(
+            epoch=i + 1, train_loss=0.1, train_time_s=epoch_s, data_wait_s=0.0, samples=60000,
+            samples_per_s=1.0, test_loss=0.1, test_accuracy=0.99, nonfinite_steps=0, lr=1e-3,
+            peak_gpu_mem_mib=None, gpu_energy_j=reading, cpu_energy_j=reading,
+        )
+        for i, reading in enumerate(joules)
+    ]  # fmt: skip
+
+
 def test_steady_energy_is_the_mean_so_a_coarse_counter_averages_out() -> None:
     # An H200's 0.13 s epochs read 37 J or 83 J as the counter's steps fall (docs/results/h200-x2.md).
-    records = [
-        engine.EpochRecord(
-            epoch=i + 1, train_loss=0.1, train_time_s=0.13, data_wait_s=0.0, samples=60000,
-            samples_per_s=1.0, test_loss=0.1, test_accuracy=0.99, nonfinite_steps=0, lr=1e-3,
-            peak_gpu_mem_mib=None, gpu_energy_j=joules,
-        )
-        for i, joules in enumerate([2000.0, 37.0, 83.0, 37.0, 37.0, 83.0, 37.0])
-    ]  # fmt: skip
+    records = _epochs_reading([2000.0, 37.0, 83.0, 37.0, 37.0, 83.0, 37.0], 0.13)
     assert engine.summarize(records)["steady_gpu_energy_j_per_epoch"] == 314.0 / 6
+
+
+def test_epochs_too_short_for_the_counter_have_no_steady_energy_not_zero() -> None:
+    # amp's 0.07 s epochs on an H200 all read 0 J: NVML's counter did not advance within any
+    # (docs/results/h200-time-to-result-3.md); 0 J would be reported as a measurement.
+    summary = engine.summarize(_epochs_reading([2808.8] + [0.0] * 9, 0.07))
+    assert summary["steady_gpu_energy_j_per_epoch"] is None
+    assert summary["steady_cpu_energy_j_per_epoch"] is None
 
 
 def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:

@@ -96,6 +96,24 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
     assert runs[0].data.metrics["samples"] == 512  # the global count, summed over processes
 
 
+def test_compiled_ddp_trains_like_a_compiled_single_process(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    """torch.compile gets the whole loss, DDP module inside (Inductor's CPU code here): the
+    gradient all-reduce still happens, and conv1's compiled form trains like the eager one."""
+    compiled = {"compile": "default"}
+    params = _params(
+        tmp_path, single={"device": "cpu", "threads": 1, **compiled}, ddp={**DDP, **compiled}
+    )
+    for name in ("single", "ddp"):
+        result = _run_train(params, name, prepared, tmp_path, mlflow_store, 600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
+    for key, value in single.items():
+        torch.testing.assert_close(ddp[key], value, rtol=1e-3, atol=1e-4, msg=key)
+
+
 def test_a_dying_rank_fails_the_stage_within_bounded_time(tmp_path, prepared, mlflow_store) -> None:
     params = _params(tmp_path, epochs=50, ddp=DDP)
     started = time.monotonic()

@@ -7,7 +7,6 @@ on every device and for both sources, so the variants train on the same batches.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +47,6 @@ def normalize_images(images: np.ndarray | torch.Tensor, device: torch.device) ->
     return ((tensor.float() / 255.0 - spec.mean) / spec.std).reshape(-1, *spec.input_shape)
 
 
-@functools.cache  # asked on every augmented step
 def zero_pixel(channels: int) -> float:
     """A black pixel, normalized (what an image shifted by augmentation is padded with)."""
     spec = next(s for s in DATASETS.values() if s.channels == channels)

@@ -284,6 +284,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
         self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
         self.full_shape: torch.Size | None = None
+        self.fill = 0.0  # what augmentation pads with: the first batch's black pixel
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.full_batch_loss = self._loss  # the full batches' loss, compiled if asked
@@ -294,7 +295,7 @@ class TrainStep:
     def augment(self, images: torch.Tensor) -> torch.Tensor:
         if not self.shift_px:
             return images
-        shifted = random_shift(images, self.shift_px, fill=zero_pixel(images.shape[1]))
+        shifted = random_shift(images, self.shift_px, fill=self.fill)
         if self.variant.channels_last:
             shifted = shifted.contiguous(memory_format=torch.channels_last)
         return shifted
@@ -375,6 +376,8 @@ class TrainStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.full_shape is None:
             self.full_shape = images.shape
+            # looked up here, not in the (compiled) loss: a constant to torch.compile
+            self.fill = zero_pixel(images.shape[1])
         if images.shape != self.full_shape:
             self.optimizer.zero_grad(set_to_none=True)  # never add into a graph's gradients
             return self.eager(images, labels, self._loss)
@@ -694,7 +697,8 @@ def summarize(records: list[EpochRecord]) -> dict[str, float | int | None]:
         ),
         "peak_gpu_mem_mib": max(gpu_mem) if gpu_mem else None,
         # A mean, not a median: NVML's counter advances in steps, so a short epoch reads one
-        # step more or less than it used; over all steady epochs those errors cancel.
-        "steady_gpu_energy_j_per_epoch": statistics.fmean(energy) if energy else None,
-        "steady_cpu_energy_j_per_epoch": statistics.fmean(cpu_energy) if cpu_energy else None,
+        # step more or less than it used; over all steady epochs those errors cancel. Epochs
+        # shorter than its steps can all read 0 J: that is no measurement (None, not 0).
+        "steady_gpu_energy_j_per_epoch": statistics.fmean(energy) if any(energy) else None,
+        "steady_cpu_energy_j_per_epoch": statistics.fmean(cpu_energy) if any(cpu_energy) else None,
     }
