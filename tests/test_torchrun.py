@@ -67,6 +67,17 @@ def _start_train(params: Path, name: str, prepared: Path, folder: Path, store: s
     )
 
 
+def _assert_ddp_trains_like_single(params, prepared, folder, store, timeout, rtol, atol) -> None:
+    """Train variants `single` and `ddp`; their final weights must agree."""
+    for name in ("single", "ddp"):
+        result = _run_train(params, name, prepared, folder, store, timeout)
+        assert result.returncode == 0, result.stderr[-3000:]
+    single = torch.load(folder / "single.pt", weights_only=True)["state_dict"]
+    ddp = torch.load(folder / "ddp.pt", weights_only=True)["state_dict"]
+    for key, value in single.items():
+        torch.testing.assert_close(ddp[key], value, rtol=rtol, atol=atol, msg=key)
+
+
 @pytest.mark.parametrize("accumulation", [1, 3], ids=["one-pass", "accumulated"])
 def test_ddp_matches_a_single_process_on_the_same_global_batches(
     tmp_path, prepared, mlflow_store, accumulation
@@ -79,13 +90,7 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
         single={"device": "cpu", "threads": 1},
         ddp=DDP,
     )
-    for name in ("single", "ddp"):
-        result = _run_train(params, name, prepared, tmp_path, mlflow_store, 240)
-        assert result.returncode == 0, result.stderr[-3000:]
-    single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
-    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
-    for key, value in single.items():
-        torch.testing.assert_close(ddp[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 240, 1e-4, 1e-5)
 
     client = MlflowClient(mlflow_store)
     runs = client.search_runs(
@@ -99,19 +104,13 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
 def test_compiled_ddp_trains_like_a_compiled_single_process(
     tmp_path, prepared, mlflow_store
 ) -> None:
-    """torch.compile gets the whole loss, DDP module inside (Inductor's CPU code here): the
-    gradient all-reduce still happens, and conv1's compiled form trains like the eager one."""
+    """torch.compile gets the whole loss with the DDP module inside it (Inductor's CPU code
+    here): the gradients are still all-reduced, so two processes train like one."""
     compiled = {"compile": "default"}
     params = _params(
         tmp_path, single={"device": "cpu", "threads": 1, **compiled}, ddp={**DDP, **compiled}
     )
-    for name in ("single", "ddp"):
-        result = _run_train(params, name, prepared, tmp_path, mlflow_store, 600)
-        assert result.returncode == 0, result.stderr[-3000:]
-    single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
-    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
-    for key, value in single.items():
-        torch.testing.assert_close(ddp[key], value, rtol=1e-3, atol=1e-4, msg=key)
+    _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 600, 1e-3, 1e-4)
 
 
 def test_a_dying_rank_fails_the_stage_within_bounded_time(tmp_path, prepared, mlflow_store) -> None:
