@@ -86,6 +86,8 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
     name, _, spec = candidate.partition(":")
     if name not in variants:
         raise ValueError(f"{candidate!r}: no variant {name!r} (params: {', '.join(variants)})")
+    if variants[name].distributed is not None:
+        raise ValueError(f"{candidate!r}: a DDP variant (time it with benchmarks/scaling.py)")
     options = set(spec.split("+")) - {""}
     unknown = options - set(OPTIONS)
     if unknown:
@@ -96,36 +98,32 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
 def run_one(candidate: str, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     import torch
+    import variants  # benchmarks/variants.py: built and trained as there
 
-    from accelbench import build, engine, profiling
+    from accelbench import engine, placement, profiling
     from accelbench.params import load_params
 
     imported = time.perf_counter() - started
     params = load_params(args.params)
     name, options = parse_candidate(candidate, params.variants)
-    recipe = params.train.model_copy(update={"epochs": args.epochs, "train_subset": args.subset})
+    recipe = params.train.model_copy(update={"epochs": args.epochs})
+    if args.subset is not None:
+        recipe = recipe.model_copy(update={"train_subset": args.subset})
     variant = _patch(options, params.variant(name))
-    device = torch.device("cuda", 0) if variant.uses_cuda else torch.device("cpu")
-    engine.configure_backends(variant)
-    engine.start_device(device)
-    model = build.fresh_model(recipe, variant, device)
-    prepared, profile = args.data, args.profile
-    batches = build.train_batches(recipe, variant, prepared, device)
-    tests = build.eval_batches(
-        prepared, device, recipe.eval_batch_size, 0, channels_last=variant.channels_last
-    )
+    where = placement.place(name, variant, require_gpu=recipe.require_gpu)
+    if where.skip_reason is not None:
+        return {"candidate": candidate, "skipped": where.skip_reason}
+    built = variants.build_as_pipeline(where.device, variant, recipe, args.data)
     label = candidate.replace(":", "-").replace("+", "-")
-    with profiling.step_profiler(
-        profile, label, 0, len(batches), cuda=device.type == "cuda"
-    ) as on_step:
-        records = engine.fit(
-            model, batches, tests, recipe, variant, device, on_step=lambda n: on_step()
-        )
+    on_gpu = built.device.type == "cuda"
+    steps = len(built.train_batches)
+    with profiling.step_profiler(args.profile, label, 0, steps, cuda=on_gpu) as on_step:
+        records = variants.fit_as_pipeline(built, variant, recipe, lambda n: on_step())
     times = [r.train_time_s for r in records]
     steady = engine.summarize(records)["steady_epoch_s"]
     return {
         "candidate": candidate,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device": where.device_name,
         "torch": torch.__version__,
         "import_s": round(imported, 2),
         "first_epoch_s": round(times[0], 3),
@@ -134,7 +132,7 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
         "test_accuracy": [round(r.test_accuracy, 4) for r in records],
         "train_loss": [round(r.train_loss, 4) for r in records],
         "wall_s": round(time.perf_counter() - started, 1),
-        "profiled": profile is not None,
+        "profiled": args.profile is not None,
     }
 
 
@@ -144,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--data", type=Path, default=Path("data/prepared"))
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--subset", type=int, default=0, help="first N training images")
+    parser.add_argument("--subset", type=int, help="first N training images (0: all)")
     parser.add_argument("--profile", type=Path, help="also write a step profile of each here")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -159,21 +157,24 @@ def main(argv: list[str] | None = None) -> int:
             parse_candidate(candidate, variants)
         except ValueError as exc:
             parser.error(str(exc))
+    failed = 0
     for candidate in args.candidates:
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
             env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache}
             command = [sys.executable, __file__, "--one", candidate, "--epochs", str(args.epochs)]
-            command += ["--subset", str(args.subset), "--params", str(args.params)]
-            command += ["--data", str(args.data)]
+            command += ["--params", str(args.params), "--data", str(args.data)]
+            if args.subset is not None:
+                command += ["--subset", str(args.subset)]
             if args.profile:
                 command += ["--profile", str(args.profile)]
             done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode:
+            failed += 1
             tail = done.stderr.strip().splitlines()[-5:]
             print(json.dumps({"candidate": candidate, "error": tail}), flush=True)
         else:
             print(done.stdout.strip().splitlines()[-1], flush=True)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

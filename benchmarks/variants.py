@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from accelbench import build, data, engine, placement
 from accelbench.params import TrainParams, VariantParams, parse_params, read_yaml
@@ -28,6 +31,42 @@ def _apply(raw: dict, assignment: str) -> None:
     target[leaf] = read_yaml(value)  # as `dvc exp run -S` reads it (YAML 1.2)
 
 
+@dataclass(frozen=True)
+class Built:
+    """A variant's model and batches, as the pipeline builds them (build.py)."""
+
+    device: torch.device
+    model: torch.nn.Module
+    train_batches: engine.BatchSource
+    test_batches: engine.BatchSource
+
+
+def build_as_pipeline(
+    device: torch.device, variant: VariantParams, recipe: TrainParams, prepared: Path
+) -> Built:
+    """Built as the pipeline builds them, so that a tuning row is a pipeline row."""
+    engine.configure_backends(variant, recipe.deterministic)
+    dataset = data.prepared_dataset(prepared).name  # the prepared data decides the model
+    return Built(
+        device,
+        build.fresh_model(recipe, variant, device, dataset),
+        build.train_batches(recipe, variant, prepared, device),
+        build.eval_batches(
+            prepared, device, recipe.eval_batch_size, recipe.test_subset,
+            channels_last=variant.channels_last,
+        ),
+    )  # fmt: skip
+
+
+def fit_as_pipeline(
+    built: Built, variant: VariantParams, recipe: TrainParams, on_step=None
+) -> list[engine.EpochRecord]:
+    return engine.fit(
+        built.model, built.train_batches, built.test_batches, recipe, variant, built.device,
+        accumulation_steps=recipe.accumulation_steps, on_step=on_step,
+    )  # fmt: skip
+
+
 def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path) -> tuple:
     """One table row: train `name` as the pipeline would, in this process."""
     if variant.distributed is not None:
@@ -35,20 +74,8 @@ def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path
     where = placement.place(name, variant, require_gpu=recipe.require_gpu)
     if where.skip_reason is not None:
         return (name, f"skipped: {where.skip_reason}", "", "", "", "")
-    # Built as the pipeline builds them (build.py), so a tuning row is a pipeline row.
-    device = where.device
-    engine.configure_backends(variant, recipe.deterministic)
-    dataset = data.prepared_dataset(prepared).name  # the prepared data decides the model
-    model = build.fresh_model(recipe, variant, device, dataset)
-    train_batches = build.train_batches(recipe, variant, prepared, device)
-    test_batches = build.eval_batches(
-        prepared, device, recipe.eval_batch_size, recipe.test_subset,
-        channels_last=variant.channels_last,
-    )  # fmt: skip
-    records = engine.fit(
-        model, train_batches, test_batches, recipe, variant, device,
-        accumulation_steps=recipe.accumulation_steps,
-    )  # fmt: skip
+    built = build_as_pipeline(where.device, variant, recipe, prepared)
+    records = fit_as_pipeline(built, variant, recipe)
     summary = engine.summarize(records)
     print(f"{name}: done", file=sys.stderr, flush=True)
     return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,11 +14,12 @@ import torch
 from helpers import REPO, write_params
 
 CPU = {"device": "cpu", "threads": 1}
+BENCHMARKS = REPO / "benchmarks"
 
 
 def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), *args],
+        [sys.executable, str(BENCHMARKS / script), *args],
         cwd=cwd, capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
@@ -35,25 +37,50 @@ def test_variants_benchmark_prints_a_row_per_variant(tmp_path, prepared) -> None
     assert ("skipped" in lines[2]) == (not torch.cuda.is_available())
 
 
+def _step_options():
+    """benchmarks/step_options.py as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("step_options", BENCHMARKS / "step_options.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_step_options_times_each_candidate_in_its_own_process(tmp_path, prepared) -> None:
-    params = write_params(tmp_path, {"cpu": CPU}, batch_size=64)
+    params = write_params(tmp_path, {"cpu": CPU, "gpu": {"device": "cuda"}}, batch_size=64)
     common = ("--params", str(params), "--data", str(prepared), "--epochs", "2")
-    result = _run("step_options.py", "cpu:base", "cpu:poolfirst", *common, cwd=tmp_path)
+    candidates = ["cpu:base", "cpu:poolfirst"] + ([] if torch.cuda.is_available() else ["gpu"])
+    result = _run("step_options.py", *candidates, *common, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["candidate"] for r in rows] == ["cpu:base", "cpu:poolfirst"]
-    for row in rows:
-        assert "error" not in row, row
+    rows = {r["candidate"]: r for r in map(json.loads, result.stdout.splitlines())}
+    assert list(rows) == candidates
+    for name in ("cpu:base", "cpu:poolfirst"):
+        row = rows[name]
         assert len(row["epoch_s"]) == 2 and row["steady_epoch_s"] == row["epoch_s"][1]
-        assert row["device"] == "cpu" and row["train_loss"][1] < row["train_loss"][0]
+        assert row["device"] and row["train_loss"][1] < row["train_loss"][0]
+    # the same function, the same seed: max-pool before the ReLU trains like after it
+    losses = zip(rows["cpu:base"]["train_loss"], rows["cpu:poolfirst"]["train_loss"], strict=True)
+    for first, pooled in losses:
+        assert abs(first - pooled) < 1e-3 * first
+    if "gpu" in rows:
+        assert "needs CUDA" in rows["gpu"]["skipped"]  # placement's reason, as a stage skips
+
+
+def test_step_options_im2col_is_the_convolution() -> None:
+    torch.manual_seed(0)
+    conv, images = torch.nn.Conv2d(1, 32, 3), torch.randn(4, 1, 28, 28)
+    got = _step_options().conv2d_im2col(images, conv.weight, conv.bias)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, conv(images))
 
 
 def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepared) -> None:
-    params = write_params(tmp_path, {"cpu": CPU}, batch_size=64)
+    params = write_params(tmp_path, {"cpu": CPU, "ddp": {"device": "cpu", "distributed": {}}})
     common = ("--params", str(params), "--data", str(prepared))
+    known = ", ".join(_step_options().OPTIONS)
     for bad, named in (
-        ("cpu:turbo", "['turbo']; known: base, cdt, limit0, poolfirst, autotune"),
-        ("tpu:base", "no variant 'tpu' (params: cpu)"),
+        ("cpu:turbo", f"['turbo']; known: {known}"),
+        ("tpu:base", "no variant 'tpu' (params: cpu, ddp)"),
+        ("ddp:base", "a DDP variant (time it with benchmarks/scaling.py)"),
     ):
         result = _run("step_options.py", "cpu:base", bad, *common, cwd=tmp_path)
         assert result.returncode == 2 and result.stdout == ""  # nothing ran

@@ -362,7 +362,8 @@ def test_a_compiled_variant_compiles_the_whole_loss_and_trains_like_the_eager_on
         return counted
 
     monkeypatch.setattr(torch, "compile", compile_on_cpu)
-    train = TrainParams(epochs=2, batch_size=100, seed=0, dropout=0.0)  # 512 = 5 x 100 + 12
+    # shift_px: the augmentation (and its padding value) is inside the compiled loss
+    train = TrainParams(epochs=2, batch_size=100, seed=0, dropout=0.0, shift_px=2)  # 5x100+12
     weights = {}
     for mode in ("none", "default"):
         compiled_calls.clear()

@@ -137,7 +137,7 @@ def test_the_recipe_is_the_train_section_less_what_no_training_output_depends_on
     }
 
 
-def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_over_gloo() -> None:
+def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_they_cannot_capture() -> None:
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nproc_per_node": 3}}}
     with pytest.raises(ParamsError, match="batch_size 512 must be divisible by the world size 3"):
@@ -150,6 +150,10 @@ def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_over_gloo() ->
     }
     with pytest.raises(ParamsError, match=r"captures the gradient all-reduce.*not 'gloo'"):
         parse_params(raw)
+    for mode in ("reduce-overhead", "max-autotune"):  # their own CUDA graphs inside ours
+        raw["variants"] = {"gpu": {"device": "cuda", "cuda_graph": True, "compile": mode}}
+        with pytest.raises(ParamsError, match=rf"already captures the step.*not '{mode}'"):
+            parse_params(raw)
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
     with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
         parse_params(raw)

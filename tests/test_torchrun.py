@@ -101,14 +101,18 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
     assert runs[0].data.metrics["samples"] == 512  # the global count, summed over processes
 
 
+@pytest.mark.parametrize("accumulation", [1, 3], ids=["one-pass", "accumulated"])
 def test_compiled_ddp_trains_like_a_compiled_single_process(
-    tmp_path, prepared, mlflow_store
+    tmp_path, prepared, mlflow_store, accumulation
 ) -> None:
     """torch.compile gets the whole loss with the DDP module inside it (Inductor's CPU code
     here): the gradients are still all-reduced, so two processes train like one."""
     compiled = {"compile": "default"}
     params = _params(
-        tmp_path, single={"device": "cpu", "threads": 1, **compiled}, ddp={**DDP, **compiled}
+        tmp_path,
+        train={"accumulation_steps": accumulation},
+        single={"device": "cpu", "threads": 1, **compiled},
+        ddp={**DDP, **compiled},
     )
     _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 600, 1e-3, 1e-4)
 

@@ -261,9 +261,11 @@ class TrainStep:
     whole loss (augmentation, forward pass and cross-entropy, under autocast) goes through
     torch.compile as one function, so Inductor fuses the augmentation's gather and layout
     change and the loss into its kernels (the model alone left them as separate eager
-    kernels in every step). Batches of another size than the first (the last, partial one
-    of an epoch) run eagerly, so a compiled variant compiles one shape, not two, inside its
-    timed epoch.
+    kernels in every step). Under DDP, Dynamo splits it at DDP's forward into three graphs
+    (augmentation, the model under DDPOptimizer, the loss); the results are the same.
+    Batches of another size than the first (the last, partial one of an epoch) run eagerly,
+    so a compiled variant compiles the full batch's shapes only (one per chunk size with
+    gradient accumulation), not the partial batch's inside its timed epoch.
     """
 
     def __init__(
@@ -284,7 +286,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
         self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
         self.full_shape: torch.Size | None = None
-        self.fill = 0.0  # what augmentation pads with: the first batch's black pixel
+        self.fill: float | None = None  # augmentation's padding: set by the first call
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.full_batch_loss = self._loss  # the full batches' loss, compiled if asked
@@ -300,9 +302,10 @@ class TrainStep:
             shifted = shifted.contiguous(memory_format=torch.channels_last)
         return shifted
 
-    def eager(
+    def _run(
         self, images: torch.Tensor, labels: torch.Tensor, loss_fn: LossFn | None = None
     ) -> torch.Tensor:
+        """Forward, backward and optimizer step, uncaptured (the compiled loss, or `loss_fn`)."""
         loss_fn = loss_fn or self.full_batch_loss
         if self.accumulation_steps == 1:
             loss = loss_fn(images, labels)
@@ -356,7 +359,7 @@ class TrainStep:
         static_images, static_labels = images.clone(), labels.clone()
         with side_stream(self.device):
             for _ in range(self.warmup_steps):  # compilation, autotuning, optimizer state
-                self.eager(static_images, static_labels)
+                self._run(static_images, static_labels)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_loss = self.full_batch_loss(static_images, static_labels)
@@ -380,9 +383,9 @@ class TrainStep:
             self.fill = zero_pixel(images.shape[1])
         if images.shape != self.full_shape:
             self.optimizer.zero_grad(set_to_none=True)  # never add into a graph's gradients
-            return self.eager(images, labels, self._loss)
+            return self._run(images, labels, self._loss)  # eager: a partial batch
         if not self.variant.cuda_graph or self.accumulation_steps > 1:
-            return self.eager(images, labels)  # a graph captures one pass per step
+            return self._run(images, labels)  # a graph captures one pass per step
         if self.graph is None:
             self._capture(images, labels)
         static_images, static_labels, static_loss = self.static
@@ -483,7 +486,7 @@ def fit(
         check_nonfinite(totals.finite, epoch + 1, train.max_nonfinite_steps, variant)
         if distributed:
             totals = _summed_over_processes(totals, device)
-        # The plain module: evaluation is not what is benchmarked, and a compiled module
+        # Eagerly: evaluation is not what is benchmarked, and compiling it
         # would recompile for eval mode and the test batch shapes.
         with phases.phase("evaluation"):
             result = evaluate(model, test_batches, variant, device)
@@ -508,7 +511,8 @@ def _make_step(
     accumulation_steps: int,
     distributed: bool,
 ) -> tuple[TrainStep, torch.optim.Optimizer, Any]:
-    """The step (DDP-wrapped and compiled as the variant says), its optimizer and schedule."""
+    """The step (DDP-wrapped as the variant says; TrainStep compiles), its optimizer and
+    schedule."""
     trained = model
     if distributed:
         # Gradients are averaged across processes in backward; every step must go through it.

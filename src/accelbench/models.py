@@ -16,6 +16,10 @@ def conv2d_one_channel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     its weight gradient: about 200 us of a 650 us bf16 step on an H200 (docs/results/).
     Under autocast it computes in the autocast dtype, as the convolution would.
     """
+    if x.shape[1] != 1 or weight.shape[1] != 1:
+        raise ValueError(
+            f"one input channel only: input {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
@@ -50,7 +54,9 @@ class SeedCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layers = iter(self.features)
-        if torch.compiler.is_compiling():  # eager, FX tracing (int8): the nn.Conv2d
+        # Eager runs and FX tracing (int8) keep the nn.Conv2d; torch.export (and exporters
+        # built on it) counts as compiling, and exports the multiply-adds.
+        if torch.compiler.is_compiling():
             conv1 = next(layers)
             x = conv2d_one_channel(x, conv1.weight, conv1.bias)
         for layer in layers:

@@ -176,10 +176,10 @@ class VariantParams(_Strict):
                 "cuda_graph: true cannot capture GradScaler's fp16 steps; use precision 'bf16' "
                 "(no scaler needed) or cuda_graph: false"
             )
-        if self.cuda_graph and self.compile == "reduce-overhead":
-            raise ValueError(
+        if self.cuda_graph and self.compile in ("reduce-overhead", "max-autotune"):
+            raise ValueError(  # both modes capture CUDA graphs of their own (cudagraph trees)
                 "cuda_graph: true already captures the step; use compile 'default' or "
-                "'max-autotune-no-cudagraphs' with it, not 'reduce-overhead'"
+                f"'max-autotune-no-cudagraphs' with it, not {self.compile!r}"
             )
         if self.loader is not None and self.batches != "dataloader":
             raise ValueError("loader: is read only by variants with batches 'dataloader'")
