@@ -70,15 +70,12 @@ def conv2d_im2col(x, weight, bias):
     """conv2d of one input channel as (N*H*W, k*k) patches @ (k*k, C): channels-last out."""
     import torch
 
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
-    kernel_h, kernel_w = weight.shape[-2:]
-    out_h, out_w = x.shape[-2] - kernel_h + 1, x.shape[-1] - kernel_w + 1
-    taps = [x[:, 0, i : i + out_h, j : j + out_w] for i in range(kernel_h) for j in range(kernel_w)]
-    patches = torch.stack(taps, dim=-1)  # [N, H, W, k*k]
-    out = patches @ weight.reshape(weight.shape[0], -1).t() + bias  # [N, H, W, C]
-    return out.permute(0, 3, 1, 2)
+    from accelbench.models import one_channel_taps
+
+    taps, bias = one_channel_taps(x, weight, bias)
+    patches = torch.stack([shifted[:, 0] for shifted, _ in taps], dim=-1)  # [N, H, W, k*k]
+    weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
+    return (patches @ weights.t() + bias).permute(0, 3, 1, 2)  # [N, H, W, C] as NCHW
 
 
 def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:

@@ -59,7 +59,10 @@ def build_as_pipeline(
 
 
 def fit_as_pipeline(
-    built: Built, variant: VariantParams, recipe: TrainParams, on_step=None
+    built: Built,
+    variant: VariantParams,
+    recipe: TrainParams,
+    on_step: engine.StepCallback | None = None,
 ) -> list[engine.EpochRecord]:
     return engine.fit(
         built.model, built.train_batches, built.test_batches, recipe, variant, built.device,

@@ -6,6 +6,29 @@ import torch
 from torch import nn
 
 
+def one_channel_taps(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """A 1-input-channel convolution's k*k taps: (input shifted by the tap [N, 1, H, W], the
+    tap's weights [C, 1]) each, and the bias; under autocast, in the autocast dtype (as the
+    convolution computes). Stride 1, no padding."""
+    if x.shape[1] != 1 or weight.shape[1] != 1:
+        raise ValueError(
+            f"one input channel only: input {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
+    kernel_h, kernel_w = weight.shape[-2:]
+    out_h, out_w = x.shape[-2] - kernel_h + 1, x.shape[-1] - kernel_w + 1
+    taps = [
+        (x[:, :, i : i + out_h, j : j + out_w], weight[:, :, i, j])
+        for i in range(kernel_h)
+        for j in range(kernel_w)
+    ]
+    return taps, bias
+
+
 def conv2d_one_channel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`F.conv2d(x, weight, bias)` for one input channel (stride 1, no padding), written as
     its k*k shifted multiply-adds.
@@ -16,20 +39,10 @@ def conv2d_one_channel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     its weight gradient: about 200 us of a 650 us bf16 step on an H200 (docs/results/).
     Under autocast it computes in the autocast dtype, as the convolution would.
     """
-    if x.shape[1] != 1 or weight.shape[1] != 1:
-        raise ValueError(
-            f"one input channel only: input {tuple(x.shape)}, weight {tuple(weight.shape)}"
-        )
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
-    kernel_h, kernel_w = weight.shape[-2:]
-    out_h, out_w = x.shape[-2] - kernel_h + 1, x.shape[-1] - kernel_w + 1
+    taps, bias = one_channel_taps(x, weight, bias)
     out = bias.view(1, -1, 1, 1)
-    for i in range(kernel_h):
-        for j in range(kernel_w):
-            tap = weight[:, :, i, j].view(1, -1, 1, 1)
-            out = out + x[:, :, i : i + out_h, j : j + out_w] * tap
+    for shifted, tap in taps:
+        out = out + shifted * tap.view(1, -1, 1, 1)
     return out
 
 
