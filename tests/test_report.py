@@ -134,15 +134,15 @@ def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> No
     ]  # fmt: skip
     result = report.write_report(tmp_path, rows, ENV, _spec(cost=prices))
     md = (tmp_path / "comparison.md").read_text()
-    # cpu: 150 W × 3600 s = 150 Wh = $0.0225, plus one hour at $0.06; to 99%: both epochs
-    assert (
-        "| cpu | 150.00 Wh | stated: 150 W × time | $0.0225 | $0.0600 | $0.0825 | $0.0825 |" in md
-    )
+    # cpu: 150 W × 3600 s = 150 Wh = $0.0225, plus one hour at $0.06; to 99%: both epochs;
+    # per 1,000 runs
+    assert "| cpu | 150.00 Wh | stated: 150 W × time | $22.50 | $60.00 | $82.50 | $82.50 |" in md
     # gpu: NVML's 36 kJ = 10 Wh = $0.0015, plus 72 s at $0.13/h = $0.0026; 99% not reached
     assert (
-        "| gpu | 10.00 Wh | measured: GPU board (NVML) | $0.0015 | $0.0026 | $0.0041 | not reached |"
+        "| gpu | 10.00 Wh | measured: GPU board (NVML) | $1.50 | $2.60 | $4.10 | not reached |"
         in md
     )
+    assert "| $82.50 |" in md.split("## Details")[0]  # the answer's table: per 1,000 runs
     headline = json.loads((tmp_path / "comparison.json").read_text())
     assert headline["cpu"]["cost_usd"] == headline["cpu"]["cost_to_target_usd"]
     assert headline["gpu"]["cost_to_target_usd"] is None

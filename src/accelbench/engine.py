@@ -13,7 +13,7 @@ import math
 import resource
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
@@ -674,10 +674,13 @@ def _restore(state, model, optimizer, scheduler, scaler) -> tuple[int, list[Epoc
     return state["epochs_done"], [EpochRecord(**r) for r in state["records"]]
 
 
-def summarize(records: list[EpochRecord]) -> dict[str, float | int | None]:
-    """Run-level figures: first epoch apart from the steady state (median of epochs 2..N)."""
+def summarize(
+    records: list[EpochRecord], more_steady: Sequence[float] = ()
+) -> dict[str, float | int | list[float] | None]:
+    """Run-level figures: first epoch apart from the steady state (median of epochs 2..N, and
+    of `more_steady`: the steady epochs of the timing repeats, `train.repeats`)."""
     times = [r.train_time_s for r in records]
-    steady = times[1:]
+    steady = times[1:] + list(more_steady)
     steady_s = statistics.median(steady) if steady else None
     samples = records[-1].samples
     gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
@@ -687,6 +690,7 @@ def summarize(records: list[EpochRecord]) -> dict[str, float | int | None]:
         "epochs": len(records),
         "first_epoch_s": times[0],
         "steady_epoch_s": steady_s,
+        "steady_epochs_s": steady,
         "total_train_s": sum(times),
         "steady_samples_per_s": samples / steady_s if steady_s else None,
         "data_wait_fraction": sum(r.data_wait_s for r in records) / sum(times),

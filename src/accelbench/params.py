@@ -121,6 +121,8 @@ class TrainRecipe(_Strict):
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
     deterministic: bool = False  # deterministic algorithms (slower); for bitwise-repeatable runs
+    # trainings timed per variant: the run, then repeats - 1 more from scratch, timed only
+    repeats: Annotated[int, Field(ge=1, le=20)] = 1
 
 
 class TrainParams(TrainRecipe):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,23 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from . import pipeline_time
+from . import pipeline_time, spread
+from .answer import (
+    Row,
+    VariantFigures,
+    fmt_speedup,
+    fmt_time,
+    headline,
+    time_to_target,
+    variant_figures,
+)
 from .costs import RunCost, run_cost
 from .params import CostParams, VariantParams
 from .pipeline_time import PipelineTime
 from .progress import fmt_seconds
 from .results import (
-    EvalResult,
     EvalSummary,
-    QuantizedResult,
     QuantizedSummary,
-    TrainResult,
     TrainSummary,
     scaling_efficiency,
     speedup,
@@ -57,27 +63,6 @@ class ReportSpec:
     dataset: str = "mnist"  # the tutorials' published figures are MNIST's: shown only with it
 
 
-@dataclass
-class Row:
-    name: str
-    variant: VariantParams
-    train: TrainResult
-    eval: EvalResult | None = None
-    epochs: list[dict[str, float]] = field(default_factory=list)
-    quantized: QuantizedResult | None = None
-
-    @property
-    def trained(self) -> bool:
-        return isinstance(self.train, TrainSummary)
-
-    @property
-    def test_accuracy(self) -> float:
-        """The evaluate stage's figure, else the last epoch's (both on the test set)."""
-        if isinstance(self.eval, EvalSummary):
-            return self.eval.test_accuracy
-        return self.train.final_test_accuracy
-
-
 METRICS_DIR = "metrics"  # reports/metrics/<variant>.json: what `dvc metrics show` prints
 
 
@@ -98,23 +83,16 @@ def write_variant_metrics(folder: Path, headline: Mapping[str, Mapping[str, Any]
 @dataclass
 class ReportResult:
     files: list[Path]
-    headline: dict[str, Any]
+    headline: dict[str, Any]  # the pipeline run's metrics: `<variant>.<figure>`
+    variants: dict[str, dict[str, Any]]  # each variant's figures (comparison.json's)
 
 
-def time_to_target(epochs: list[dict[str, float]], target: float) -> tuple[float, int] | None:
-    """Training seconds until the first epoch whose test accuracy reached `target`, and that
-    epoch; None if none did."""
-    elapsed = 0.0
-    for epoch in epochs:
-        elapsed += epoch["train_time_s"]
-        if epoch["test_accuracy"] >= target:
-            return elapsed, int(epoch["epoch"])
-    return None
-
-
-def _speedups(rows: list[Row], baseline: str | None) -> dict[str, float | None]:
-    base = next((r.train for r in rows if r.name == baseline), None)
-    return {row.name: speedup(base, row.train) for row in rows}
+def _speedups(
+    figures: Mapping[str, VariantFigures], baseline: str | None
+) -> dict[str, float | None]:
+    """Each variant's point speedup over the baseline (the figures' labels)."""
+    out = {n: f.speedup.value if f.speedup else None for n, f in figures.items()}
+    return out | ({baseline: 1.0} if baseline in figures else {})
 
 
 def _cell(value: Any, kind: str) -> str:
@@ -143,6 +121,76 @@ def _tflops(train: TrainSummary) -> str:
     return f"{achieved:.2f} ({share:.1%})" if share is not None else f"{achieved:.2f}"
 
 
+def _answer_table(
+    rows: list[Row], figures: Mapping[str, VariantFigures], spec: ReportSpec
+) -> list[str]:
+    """The compact table under the headline: at most eight columns, spreads included."""
+    baseline = spec.speedup_baseline or "a baseline (none set)"
+    head = [
+        "variant",
+        "device, precision",
+        "steady epoch (95% interval)",
+        f"speedup vs {baseline}",
+        f"time to {spec.target_accuracy:.1%}",
+        "test accuracy",
+        "energy / epoch",
+        "cost per 1,000 runs",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        f = figures.get(row.name)
+        if f is None:
+            why = f"skipped: {row.train.reason}" if not row.trained else "one epoch: no steady"
+            cells = [row.name, f"{row.variant.device}, {row.variant.precision}", why]
+            lines.append("| " + " | ".join(cells + ["—"] * (len(head) - len(cells))) + " |")
+            continue
+        t = row.train
+        energy = (
+            t.steady_gpu_energy_j_per_epoch
+            if row.variant.device == "cuda"
+            else t.steady_cpu_energy_j_per_epoch
+        )
+        whole = _costs(row, spec.cost, spec.target_accuracy)[0] if spec.cost else None
+        to_target = (
+            f"{fmt_time(f.to_target)}, epoch {f.target_epoch}" if f.to_target else "not reached"
+        )
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"**{row.name}**",
+                    f"{t.device_name}, {_precision(row.variant)}",
+                    fmt_time(f.steady_epoch),
+                    "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup),
+                    to_target,
+                    _cell(row.test_accuracy, "pct"),
+                    _cell(energy, "j") if energy else "n/a",
+                    _usd_per_1000(whole.total_usd) if whole else "n/a",
+                ]
+            )
+            + " |"
+        )
+    return [
+        *lines,
+        "",
+        f"Steady epoch: the median over {_samples_note(rows, figures)}; {spread.METHOD} "
+        "Time to target: training time up to the first epoch at the target, its interval "
+        "redrawing the steady epochs in it. Energy: the GPU board's counter (NVML) for GPU "
+        "variants, the CPU packages' (RAPL) for CPU ones, n/a where unreadable or too coarse; "
+        "cost: energy and machine time at `cost:`'s prices (details below).",
+    ]
+
+
+def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str:
+    """How many steady epochs and trainings each figure rests on."""
+    counts = {(f.steady_epoch.samples, r.train.repeats) for r in rows if (f := figures.get(r.name))}
+    if len(counts) == 1:
+        samples, repeats = counts.pop()
+        trainings = "one training" if repeats == 1 else f"{repeats} trainings (`train.repeats`)"
+        return f"{samples} steady epochs per variant, from {trainings}"
+    return "each variant's steady epochs (see the details table for how many)"
+
+
 def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec) -> list[str]:
     head = [
         "variant",
@@ -152,7 +200,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
         "batches",
         "epochs",
         "first epoch",
-        "steady epoch (median)",
+        "steady epoch (median; samples)",
         "total train",
         "samples/s (steady)",
         f"speedup vs {spec.speedup_baseline or 'a baseline (none set)'}",
@@ -182,7 +230,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
                 str(t.epochs),
                 _cell(t.first_epoch_s, "s")
                 + (f" ({t.compile_cache} compile cache)" if t.compile_cache else ""),
-                _cell(t.steady_epoch_s, "s"),
+                f"{_cell(t.steady_epoch_s, 's')}; {len(row.steady_samples)}",
                 _cell(t.total_train_s, "s"),
                 _cell(t.steady_samples_per_s, "int"),
                 _cell(speedups[row.name], "x"),
@@ -301,10 +349,11 @@ def _costs(row: Row, prices: CostParams, target: float) -> tuple[RunCost, RunCos
     return whole, upto
 
 
-def _usd(value: float) -> str:
-    return (
-        f"${value:.2f}" if value >= 1 else f"${value:.4f}" if value >= 0.0001 else f"${value:.2e}"
-    )
+def _usd_per_1000(per_run: float) -> str:
+    """A run's cost as dollars per 1,000 runs: readable where one run costs a fraction of a
+    cent."""
+    value = 1000 * per_run
+    return f"${value:,.2f}" if value >= 0.01 else f"${value:.4f}"
 
 
 def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
@@ -316,20 +365,22 @@ def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
     lines = [
         "## Cost of a run",
         "",
-        "| variant | energy (training) | energy from | energy cost | time cost | cost of the run "
-        f"| cost to {spec.target_accuracy:.1%} |",
+        "| variant | energy of a run (training) | energy from | energy cost | time cost "
+        f"| cost of 1,000 runs | of 1,000 runs to {spec.target_accuracy:.1%} |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in trained:
         whole, upto = _costs(row, prices, spec.target_accuracy)
         lines.append(
             f"| {row.name} | {whole.energy_j / 3600:,.2f} Wh | {whole.energy_source} | "
-            f"{_usd(whole.energy_usd)} | {_usd(whole.time_usd)} | {_usd(whole.total_usd)} | "
-            f"{_usd(upto.total_usd) if upto else 'not reached'} |"
+            f"{_usd_per_1000(whole.energy_usd)} | {_usd_per_1000(whole.time_usd)} | "
+            f"{_usd_per_1000(whole.total_usd)} | "
+            f"{_usd_per_1000(upto.total_usd) if upto else 'not reached'} |"
         )
     return [
         *lines,
         "",
+        "Costs are per 1,000 runs (one run costs a fraction of a cent). "
         f"Prices (`cost:` in params.yaml): electricity ${prices.kwh_usd:g}/kWh; an hour of a CPU "
         f"system ${prices.cpu_hour_usd:g}, of a GPU system ${prices.gpu_hour_usd:g} per GPU; "
         f"where no counter was read, a CPU system draws {prices.cpu_system_w:g} W and a GPU "
@@ -433,32 +484,42 @@ def _epoch_times_figure(
 
 
 def _summary_figure(
-    path: Path, rows: list[Row], speedups: dict[str, float | None], baseline: str | None, gpu: str
+    path: Path,
+    rows: list[Row],
+    figures: Mapping[str, VariantFigures],
+    baseline: str | None,
+    gpu: str,
 ) -> None:
-    """One slide: steady epoch time (log axis, speedup on each bar) beside test accuracy."""
-    trained = [r for r in rows if r.trained and r.train.steady_epoch_s]
+    """One slide: steady epoch time with its 95% interval (log axis, speedup on each bar)
+    beside test accuracy."""
+    trained = [r for r in rows if r.name in figures]
     fig, (time_ax, acc_ax) = plt.subplots(
         1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]}
     )
     names = [r.name for r in trained]
     colors = ["#7f7f7f" if r.variant.device == "cpu" else "#1f77b4" for r in trained]
-    steady = [r.train.steady_epoch_s for r in trained]
-    bars = time_ax.barh(names, steady, color=colors)
-    for bar, row in zip(bars, trained, strict=True):
-        label = f" {fmt_seconds(bar.get_width())}"
-        if speedups.get(row.name):
-            label += (
-                f"  ({speedups[row.name]:.0f}× {baseline})"
-                if speedups[row.name] >= 10
-                else (f"  ({speedups[row.name]:.1f}× {baseline})")
-            )
+    steady = [figures[n].steady_epoch for n in names]
+    widths = [f.value for f in steady]
+    errors = [
+        [f.value - (f.lo if f.has_interval else f.value) for f in steady],
+        [(f.hi if f.has_interval else f.value) - f.value for f in steady],
+    ]
+    bars = time_ax.barh(names, widths, color=colors, xerr=errors, capsize=3)
+    for bar, name in zip(bars, names, strict=True):
+        label = f" {fmt_time(figures[name].steady_epoch)}"
+        if figures[name].speedup is not None:
+            label += f"\n {fmt_speedup(figures[name].speedup)} vs {baseline}"
         time_ax.text(
-            bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=9
+            bar.get_width() * 1.15,
+            bar.get_y() + bar.get_height() / 2,
+            label,
+            va="center",
+            fontsize=8,
         )
     time_ax.set_xscale("log")
-    time_ax.set_xlim(min(steady, default=0.01) / 2, max(steady, default=1) * 20)
+    time_ax.set_xlim(min(widths, default=0.01) / 2, max(widths, default=1) * 60)
     time_ax.invert_yaxis()
-    time_ax.set_xlabel("steady-state training time per epoch (s, log scale)")
+    time_ax.set_xlabel("steady-state training time per epoch (s, log scale; 95% interval)")
     time_ax.set_title(f"Epoch time on {gpu}" if gpu else "Epoch time")
     accuracy = [100 * r.test_accuracy for r in trained]
     acc_bars = acc_ax.barh(names, accuracy, color=colors)
@@ -506,21 +567,30 @@ def write_report(
     pipeline: PipelineTime | None = None,
 ) -> ReportResult:
     out_dir.mkdir(parents=True, exist_ok=True)
-    speedups = _speedups(rows, spec.speedup_baseline)
+    figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
+    speedups = _speedups(figures, spec.speedup_baseline)
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
     _curves_figure(curves, rows, spec.target_accuracy)
     _epoch_times_figure(times, rows, speedups, references=spec.dataset == "mnist")
     gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
-    _summary_figure(summary, rows, speedups, spec.speedup_baseline, gpu)
+    _summary_figure(summary, rows, figures, spec.speedup_baseline, gpu)
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
     md = [
         "# accelbench comparison",
         "",
+        " ".join(headline(rows, figures, env, spec.speedup_baseline, spec.target_accuracy)),
+        "",
+        *_answer_table(rows, figures, spec),
+        "",
+        "![summary: epoch time and accuracy per variant](summary.png)",
+        "",
+        "## Details",
+        "",
         "Same model, data order, seed and hyperparameters for every variant; only what the variant",
         "names differs. Epoch times are training only (evaluation excluded), read from clocks after a",
-        "device synchronize; *steady* is the median of epochs 2..N, the first epoch (warm-up,",
-        "autotuning, compilation) is shown apart.",
+        "device synchronize; *steady* is the median of epochs 2..N (of every repeat), the first",
+        "epoch (warm-up, autotuning, compilation) is shown apart.",
         "",
         *_env_lines(env),
         f"- Dataset: {DATASET_TITLES.get(spec.dataset, spec.dataset)}",
@@ -531,8 +601,6 @@ def write_report(
         *_scaling_lines(rows, spec.scaling_baselines),
         *_quantized_lines(rows),
         *_cost_lines(rows, spec),
-        "![summary: epoch time and accuracy per variant](summary.png)",
-        "",
         "![epoch times](epoch_times.png)",
         "",
         "![loss and accuracy curves](curves.png)",
@@ -562,30 +630,58 @@ def write_report(
         else []
     )
     (out_dir / "comparison.md").write_text("\n".join(md))
-    speedup_key = f"speedup_vs_{spec.speedup_baseline or 'baseline'}"
-    headline = {}
-    for row in rows:
-        reached = time_to_target(row.epochs, spec.target_accuracy) if row.trained else None
-        headline[row.name] = {
-            "status": row.train.status,
-            "steady_epoch_s": row.train.steady_epoch_s if row.trained else None,
-            speedup_key: speedups[row.name],
-            "test_accuracy": row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
-            "time_to_target_s": reached[0] if reached else None,
-        }
-    # DVC's metrics: the figures a user compares (120 columns); cost is in the rest.
-    write_variant_metrics(out_dir / METRICS_DIR, headline)
-    for name, figures in _cost_headline(rows, spec).items():
-        headline[name].update(figures)
-    (out_dir / "comparison.json").write_text(json.dumps(headline, indent=2, sort_keys=True) + "\n")
+    variants = _variant_headline(rows, figures, spec)
+    # DVC's metrics: the figures a user compares, with their intervals; cost is in the rest.
+    write_variant_metrics(
+        out_dir / METRICS_DIR,
+        {n: {k: v for k, v in f.items() if k in DVC_METRICS or _is_speedup(k)}
+         for n, f in variants.items()},
+    )  # fmt: skip
+    for name, figures_ in _cost_headline(rows, spec).items():
+        variants[name].update(figures_)
+    (out_dir / "comparison.json").write_text(json.dumps(variants, indent=2, sort_keys=True) + "\n")
     files = [out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"]
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
         files[-1].write_text(json.dumps(pipeline.to_json(), indent=2) + "\n")
     flat = {
         f"{name}.{key}": value
-        for name, values in headline.items()
+        for name, values in variants.items()
         for key, value in values.items()
         if isinstance(value, int | float)
     }
-    return ReportResult(files=files, headline=flat)
+    return ReportResult(files=files, headline=flat, variants=variants)
+
+
+# The per-variant figures in DVC's metrics (`dvc metrics show`), besides every speedup's
+DVC_METRICS = (
+    "steady_epoch_s",
+    "steady_epoch_s_lo",
+    "steady_epoch_s_hi",
+    "time_to_target_s",
+    "test_accuracy",
+)
+
+
+def _is_speedup(key: str) -> bool:
+    return key.startswith("speedup_vs_")
+
+
+def _variant_headline(
+    rows: list[Row], figures: Mapping[str, VariantFigures], spec: ReportSpec
+) -> dict[str, dict[str, Any]]:
+    """Per variant: its status and figures with their intervals (None where there is none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        f = figures.get(row.name)
+        values: dict[str, Any] = {"status": row.train.status}
+        if f is not None:
+            values |= f.metrics(spec.speedup_baseline)
+            values["steady_epoch_samples"] = f.steady_epoch.samples
+        if row.trained:
+            values["first_epoch_s"] = row.train.first_epoch_s
+            values["repeats"] = row.train.repeats
+        if isinstance(row.eval, EvalSummary):
+            values["test_accuracy"] = row.eval.test_accuracy
+        out[row.name] = values
+    return out

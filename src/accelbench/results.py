@@ -143,7 +143,7 @@ class TrainSummary:
 
     epochs: int
     first_epoch_s: float
-    steady_epoch_s: float | None  # median of epochs 2..N; None after one epoch
+    steady_epoch_s: float | None  # median of steady_epochs_s; None after one epoch
     total_train_s: float
     steady_samples_per_s: float | None
     data_wait_fraction: float
@@ -169,6 +169,10 @@ class TrainSummary:
     steady_samples_per_s_per_process: float | None
     compile_cache: str | None = None  # torch.compile's caches at the start: warm | cold | partial
     steady_cpu_energy_j_per_epoch: float | None = None  # RAPL, where readable
+    # every steady epoch's seconds: epochs 2..N of the run, then of each timing repeat
+    # (`train.repeats`); the report's intervals are drawn from them. None: an older file
+    steady_epochs_s: list[float] | None = None
+    repeats: int = 1  # trainings timed: the run itself, and repeats - 1 more from scratch
     status: str = "trained"
 
     def to_json(self) -> dict[str, Any]:
@@ -176,7 +180,11 @@ class TrainSummary:
 
     def metrics(self) -> dict[str, float | int | None]:
         """The numeric figures, for a tracker (`epochs` is a count, not a figure)."""
-        return {k: v for k, v in asdict(self).items() if k != "epochs" and not isinstance(v, str)}
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if k != "epochs" and (v is None or isinstance(v, int | float))
+        }
 
 
 TrainResult = TrainSummary | Skipped

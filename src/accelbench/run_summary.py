@@ -15,10 +15,16 @@ def summarize_run(
     *,
     accumulation_steps: int,
     flops_per_sample: int,
+    repeats: list[list[engine.EpochRecord]] | None = None,
+    compile_cache: str | None = None,
 ) -> TrainSummary:
     """Epoch figures, plus achieved TFLOP/s against the datasheet peak of every process's
-    device, and per-process throughput under DDP."""
-    epochs = engine.summarize(records)
+    device, and per-process throughput under DDP; `repeats`' epochs 2..N join the steady
+    samples. `compile_cache`: `engine.compile_cache_state()` after the run, before its
+    repeats (which find every graph cached)."""
+    repeats = repeats or []
+    more_steady = [r.train_time_s for repeat in repeats for r in repeat[1:]]
+    epochs = engine.summarize(records, more_steady)
     world_size = placement.world_size
     steady_s = epochs["steady_epoch_s"] or epochs["first_epoch_s"]
     samples = records[-1].samples
@@ -42,5 +48,6 @@ def summarize_run(
         steady_samples_per_s_per_process=(
             per_process / world_size if world_size > 1 and per_process else None
         ),
-        compile_cache=engine.compile_cache_state() if variant.compile != "none" else None,
+        compile_cache=compile_cache if variant.compile != "none" else None,
+        repeats=1 + len(repeats),
     )

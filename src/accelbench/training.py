@@ -76,6 +76,10 @@ def train(
         with phases.phase("training"):
             records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
         progress.close()
+        compile_cache = engine.compile_cache_state()  # before repeats find every graph cached
+        state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
+        with phases.phase("training"):
+            repeats = fitting.repeat(recipe.repeats - 1, accumulation, quiet)
         if not placement.main:
             return None
         summary = summarize_run(
@@ -84,8 +88,9 @@ def train(
             placement,
             accumulation_steps=accumulation,
             flops_per_sample=flops_per_sample,
+            repeats=repeats,
+            compile_cache=compile_cache,
         )
-        state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
         model_file = ModelFile(name, "trained", run_id, run_params, state_dict)
         phases.RECORDER.training_s = summary.total_train_s
         with phases.phase("outputs"), staged() as outputs:  # all new or all old
@@ -152,6 +157,53 @@ class _Fitting:
         on_checkpoint: Callable[[dict[str, Any]], None] | None,
     ) -> tuple[list[engine.EpochRecord], int]:
         """Epoch records, and the accumulation steps they were trained with."""
+        recipe = self.recipe
+
+        def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
+            # after an OOM: from scratch, the checkpoint's state left behind
+            resume_from = resume.state if resume and not fresh else None
+            return self._fit_once(
+                progress, accumulation_steps, fresh, resume_from, on_checkpoint, track=True
+            )
+
+        return retry_on_oom(
+            attempt,
+            name=self.name,
+            batch_size=recipe.batch_size,
+            accumulation_steps=recipe.accumulation_steps,
+            retries=recipe.oom_retries,
+            placement=self.placement,
+        )
+
+    def repeat(
+        self, count: int, accumulation_steps: int, quiet: bool
+    ) -> list[list[engine.EpochRecord]]:
+        """`count` more trainings from scratch, timed only (`train.repeats`): same seed,
+        recipe and accumulation as the run; their epochs are neither tracked nor kept, and the
+        run's model must be taken before (this replaces it)."""
+        repeats = []
+        for index in range(count):
+            progress = EpochProgress(
+                f"{self.name} repeat {index + 2}/{count + 1}",
+                self.recipe.epochs,
+                len(self.batches),
+                quiet=quiet or not self.placement.main,
+            )
+            repeats.append(self._fit_once(progress, accumulation_steps, True, None, None, False))
+            progress.close()
+        return repeats
+
+    def _fit_once(
+        self,
+        progress: EpochProgress,
+        accumulation_steps: int,
+        fresh: bool,
+        resume_from: dict[str, Any] | None,
+        on_checkpoint: Callable[[dict[str, Any]], None] | None,
+        track: bool,
+    ) -> list[engine.EpochRecord]:
+        """One training: of the model as it is (`fresh`: of a new seeded one), its epochs
+        logged to the run where `track`."""
         recipe, variant, placement = self.recipe, self.variant, self.placement
         device = placement.device
         with phases.phase("device"):  # NVML's and RAPL's energy counters
@@ -160,50 +212,40 @@ class _Fitting:
 
         def on_epoch(record: engine.EpochRecord) -> None:
             progress.epoch_done(record)
-            if placement.main:
+            if placement.main and track:
                 tracking.log_metrics(record.as_dict(), step=record.epoch)
 
-        def attempt(accumulation_steps: int, fresh: bool) -> list[engine.EpochRecord]:
-            if fresh:  # after an OOM: from scratch, the checkpoint's state left behind
-                self.model = build.fresh_model(recipe, variant, device, self.dataset)
-            # one profile per attempt: an OOM retry starts counting steps again
-            with profiling.step_profiler(
-                self.profile_dir,
-                self.name,
-                placement.rank,
-                len(self.batches),
-                cuda=variant.uses_cuda,
-            ) as profile_step:
+        if fresh:
+            self.model = build.fresh_model(recipe, variant, device, self.dataset)
+        # one profile per attempt: an OOM retry starts counting steps again
+        with profiling.step_profiler(
+            self.profile_dir if track else None,
+            self.name,
+            placement.rank,
+            len(self.batches),
+            cuda=variant.uses_cuda,
+        ) as profile_step:
 
-                def on_step(samples: int) -> None:
-                    progress.step(samples)
-                    profile_step()
+            def on_step(samples: int) -> None:
+                progress.step(samples)
+                profile_step()
 
-                return engine.fit(
-                    self.model,
-                    self.batches,
-                    self.test_batches,
-                    recipe,
-                    variant,
-                    device,
-                    accumulation_steps=accumulation_steps,
-                    distributed=placement.backend is not None,
-                    on_epoch=on_epoch,
-                    on_step=on_step,
-                    energy_j=energy_j,
-                    cpu_energy_j=cpu_energy_j,
-                    resume_from=resume.state if resume and not fresh else None,
-                    on_checkpoint=on_checkpoint,
-                )
-
-        return retry_on_oom(
-            attempt,
-            name=self.name,
-            batch_size=recipe.batch_size,
-            accumulation_steps=recipe.accumulation_steps,
-            retries=recipe.oom_retries,
-            placement=placement,
-        )
+            return engine.fit(
+                self.model,
+                self.batches,
+                self.test_batches,
+                recipe,
+                variant,
+                device,
+                accumulation_steps=accumulation_steps,
+                distributed=placement.backend is not None,
+                on_epoch=on_epoch,
+                on_step=on_step,
+                energy_j=energy_j,
+                cpu_energy_j=cpu_energy_j,
+                resume_from=resume_from,
+                on_checkpoint=on_checkpoint,
+            )
 
 
 def _start_line(

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from accelbench import tracking
 from accelbench.console import StageError
 from accelbench.params import ParamsError
 from accelbench.results import MetricsFiles
@@ -131,3 +132,33 @@ def test_outputs_are_all_new_or_all_old_and_leftovers_go(
     assert {p: p.read_bytes() for p in before} == before
     hidden = sorted(p.name for p in tmp_path.rglob(".*") if p.is_file())
     assert [h for h in hidden if ".new." in h or h.endswith(".tmp")] == []
+
+
+def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlflow_store) -> None:
+    """train.repeats: 2 trains once more from scratch, timed only: its steady epochs join the
+    samples; the model, epochs.csv and the MLflow run's per-epoch metrics are the first's."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    variants = {"cpu": {"device": "cpu", "threads": 1}}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+    results = {}
+    for repeats in (1, 2):
+        params = write_params(tmp_path, variants, epochs=3, batch_size=64, repeats=repeats)
+        out = tmp_path / f"r{repeats}"
+        command = train_command(params, "cpu", prepared, out / "cpu.pt", out / "metrics")
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        results[repeats] = json.loads((out / "metrics" / "train.json").read_text())
+    once, twice = results[1], results[2]
+    assert (once["repeats"], len(once["steady_epochs_s"])) == (1, 2)
+    assert (twice["repeats"], len(twice["steady_epochs_s"])) == (2, 4)
+    assert twice["steady_epochs_s"][:2] != twice["steady_epochs_s"][2:]  # measured, not copied
+    weights = [torch.load(tmp_path / f"r{r}" / "cpu.pt")["state_dict"] for r in (1, 2)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert (tmp_path / "r2" / "metrics" / "epochs.csv").read_text().count("\n") == 4
+    client = MlflowClient(mlflow_store)
+    experiment = client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id
+    run = client.search_runs([experiment], order_by=["attributes.start_time DESC"])[0]
+    assert len(client.get_metric_history(run.info.run_id, "train_time_s")) == 3

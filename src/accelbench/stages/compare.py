@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import phases, pipeline_time, report, tracking
+from ..answer import Row
 from ..console import InputError, log
 from ..params import Params, VariantParams
 from ..results import (
@@ -70,7 +71,7 @@ def run(
                     "`accelbench evaluate` and `accelbench quantize`) before compare"
                 )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
-        row = report.Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
+        row = Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
         row.quantized = read_quantized(files.quantized_json) if quantized else None
         rows.append(row)
         tracked.append((read_run_record(files.run_json), row, files))
@@ -85,7 +86,7 @@ def run(
     return result.headline
 
 
-def _track_variants(root: Path, tracked: list[tuple[RunRecord, report.Row, MetricsFiles]]) -> None:
+def _track_variants(root: Path, tracked: list[tuple[RunRecord, Row, MetricsFiles]]) -> None:
     """Each variant's evaluation in the run that trained it, and each skipped variant as a run
     that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
     for record, row, files in tracked:

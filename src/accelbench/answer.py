@@ -1,0 +1,224 @@
+"""The answer the report leads with: each variant's speed figures with their 95% intervals,
+and the headline sentences that say who is fastest, by how much, and how sure that is.
+
+Pure: typed results in, figures and text out (`spread` draws the intervals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import spread
+from .params import VariantParams
+from .progress import fmt_seconds
+from .results import EvalResult, EvalSummary, QuantizedResult, TrainResult, TrainSummary
+from .spread import Figure
+
+
+@dataclass
+class Row:
+    """One variant as the compare stage read it: params, training, evaluation, epochs."""
+
+    name: str
+    variant: VariantParams
+    train: TrainResult
+    eval: EvalResult | None = None
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    quantized: QuantizedResult | None = None
+
+    @property
+    def trained(self) -> bool:
+        return isinstance(self.train, TrainSummary)
+
+    @property
+    def test_accuracy(self) -> float:
+        """The evaluate stage's figure, else the last epoch's (both on the test set)."""
+        if isinstance(self.eval, EvalSummary):
+            return self.eval.test_accuracy
+        return self.train.final_test_accuracy
+
+    @property
+    def steady_samples(self) -> list[float]:
+        """Every steady epoch's seconds: train.json's (the repeats' too), else epochs.csv's."""
+        if not isinstance(self.train, TrainSummary):
+            return []
+        if self.train.steady_epochs_s is not None:
+            return list(self.train.steady_epochs_s)
+        if self.epochs:
+            return [e["train_time_s"] for e in self.epochs[1:]]
+        steady = self.train.steady_epoch_s  # a file with the median alone: one sample
+        return [steady] if steady else []
+
+
+def time_to_target(epochs: list[dict[str, float]], target: float) -> tuple[float, int] | None:
+    """Training seconds until the first epoch whose test accuracy reached `target`, and that
+    epoch; None if none did."""
+    elapsed = 0.0
+    for epoch in epochs:
+        elapsed += epoch["train_time_s"]
+        if epoch["test_accuracy"] >= target:
+            return elapsed, int(epoch["epoch"])
+    return None
+
+
+@dataclass(frozen=True)
+class VariantFigures:
+    """A trained variant's speed figures, each with its interval where one can be drawn."""
+
+    steady_epoch: Figure
+    samples_per_s: Figure
+    speedup: Figure | None  # over the report's baseline (None: no baseline, or it is this)
+    fp32_twin: str | None  # the fp32 variant with otherwise identical settings
+    over_fp32: Figure | None  # mixed precision's speedup over `fp32_twin`
+    to_target: Figure | None  # training time to the target accuracy, first epoch included
+    target_epoch: int | None
+
+    def metrics(self, baseline: str | None) -> dict[str, float | None]:
+        """Flat figures with `_lo`/`_hi` ends: comparison.json, DVC's metrics, MLflow."""
+        out = {
+            **self.steady_epoch.fields("steady_epoch_s"),
+            **self.samples_per_s.fields("steady_samples_per_s"),
+        }
+        if self.speedup is not None:
+            out |= self.speedup.fields(f"speedup_vs_{baseline}")
+        if self.over_fp32 is not None:
+            out |= self.over_fp32.fields("speedup_vs_fp32")
+        if self.to_target is not None:
+            out |= self.to_target.fields("time_to_target_s")
+        return out
+
+
+def fp32_twins(rows: list[Row]) -> dict[str, str]:
+    """Each mixed-precision variant -> the fp32 variant whose settings are otherwise the
+    same (amp -> gpu in params.yaml): their ratio is what mixed precision alone buys."""
+    twins = {}
+    for row in rows:
+        if row.variant.precision == "fp32":
+            continue
+        ours = row.variant.model_dump(exclude={"precision"})
+        for other in rows:
+            if other.variant.precision == "fp32" and (
+                other.variant.model_dump(exclude={"precision"}) == ours
+            ):
+                twins[row.name] = other.name
+                break
+    return twins
+
+
+def variant_figures(
+    rows: list[Row], baseline: str | None, target: float
+) -> dict[str, VariantFigures]:
+    """The figures of every trained variant with a steady epoch (two epochs or more)."""
+    samples = {r.name: r.steady_samples for r in rows if r.trained and r.steady_samples}
+    twins = fp32_twins(rows)
+    out = {}
+    for row in rows:
+        if row.name not in samples:
+            continue
+        mine = samples[row.name]
+        steady = spread.median(mine)
+        base = samples.get(baseline) if baseline != row.name else None
+        twin = twins.get(row.name) if twins.get(row.name) in samples else None
+        reached = time_to_target(row.epochs, target)
+        to_target = None
+        if reached:
+            epochs = [e["train_time_s"] for e in row.epochs[: reached[1]]]
+            to_target = spread.total_after(epochs[0], epochs[1:], mine)
+        out[row.name] = VariantFigures(
+            steady_epoch=steady,
+            samples_per_s=steady.inverse(row.train.train_samples),
+            speedup=spread.ratio_of_medians(base, mine) if base else None,
+            fp32_twin=twin,
+            over_fp32=spread.ratio_of_medians(samples[twin], mine) if twin else None,
+            to_target=to_target,
+            target_epoch=reached[1] if reached else None,
+        )
+    return out
+
+
+def times(value: float) -> str:
+    """A speedup: 148×, 12.3×, 1.87×."""
+    return f"{value:,.0f}×" if value >= 100 else f"{value:.1f}×" if value >= 10 else f"{value:.2f}×"
+
+
+def fmt_speedup(figure: Figure | None) -> str:
+    if figure is None:
+        return "n/a"
+    if not figure.has_interval:
+        return times(figure.value)
+    lo, hi = times(figure.lo).rstrip("×"), times(figure.hi)
+    return f"{times(figure.value)} ({lo}–{hi})"
+
+
+def fmt_time(figure: Figure | None) -> str:
+    return spread.fmt_times(figure, fmt_seconds)
+
+
+def _precision(variant: VariantParams) -> str:
+    if variant.device == "cpu":
+        return f"{variant.precision}, {variant.threads} threads" if variant.threads else "fp32"
+    return variant.precision
+
+
+def headline(
+    rows: list[Row],
+    figures: Mapping[str, VariantFigures],
+    env: Mapping[str, Mapping[str, Any]],
+    baseline: str | None,
+    target: float,
+) -> list[str]:
+    """Two to four sentences: who is fastest and by how much, what mixed precision alone
+    buys, who reaches the target first, and what was skipped."""
+    cpu, gpu = env["cpu"], env["cuda"]
+    machine = f"{cpu['cpu_model']} ({cpu['torch_default_threads']} threads)"
+    if gpu.get("cuda_available"):
+        machine = f"{gpu['gpu_names'][0]} and {machine}"
+    stack = f"torch {cpu['torch']}"
+    skipped = [r.name for r in rows if not r.trained]
+    if not figures:
+        return [f"On {machine}, {stack}: no variant trained for two epochs or more, so there "
+                "is no steady epoch to compare" + (f" (skipped: {', '.join(skipped)})." if skipped else ".")]  # fmt: skip
+    by_name = {r.name: r for r in rows}
+    fastest = min(figures, key=lambda n: figures[n].steady_epoch.value)
+    best = figures[fastest]
+    sentence = (
+        f"On {machine}, {stack}: **{fastest}** ({by_name[fastest].variant.device}, "
+        f"{_precision(by_name[fastest].variant)}) trains fastest, "
+        f"{fmt_time(best.steady_epoch)} a steady epoch"
+    )
+    if best.speedup is not None:
+        sentence += f", **{fmt_speedup(best.speedup)}** faster than {baseline}"
+    others = [
+        f"{name} {fmt_speedup(f.speedup)}"
+        for name, f in figures.items()
+        if name != fastest and f.speedup is not None
+    ]
+    sentences = [sentence + (f" (others: {'; '.join(others)})." if others else ".")]
+    for name, f in figures.items():
+        if f.over_fp32 is not None:
+            sentences.append(
+                f"Mixed precision alone ({name}'s {by_name[name].variant.precision} over "
+                f"{f.fp32_twin}'s fp32, every other setting the same) is "
+                f"**{fmt_speedup(f.over_fp32)}** faster."
+            )
+    reached = {n: f for n, f in figures.items() if f.to_target is not None}
+    if reached:
+        first = min(reached, key=lambda n: reached[n].to_target.value)
+        missed = [n for n in figures if n not in reached]
+        sentences.append(
+            f"To {target:.1%} test accuracy, {first} is first: "
+            f"{fmt_time(reached[first].to_target)} of training (epoch "
+            f"{reached[first].target_epoch}, the first epoch's warm-up and compilation included)"
+            + (f"; {', '.join(missed)} never reached it." if missed else ".")
+        )
+    else:
+        sentences.append(f"No variant reached {target:.1%} test accuracy.")
+    low, high = (f(by_name[n].test_accuracy for n in figures) for f in (min, max))
+    accuracy = f"{low:.2%}–{high:.2%}" if f"{low:.2%}" != f"{high:.2%}" else f"{low:.2%}"
+    sentences.append(
+        f"Test accuracy {accuracy} across the trained variants"
+        + (f"; skipped on this machine: {', '.join(skipped)}." if skipped else ".")
+    )
+    return sentences

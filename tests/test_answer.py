@@ -1,0 +1,133 @@
+"""The answer: intervals that carry the spread, and a headline that names who is fastest."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from accelbench import spread
+from accelbench.answer import Row, fmt_speedup, fp32_twins, headline, variant_figures
+from accelbench.params import VariantParams
+from accelbench.results import Skipped
+from helpers import trained_summary
+from test_report import ENV
+
+GPU = VariantParams(device="cuda", precision="fp32", compile="default", cuda_graph=True)
+AMP = GPU.model_copy(update={"precision": "bf16"})
+
+
+def _epochs(first: float, steady: float, jitter: float, seed: int) -> list[dict[str, float]]:
+    rng = random.Random(seed)
+    accuracy = [0.97, 0.985, 0.99, 0.991, 0.992]
+    return [
+        {
+            "epoch": i + 1,
+            "train_time_s": first if i == 0 else steady * (1 + jitter * (rng.random() - 0.5)),
+            "test_accuracy": a,
+        }
+        for i, a in enumerate(accuracy)
+    ]
+
+
+def _row(name: str, variant: VariantParams, first: float, steady: float, seed: int = 0) -> Row:
+    epochs = _epochs(first, steady, 0.2, seed)
+    summary = replace(
+        trained_summary(steady),
+        first_epoch_s=first,
+        steady_epochs_s=[e["train_time_s"] for e in epochs[1:]],
+    )
+    return Row(name, variant, summary, None, epochs)
+
+
+def test_median_interval_holds_the_median_and_narrows_with_samples() -> None:
+    rng = random.Random(1)
+    few = [10 + rng.gauss(0, 1) for _ in range(5)]
+    many = [10 + rng.gauss(0, 1) for _ in range(200)]
+    small, large = spread.median(few), spread.median(many)
+    assert small.value == statistics.median(few)
+    assert small.lo <= small.value <= small.hi
+    assert (large.hi - large.lo) < (small.hi - small.lo)
+    assert spread.median(few) == small  # a fixed seed: the same epochs, the same interval
+    assert spread.median([3.0]) == spread.Figure(3.0)  # one sample: no interval
+    assert spread.median([]) is None
+
+
+def test_ratio_interval_carries_both_spreads() -> None:
+    rng = random.Random(2)
+    slow = [10 * (1 + rng.uniform(-0.2, 0.2)) for _ in range(9)]
+    steady = [0.1 * (1 + rng.uniform(-0.01, 0.01)) for _ in range(9)]
+    noisy = [0.1 * (1 + rng.uniform(-0.2, 0.2)) for _ in range(9)]
+    tight, wide = spread.ratio_of_medians(slow, steady), spread.ratio_of_medians(slow, noisy)
+    assert tight.value == pytest.approx(statistics.median(slow) / statistics.median(steady))
+    assert tight.lo < tight.value < tight.hi
+    # the noisier denominator widens the ratio's interval beyond the numerator's alone
+    assert (wide.hi - wide.lo) / wide.value > (tight.hi - tight.lo) / tight.value
+    assert spread.ratio_of_medians([4.0], [2.0]) == spread.Figure(2.0)
+
+
+def test_rate_interval_is_the_time_interval_inverted() -> None:
+    time = spread.Figure(2.0, 1.0, 4.0, 9)
+    assert time.inverse(100) == spread.Figure(50.0, 25.0, 100.0, 9)
+
+
+def test_time_to_target_redraws_only_the_steady_epochs() -> None:
+    total = spread.total_after(5.0, [1.0, 1.0], [0.5, 1.0, 1.5])
+    assert total.value == 7.0
+    assert 6.0 <= total.lo < total.value < total.hi <= 8.0  # first epoch fixed at 5 s
+    assert spread.total_after(5.0, [], [1.0, 2.0]) == spread.Figure(5.0)
+
+
+def test_mixed_precision_is_compared_with_its_fp32_twin_only() -> None:
+    rows = [
+        Row("cpu", VariantParams(device="cpu"), trained_summary(10.0)),
+        Row("gpu", GPU, trained_summary(0.1)),
+        Row("amp", AMP, trained_summary(0.05)),
+        Row("loader", VariantParams(device="cuda", precision="fp16", batches="dataloader"),
+            trained_summary(1.0)),
+    ]  # fmt: skip
+    assert fp32_twins(rows) == {"amp": "gpu"}
+
+
+def test_headline_names_the_fastest_its_speedup_and_what_precision_alone_buys() -> None:
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0, 1),
+        _row("gpu", GPU, 15.0, 0.128, 2),
+        _row("amp", AMP, 16.0, 0.069, 3),
+        Row("ddp", GPU, Skipped("needs 2 GPUs", "cuda")),
+    ]
+    figures = variant_figures(rows, "cpu", 0.99)
+    assert set(figures) == {"cpu", "gpu", "amp"}
+    amp = figures["amp"]
+    assert amp.speedup.lo < amp.speedup.value < amp.speedup.hi
+    assert amp.fp32_twin == "gpu" and amp.over_fp32.value == pytest.approx(
+        statistics.median(rows[1].steady_samples) / statistics.median(rows[2].steady_samples)
+    )
+    assert figures["cpu"].speedup is None  # the baseline over itself says nothing
+    assert amp.target_epoch == 3 and amp.to_target.value == pytest.approx(
+        sum(e["train_time_s"] for e in rows[2].epochs[:3])
+    )
+    text = " ".join(headline(rows, figures, ENV, "cpu", 0.99))
+    assert text.startswith("On NVIDIA H200 and Test CPU (2 threads), torch 2.x: **amp**")
+    assert f"**{fmt_speedup(amp.speedup)}** faster than cpu" in text
+    assert "Mixed precision alone (amp's bf16 over gpu's fp32" in text
+    assert "To 99.0% test accuracy, cpu is first" not in text
+    assert "skipped on this machine: ddp" in text
+    metrics = amp.metrics("cpu")
+    assert metrics["speedup_vs_cpu_lo"] == amp.speedup.lo
+    assert metrics["speedup_vs_fp32_hi"] == amp.over_fp32.hi
+
+
+def test_repeats_join_the_steady_samples() -> None:
+    row = _row("cpu", VariantParams(device="cpu"), 11.0, 10.0)
+    pooled = replace(row.train, steady_epochs_s=row.steady_samples * 3, repeats=3)
+    figures = variant_figures([replace(row, train=pooled)], None, 0.99)
+    assert figures["cpu"].steady_epoch.samples == 12
+
+
+def test_headline_without_a_trained_variant_says_why() -> None:
+    rows = [Row("gpu", GPU, Skipped("no GPU", "cuda"))]
+    (text,) = headline(rows, {}, ENV, "cpu", 0.99)
+    assert "no variant trained" in text and "skipped: gpu" in text
