@@ -1,4 +1,4 @@
-"""benchmarks/variants.py and benchmarks/step_options.py, run as the README gives them."""
+"""benchmarks/variants.py and benchmarks/step_options.py, run as docs/development.md gives them."""
 
 from __future__ import annotations
 

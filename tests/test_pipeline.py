@@ -254,7 +254,7 @@ def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeyp
 
 def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
     """`dvc exp run -S data.dataset=cifar10` on a fake archive in the official format, served by
-    $ACCELBENCH_CIFAR10_MIRROR, with the README's flags (the tutorial's recipe): download,
+    $ACCELBENCH_CIFAR10_MIRROR, with docs/pipeline.md's flags (the tutorial's recipe): download,
     prepare, every variant (CUDA ones skipped here; the DataLoader recipe on the CPU),
     evaluate, quantize and the report."""
     md5 = write_fake_cifar10(tmp_path / "cifar-mirror", n_per_batch=256, n_test=256)
@@ -270,7 +270,7 @@ def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
         "ACCELBENCH_CIFAR10_MIRROR": str(tmp_path / "cifar-mirror")
     }
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "dvc"), "exp", "run",  # the README's command
+        [str(Path(sys.executable).parent / "dvc"), "exp", "run",  # docs/pipeline.md's command
          "-S", "data.dataset=cifar10", "-S", "train.batch_size=128",
          "-S", "train.schedule=constant", "-S", "train.shift_px=0",
          "-S", f"data.cifar10_md5={md5}"],  # the fake archive's

@@ -416,7 +416,7 @@ def _make_wheelhouse(*variables: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_make_wheelhouse_needs_the_hosts_list_and_passes_it_on():
-    """No silent default: the README's command names the host's list."""
+    """No silent default: docs/air-gapped.md's command names the host's list."""
     refused = _make_wheelhouse()
     assert refused.returncode == 2
     assert "make wheelhouse needs HOST_PACKAGES=FILE" in refused.stderr
@@ -427,5 +427,5 @@ def test_make_wheelhouse_needs_the_hosts_list_and_passes_it_on():
         "tools/wheelhouse.py --python-version 3.12 "
         "--host-packages tools/host-packages/nvidia-h200.txt --out .whl"
     ) in given.stdout
-    readme = (REPO / "README.md").read_text()
-    assert "make wheelhouse PY=3.12 HOST_PACKAGES=host-packages.txt" in readme
+    air_gapped = (REPO / "docs" / "air-gapped.md").read_text()
+    assert "make wheelhouse PY=3.12 HOST_PACKAGES=host-packages.txt" in air_gapped
