@@ -73,11 +73,12 @@ def test_rate_interval_is_the_time_interval_inverted() -> None:
     assert time.inverse(100) == spread.Figure(50.0, 25.0, 100.0, 9)
 
 
-def test_time_to_target_redraws_only_the_steady_epochs() -> None:
-    total = spread.total_after(5.0, [1.0, 1.0], [0.5, 1.0, 1.5])
-    assert total.value == 7.0
-    assert 6.0 <= total.lo < total.value < total.hi <= 8.0  # first epoch fixed at 5 s
-    assert spread.total_after(5.0, [], [1.0, 2.0]) == spread.Figure(5.0)
+def test_time_to_target_redraws_the_epochs_after_the_first() -> None:
+    total = spread.total_after(5.0, [0.5, 1.0, 1.5])
+    assert total.value == 8.0
+    assert 6.5 <= total.lo < total.value < total.hi <= 9.5  # first epoch fixed at 5 s
+    assert spread.total_after(5.0, []) == spread.Figure(5.0)
+    assert spread.total_after(5.0, [1.0]) == spread.Figure(6.0)  # one epoch: no interval
 
 
 def test_mixed_precision_is_compared_with_its_fp32_twin_only() -> None:
@@ -105,7 +106,7 @@ def test_headline_names_the_fastest_its_speedup_and_what_precision_alone_buys() 
     assert amp.fp32_twin == "gpu" and amp.over_fp32.value == pytest.approx(
         statistics.median(rows[1].steady_samples) / statistics.median(rows[2].steady_samples)
     )
-    assert figures["cpu"].speedup is None  # the baseline over itself says nothing
+    assert figures["cpu"].speedup == spread.Figure(1.0)  # the baseline: no interval to draw
     assert amp.target_epoch == 3 and amp.to_target.value == pytest.approx(
         sum(e["train_time_s"] for e in rows[2].epochs[:3])
     )

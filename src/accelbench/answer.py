@@ -69,7 +69,7 @@ class VariantFigures:
 
     steady_epoch: Figure
     samples_per_s: Figure
-    speedup: Figure | None  # over the report's baseline (None: no baseline, or it is this)
+    speedup: Figure | None  # over the report's baseline (1, no interval: the baseline itself)
     fp32_twin: str | None  # the fp32 variant with otherwise identical settings
     over_fp32: Figure | None  # mixed precision's speedup over `fp32_twin`
     to_target: Figure | None  # training time to the target accuracy, first epoch included
@@ -119,17 +119,19 @@ def variant_figures(
             continue
         mine = samples[row.name]
         steady = spread.median(mine)
-        base = samples.get(baseline) if baseline != row.name else None
+        base = samples.get(baseline)
         twin = twins.get(row.name) if twins.get(row.name) in samples else None
         reached = time_to_target(row.epochs, target)
         to_target = None
         if reached:
             epochs = [e["train_time_s"] for e in row.epochs[: reached[1]]]
-            to_target = spread.total_after(epochs[0], epochs[1:], mine)
+            to_target = spread.total_after(epochs[0], epochs[1:])
         out[row.name] = VariantFigures(
             steady_epoch=steady,
             samples_per_s=steady.inverse(row.train.train_samples),
-            speedup=spread.ratio_of_medians(base, mine) if base else None,
+            speedup=(Figure(1.0) if row.name == baseline else spread.ratio_of_medians(base, mine))
+            if base
+            else None,
             fp32_twin=twin,
             over_fp32=spread.ratio_of_medians(samples[twin], mine) if twin else None,
             to_target=to_target,
@@ -188,12 +190,12 @@ def headline(
         f"{_precision(by_name[fastest].variant)}) trains fastest, "
         f"{fmt_time(best.steady_epoch)} a steady epoch"
     )
-    if best.speedup is not None:
+    if best.speedup is not None and fastest != baseline:
         sentence += f", **{fmt_speedup(best.speedup)}** faster than {baseline}"
     others = [
         f"{name} {fmt_speedup(f.speedup)}"
         for name, f in figures.items()
-        if name != fastest and f.speedup is not None
+        if name not in (fastest, baseline) and f.speedup is not None
     ]
     sentences = [sentence + (f" (others: {'; '.join(others)})." if others else ".")]
     for name, f in figures.items():

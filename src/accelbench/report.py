@@ -87,12 +87,9 @@ class ReportResult:
     variants: dict[str, dict[str, Any]]  # each variant's figures (comparison.json's)
 
 
-def _speedups(
-    figures: Mapping[str, VariantFigures], baseline: str | None
-) -> dict[str, float | None]:
+def _speedups(figures: Mapping[str, VariantFigures]) -> dict[str, float | None]:
     """Each variant's point speedup over the baseline (the figures' labels)."""
-    out = {n: f.speedup.value if f.speedup else None for n, f in figures.items()}
-    return out | ({baseline: 1.0} if baseline in figures else {})
+    return {n: f.speedup.value if f.speedup else None for n, f in figures.items()}
 
 
 def _cell(value: Any, kind: str) -> str:
@@ -175,7 +172,7 @@ def _answer_table(
         "",
         f"Steady epoch: the median over {_samples_note(rows, figures)}; {spread.METHOD} "
         "Time to target: training time up to the first epoch at the target, its interval "
-        "redrawing the steady epochs in it. Energy: the GPU board's counter (NVML) for GPU "
+        "redrawing the epochs after the first from themselves. Energy: the GPU board's counter (NVML) for GPU "
         "variants, the CPU packages' (RAPL) for CPU ones, n/a where unreadable or too coarse; "
         "cost: energy and machine time at `cost:`'s prices (details below).",
     ]
@@ -568,7 +565,7 @@ def write_report(
 ) -> ReportResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
-    speedups = _speedups(figures, spec.speedup_baseline)
+    speedups = _speedups(figures)
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
     _curves_figure(curves, rows, spec.target_accuracy)

@@ -94,18 +94,16 @@ def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -
     return Figure(value, lo, hi, min(len(numerator), len(denominator)))
 
 
-def total_after(first: float, measured: Sequence[float], steady: Sequence[float]) -> Figure:
-    """Time to a point `len(measured) + 1` epochs in: `first` + the `measured` epochs after it,
-    with an interval that redraws those epochs from the `steady` pool (the first epoch,
+def total_after(first: float, measured: Sequence[float]) -> Figure:
+    """Time to a point `len(measured) + 1` epochs in: `first` + the `measured` epochs after
+    it, with an interval that redraws those epochs from themselves (the first epoch,
     compilation and all, is one measurement and stays as it was)."""
     value = first + sum(measured)
-    if not measured or len(steady) < 2:
+    if len(measured) < 2:
         return Figure(value)
-    pool = np.asarray(steady, dtype=float)
-    rng = np.random.default_rng(SEED)
-    totals = first + pool[rng.integers(0, len(pool), size=(RESAMPLES, len(measured)))].sum(axis=1)
-    lo, hi = _bounds(totals)
-    return Figure(value, lo, hi, len(steady))
+    draws = _draws(measured, SEED)
+    lo, hi = _bounds(first + draws.sum(axis=1))
+    return Figure(value, lo, hi, len(measured))
 
 
 def fmt_times(figure: Figure | None, fmt) -> str:
