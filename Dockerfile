@@ -34,17 +34,17 @@ RUN apt-get update \
          python3 python3-venv python3-dev build-essential git util-linux ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
-# Dependencies first, from the same uv.lock as `make setup` and CI (runtime group only, hashes
-# checked), in one layer owned by root and readable by every uid: cached until the lock
-# changes. uv (the lock's version, in a throwaway venv) exports and installs; the dev group's
-# list stays beside the venv for the `dev` target. UV_SYSTEM_CERTS: the system's trust store.
+# Dependencies first, from the same uv.lock as `make setup` and CI (runtime group and the
+# `plots` extra, hashes checked), in one layer owned by root and readable by every uid: cached
+# until the lock changes. uv (the lock's version, in a throwaway venv) exports and installs;
+# the dev group's list stays beside the venv for the `dev` target. UV_SYSTEM_CERTS: the system's trust store.
 ARG UV_VERSION=0.13.9
 COPY pyproject.toml uv.lock docker/requirements_for_flavour.py /tmp/lock/
 RUN python3 -m venv /opt/venv /tmp/uv \
     && /tmp/uv/bin/pip install --quiet "uv==${UV_VERSION}" \
     && export UV_SYSTEM_CERTS=1 UV_NO_CACHE=1 \
     && /tmp/uv/bin/uv export --project /tmp/lock --frozen --no-header --no-annotate --quiet \
-         --no-emit-project --no-dev -o /tmp/lock/runtime.txt \
+         --no-emit-project --no-dev --extra plots -o /tmp/lock/runtime.txt \
     && /tmp/uv/bin/uv export --project /tmp/lock --frozen --no-header --no-annotate --quiet \
          --no-emit-project --only-group dev -o /opt/venv/dev-requirements.txt \
     && python3 /tmp/lock/requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock \

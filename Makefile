@@ -13,7 +13,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup repro test lint format ui lock wheelhouse container-test schema clean clean-history
+.PHONY: help setup repro test lint format ui lock wheelhouse container-test schema metrics plots exps clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ endif
 # files (a read-only environment, PYTHONDONTWRITEBYTECODE) every stage process recompiles
 # MLflow and its stack from source, seconds per stage.
 $(VENV)/.installed: uv.lock pyproject.toml | $(BIN)/uv
-	$(BIN)/uv sync --locked --quiet --compile-bytecode
+	$(BIN)/uv sync --locked --quiet --compile-bytecode --extra plots
 	touch $@
 
 $(BIN)/uv:
@@ -58,7 +58,7 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff format src tests tools benchmarks
 
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
-	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import training_view_url as url; print("Open", url(sys.argv[1], Path("mlflow.db")))' http://$(HOST):$(PORT)
+	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import training_view_url as url; print("Open", url(sys.argv[1], Path("mlflow.db")), "(the newest pipeline run: its trained variants, fastest first)")' http://$(HOST):$(PORT)
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 lock: | $(BIN)/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)
@@ -80,9 +80,27 @@ container-test: setup  ## build the image and run the pipeline in it (root, buil
 schema:  ## regenerate docs/params.schema.json (editors' completion for params.yaml)
 	python tools/params_schema.py
 
-# Pipeline outputs (`dvc repro` restores them from the DVC cache or re-runs their stages);
-# the run history (MLflow store, DVC cache and experiment queue) only by its own target.
-OUTPUTS := data models metrics reports env checkpoints dvc.lock
+# DVC's comparison (docs/comparing-with-dvc.md). `dvc plots show` alone loads Vega from a CDN:
+# `make plots` renders with Vega inlined, from the vl-convert-python package, so the page
+# draws offline too.
+PLOTS_TEMPLATE := .dvc/tmp/offline-plots.html
+
+metrics: setup  ## the figures of each variant, and what changed since the last commit
+	dvc metrics show
+	dvc metrics diff
+
+plots: setup  ## dvc plots show, drawn offline: dvc_plots/index.html (REV=HEAD: diff against it)
+	python -m accelbench.dvc_plots --html-template $(PLOTS_TEMPLATE)
+	dvc plots $(if $(REV),diff $(REV),show) --html-template $(PLOTS_TEMPLATE)
+
+exps: setup  ## DVC experiments side by side: changed params, each variant's figures (120 columns)
+	dvc exp show --json --no-pager | python tools/exp_table.py
+
+# Pipeline outputs that git does not track (`dvc repro` restores them from the DVC cache or
+# re-runs their stages). dvc.lock and compare's figures (reports/metrics, reports/plots) are
+# what a user commits after a run, so they stay; the run history (MLflow store, DVC cache
+# and experiment queue) goes only by its own target.
+OUTPUTS = data models metrics env checkpoints $(filter-out reports/metrics reports/plots,$(wildcard reports/*))
 HISTORY := mlflow.db mlartifacts mlruns .accelbench .dvc/cache .dvc/tmp
 
 clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC cache)

@@ -45,10 +45,10 @@ def _lock() -> dict[str, str]:
 
 
 def _runtime_export() -> str:
-    """The runtime group as the Dockerfile exports it."""
+    """The runtime group (and the plots extra) as the Dockerfile exports it."""
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "uv"), "export", "--project", str(REPO), "--frozen",
-         "--no-header", "--no-annotate", "--no-emit-project", "--no-dev"],
+         "--no-header", "--no-annotate", "--no-emit-project", "--no-dev", "--extra", "plots"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return proc.stdout
@@ -83,8 +83,11 @@ def test_base_image_cuda_is_not_older_than_the_locked_torch_build() -> None:
 
 def test_image_installs_from_the_same_lock_as_make_and_ci() -> None:
     assert "COPY pyproject.toml uv.lock docker/requirements_for_flavour.py /tmp/lock/" in DOCKERFILE
-    # the runtime image gets the runtime group, hashes checked; the dev image adds the dev group
-    [runtime_export] = re.findall(r"uv export [^&]*--no-dev -o /tmp/lock/runtime.txt", DOCKERFILE)
+    # the runtime image gets the runtime group and the plots extra (`make plots` draws offline),
+    # hashes checked; the dev image adds the dev group
+    [runtime_export] = re.findall(
+        r"uv export [^&]*--no-dev --extra plots -o /tmp/lock/runtime.txt", DOCKERFILE
+    )
     assert "--frozen" in runtime_export
     assert 'requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock' in DOCKERFILE
     assert (

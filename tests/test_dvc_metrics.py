@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from accelbench import report
@@ -71,3 +72,56 @@ def test_dvc_metrics_show_fits_120_columns_for_the_default_variants(tmp_path) ->
     report.write_variant_metrics(repo / "reports" / report.METRICS_DIR, headline)
     ddp = next(line for line in _metrics_show(repo).splitlines() if "ddp" in line)
     assert ddp.split()[1:] == ["-"] * 4
+
+
+def test_what_a_user_commits_after_a_run_is_in_git_and_out_of_the_dvc_cache() -> None:
+    """dvc.lock, compare's metrics and plot data: `cache: false`, and not ignored by git."""
+    compare = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["compare"]
+    metrics = {next(iter(m)): m[next(iter(m))] for m in compare["metrics"]}
+    outs = {next(iter(o)): o[next(iter(o))] for o in compare["outs"] if isinstance(o, dict)}
+    assert metrics["${dirs.reports}/metrics"]["cache"] is False
+    assert outs["${dirs.reports}/plots"]["cache"] is False
+    committed = ["dvc.lock", "reports/metrics/cpu.json", "reports/plots/epochs.csv"]
+    outputs = ["reports/comparison.md", "reports/summary.png", "metrics/cpu/train.json"]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *committed, *outputs],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert ignored == outputs
+
+
+@pytest.mark.slow
+def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
+    """After a tiny `dvc repro`, its commit (dvc.lock and compare's figures, as
+    docs/comparing-with-dvc.md says) and `make clean-history`: the figures are still shown,
+    and diffed against the commit."""
+    from test_pipeline import _dvc, _small_repo
+
+    repo, mirror, _ = _small_repo(
+        tmp_path, only_cpu=True, epochs=2, train_subset=512, test_subset=256
+    )
+    _dvc(repo, "repro", mirror=mirror)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "a run"], cwd=repo, check=True)
+    tracked = subprocess.run(
+        ["git", "ls-files", "dvc.lock", "reports"], cwd=repo, capture_output=True, text=True
+    ).stdout.split()
+    assert tracked == [
+        "dvc.lock", "reports/metrics/cpu.json", "reports/plots/epochs.csv",
+        "reports/plots/per_class.csv",
+    ]  # fmt: skip
+    subprocess.run(["make", "--no-print-directory", "clean-history"], cwd=repo, check=True)
+    assert not (repo / ".dvc" / "cache").exists()
+
+    shown = _metrics_show(repo)
+    assert "reports/metrics/cpu.json" in shown and "steady_epoch_s" in shown
+    assert _dvc(repo, "metrics", "diff", mirror=mirror).stdout.strip() == ""  # as committed
+    cpu = repo / "reports" / "metrics" / "cpu.json"
+    figures = json.loads(cpu.read_text())
+    cpu.write_text(json.dumps(figures | {"steady_epoch_s": 2 * figures["steady_epoch_s"]}))
+    diff = _dvc(repo, "metrics", "diff", "HEAD", mirror=mirror).stdout
+    [line] = [line for line in diff.splitlines() if "steady_epoch_s " in line]
+    assert line.split()[:2] == ["reports/metrics/cpu.json", "steady_epoch_s"]

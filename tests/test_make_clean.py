@@ -1,5 +1,6 @@
-"""`make clean` removes pipeline outputs and nothing of the run history; `make clean-history`
-removes the run history, and never the code, the environment or the params."""
+"""`make clean` removes pipeline outputs and nothing of the run history, nor what a user commits
+after a run (dvc.lock, compare's DVC metrics and plot data); `make clean-history` removes the
+run history, and never the code, the environment or the params."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ OUTPUTS = [
     "models/cpu.pt",
     "metrics/cpu/train.json",
     "reports/comparison.md",
-    "reports/metrics/cpu.json",
+    "reports/summary.png",
     "env/cpu.json",
     "checkpoints/cpu.pt",
-    "dvc.lock",
 ]
 HISTORY = [
     "mlflow.db",
@@ -29,6 +29,7 @@ HISTORY = [
     ".dvc/tmp/exps/celery/broker/in/x.msg",
 ]
 KEPT = [".venv/bin/python", "params.yaml", "dvc.yaml", "src/accelbench/cli.py", ".dvc/config"]
+COMMITTED = ["dvc.lock", "reports/metrics/cpu.json", "reports/plots/epochs.csv"]
 
 
 def _make(checkout: Path, target: str) -> str:
@@ -51,17 +52,17 @@ def test_clean_keeps_the_run_history_and_clean_history_removes_it(tmp_path) -> N
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     shutil.copy2(REPO / "Makefile", checkout / "Makefile")
-    for name in OUTPUTS + HISTORY + KEPT:
+    for name in OUTPUTS + HISTORY + KEPT + COMMITTED:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         (checkout / name).write_text("x\n")
 
     _make(checkout, "clean")
     assert _present(checkout, OUTPUTS) == []
-    assert _present(checkout, HISTORY + KEPT) == HISTORY + KEPT
+    assert _present(checkout, HISTORY + KEPT + COMMITTED) == HISTORY + KEPT + COMMITTED
 
     _make(checkout, "clean-history")
     assert _present(checkout, HISTORY) == []
-    assert _present(checkout, KEPT) == KEPT
+    assert _present(checkout, KEPT + COMMITTED) == KEPT + COMMITTED
 
 
 def test_make_help_says_which_target_deletes_the_history() -> None:
