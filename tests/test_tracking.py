@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -87,7 +88,8 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     assert stderr.count("WARNING: MLflow tracking") == 1
     assert (tmp_path / "cpu.pt").exists() and (tmp_path / "metrics" / "train.json").exists()
     [run] = mlflow_runs(f"sqlite:///{store}", "cpu")
-    assert run.info.status == "RUNNING"  # the server died before it could be told; see README
+    # the server died before it could be told (docs/reliability.md)
+    assert run.info.status == "RUNNING"
 
 
 def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow_store) -> None:
@@ -168,3 +170,61 @@ def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store)
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_evaluation_joins_the_run_as_its_train_stage_ended_it(tmp_path, mlflow_store) -> None:
+    """Compare logs the evaluation into the variant's run without re-opening it (its Duration
+    stays its train stage's), against the run's model and evaluation dataset (the models
+    view ranks the variants' models by it)."""
+    import numpy as np
+
+    from accelbench.results import EvalSummary
+
+    images, labels = np.zeros((4, 28, 28), np.uint8), np.arange(4, dtype=np.uint8)
+    with tracking.variant_run(tmp_path, "cpu", {}, {"status": "trained"}) as run_id:
+        tracking.log_dataset("mnist-test", images, labels, tmp_path, "d1g3st", "evaluation")
+        experiment_id = mlflow.active_run().info.experiment_id
+        model = MlflowClient().create_logged_model(experiment_id, "cpu", source_run_id=run_id)
+    client = MlflowClient()
+    trained = client.get_run(run_id).info
+    time.sleep(0.05)  # a re-opened run would end later than it did
+    (tmp_path / "eval.json").write_text("{}\n")
+    summary = EvalSummary(0.9912, 0.03, 0.99, 12345.0, per_class={})
+    tracking.log_evaluation(tmp_path, run_id, summary, [tmp_path / "eval.json"], {"quant_x": 2})
+
+    run = client.get_run(run_id)
+    assert (run.info.start_time, run.info.end_time, run.info.status) == (
+        trained.start_time,
+        trained.end_time,
+        "FINISHED",
+    )
+    assert run.data.metrics["eval_test_accuracy"] == 0.9912 and run.data.metrics["quant_x"] == 2
+    assert "eval.json" in [a.path for a in client.list_artifacts(run_id)]
+    [accuracy] = [
+        m for m in client.get_logged_model(model.model_id).metrics if m.key == "eval_test_accuracy"
+    ]
+    assert (accuracy.value, accuracy.dataset_name, accuracy.dataset_digest) == (
+        0.9912,
+        "mnist-test",
+        "d1g3st",
+    )
+
+
+def test_compares_tracking_calls_survive_an_outage(tmp_path, monkeypatch, capsys) -> None:
+    """A tracking server that is down when compare runs: the figures and the evaluation are
+    dropped with one warning, compare goes on."""
+    import socket
+
+    from accelbench.results import EvalSummary
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    for key, value in tracking.HTTP_DEFAULTS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    summary = EvalSummary(0.99, 0.03, 0.99, 1.0, per_class={})
+    assert tracking.log_variant_figures(tmp_path, {"0" * 32: {"speedup_vs_cpu": 2.0}}) is None
+    assert tracking.log_evaluation(tmp_path, "0" * 32, summary, []) is None
+    assert capsys.readouterr().err.count("WARNING: MLflow tracking") == 1

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import mlflow
 import pytest
@@ -179,12 +181,147 @@ def test_a_workspace_that_is_not_here_falls_back_to_the_checkout(tmp_path, monke
     assert tracking.store_root(tmp_path / "copy") == tmp_path / "copy"
 
 
-def test_accelbench_runs_labels_each_column(tmp_path, mlflow_store) -> None:
-    with tracking.variant_run(tmp_path, "gpu", {}, {"status": "skipped"}):
-        tracking.log_metrics({"skipped": 1})
+STEADY = {"cpu": 12.3, "amp": 0.0834}
+
+
+def _pipeline(root: Path) -> dict[str, str]:
+    """A pipeline run as the stages leave it: cpu, then amp trained (their runs end with their
+    train stage), gpu skipped; {variant: run id}."""
+    ids = {}
+    for name in ("cpu", "amp"):
+        with tracking.variant_run(root, name, {}, {"status": "trained"}) as run_id:
+            for epoch in (1, 2, 3):
+                tracking.log_metrics({"test_accuracy": 0.9 + epoch / 100}, step=epoch)
+            tracking.log_metrics({"steady_epoch_s": STEADY[name]})  # as train.json says
+        ids[name] = run_id
+    tracking.record_skipped(root, "gpu", {}, "no CUDA device")
+    [skipped] = MlflowClient().search_runs(
+        [tracking.setup(root)], "attributes.run_name = 'gpu'", max_results=1
+    )
+    return ids | {"gpu": skipped.info.run_id}
+
+
+FIGURES = {
+    "cpu": {"steady_epoch_s": 12.3, "steady_epoch_s_lo": 11.9, "steady_epoch_s_hi": 12.8,
+            "speedup_vs_cpu": 1.0, "speedup_vs_cpu_lo": 0.95, "speedup_vs_cpu_hi": 1.05,
+            "test_accuracy": 0.9912, "time_to_target_s": None, "speedup_vs_fp32": None},
+    "amp": {"steady_epoch_s": 0.0834, "steady_epoch_s_lo": 0.0811, "steady_epoch_s_hi": 0.0857,
+            "speedup_vs_cpu": 148.3, "speedup_vs_cpu_lo": 140.1, "speedup_vs_cpu_hi": 155.6,
+            "speedup_vs_fp32": 1.87, "test_accuracy": 0.9921, "time_to_target_s": 4.2},
+}  # fmt: skip
+
+
+def test_variant_figures_are_logged_without_reopening_the_runs(tmp_path, mlflow_store) -> None:
+    ids = _pipeline(tmp_path)
+    client = MlflowClient()
+    before = {name: client.get_run(run_id).info for name, run_id in ids.items()}
+    tracking.log_variant_figures(tmp_path, {ids[name]: FIGURES[name] for name in FIGURES})
+
+    amp, cpu = client.get_run(ids["amp"]), client.get_run(ids["cpu"])
+    for name in ids:  # each run keeps its train stage's start, end and status
+        info = client.get_run(ids[name]).info
+        assert (info.start_time, info.end_time, info.status) == (
+            before[name].start_time,
+            before[name].end_time,
+            "FINISHED",
+        )
+    assert amp.data.metrics["speedup_vs_cpu"] == 148.3
+    # a figure the train stage logged (the same value there) is not logged twice
+    assert amp.data.metrics["steady_epoch_s"] == 0.0834
+    assert amp.data.metrics["steady_epoch_s_lo"] == 0.0811
+    assert amp.data.tags["speedup"] == "148× (140–156×)"
+    assert amp.data.tags["steady_epoch"] == "0.0834 s (0.0811–0.0857 s)"
+    assert amp.data.tags["speedup_vs_fp32"] == "1.87×"
+    assert amp.data.tags["time_to_target"] == "4.2 s"
+    # None: no metric, no tag
+    assert "time_to_target_s" not in cpu.data.metrics and "time_to_target" not in cpu.data.tags
+    assert cpu.data.tags["speedup"] == "1× (0.95–1.05×)"
+    # nor one it has as a per-epoch series: the series keeps its shape
+    history = client.get_metric_history(ids["amp"], "test_accuracy")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+
+
+def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflow_store) -> None:
+    ids = _pipeline(tmp_path)
+    client = MlflowClient()
+    skipped = client.get_run(ids["gpu"])
+    assert skipped.data.metrics == {}
+    assert skipped.data.tags["status"] == "skipped"
+    assert skipped.data.tags["skip_reason"] == "no CUDA device"
+    parent = skipped.data.tags["mlflow.parentRunId"]
+    shown = client.search_runs([tracking.setup(tmp_path)], tracking.variants_filter(parent))
+    assert {r.info.run_name for r in shown} == {"cpu", "amp"}
+
+
+def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_store) -> None:
+    ids = _pipeline(tmp_path)
+    client = MlflowClient()
+    experiment = client.get_experiment(tracking.setup(tmp_path))
+    parent = client.get_run(ids["cpu"]).data.tags["mlflow.parentRunId"]
+    view = json.loads(experiment.tags[tracking.VIEW_TAG])
+    state = json.loads(view["state"])
+    assert state["searchFilter"] == tracking.variants_filter(parent)
+    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`steady_epoch_s`", True)
+    assert state["columnOrder"][:4] == [
+        "tags.`speedup`",
+        "tags.`steady_epoch`",
+        "metrics.`test_accuracy`",
+        "tags.`time_to_target`",
+    ]
+    assert set(state["selectedColumns"]) <= set(state["columnOrder"])
+    store = tmp_path / "mlflow.db"
+    link = tracking.training_view_url("http://ui", store)
+    assert link == (
+        f"http://ui/#/experiments/{experiment.experiment_id}/runs?"
+        f"workflowType=machine_learning&viewStateShareKey={tracking.VIEW_ID}"
+    )
+    # the next pipeline takes the view over; the link follows
+    tracking.finish_pipeline(tmp_path, [], {})
+    with tracking.variant_run(tmp_path, "cpu", {}, {"status": "trained"}) as newer:
+        pass
+    newer_parent = client.get_run(newer).data.tags["mlflow.parentRunId"]
+    assert (
+        f"'{newer_parent}'"
+        in client.get_experiment(experiment.experiment_id).tags[tracking.VIEW_TAG]
+    )
+    assert tracking.training_view_url("http://ui", store) == link
+    # a view that is not the newest pipeline's (written by another store's copy, or deleted):
+    # the link filters and sorts by itself
+    client.set_experiment_tag(experiment.experiment_id, tracking.VIEW_TAG, "{}")
+    fallback = tracking.training_view_url("http://ui", store)
+    assert "viewStateShareKey" not in fallback
+    query = parse_qs(urlsplit(fallback.split("#", 1)[1]).query)
+    assert query["searchFilter"] == [tracking.variants_filter(newer_parent)]
+    assert query["orderByKey"] == ["metrics.`steady_epoch_s`"]
+    assert query["workflowType"] == ["machine_learning"]
+
+
+def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
+    store = tmp_path / "mlflow.db"
+    assert tracking.training_view_url("http://ui", store).endswith(
+        "/#/experiments?workflowType=machine_learning"
+    )
+    experiment_id = tracking.setup(tmp_path)
+    assert tracking.training_view_url("http://ui", store) == (
+        f"http://ui/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    )
+
+
+def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
+    ids = _pipeline(tmp_path)
+    tracking.log_variant_figures(tmp_path, {ids[name]: FIGURES[name] for name in FIGURES})
     table = tracking.summary_markdown(tmp_path)
-    header = next(line for line in table.splitlines() if line.startswith("| variant |"))
-    row = next(line for line in table.splitlines() if line.startswith("| gpu |"))
-    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
-    assert cells[" result "] == " skipped " and cells[" run status "] == " FINISHED "
-    assert "workflowType=machine_learning" in table
+    lines = table.splitlines()
+    header = next(line for line in lines if line.startswith("| variant |"))
+    rows = [line for line in lines if line.startswith("| ") and line != header]
+    assert header.split(" | ")[1] == "speedup vs cpu (95% interval)"
+    assert [r.split(" | ")[0] for r in rows] == ["| amp", "| cpu", "| gpu"]  # fastest first
+    cells = dict(zip(header.split("|"), rows[0].split("|"), strict=True))
+    assert cells[" speedup vs cpu (95% interval) "] == " 148× (140–156×) "
+    assert cells[" steady epoch (95% interval) "] == " 0.0834 s (0.0811–0.0857 s) "
+    assert cells[" test accuracy "] == " 93.00 % "  # the run's own: the last epoch's
+    assert cells[" time to target "] == " 4.2 s "
+    gpu = dict(zip(header.split("|"), rows[2].split("|"), strict=True))
+    assert gpu[" result "] == " skipped " and gpu[" run status "] == " FINISHED "
+    assert "- gpu: no CUDA device" in lines
+    assert f"viewStateShareKey={tracking.VIEW_ID}" in table

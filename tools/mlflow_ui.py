@@ -1,13 +1,16 @@
 """Open the MLflow UI in headless Chromium (Debian's `chromium`, driven by Playwright) as a user
-would: the experiment in its model-training view, the pipeline run's children, the compare
-view, the charts and the models view.
+would: the link `make ui` prints (the newest pipeline's variants, fastest first), the
+experiment in its model-training view, the pipeline run's children, the compare view, the
+charts and the models view.
 
-    python tools/mlflow_ui.py --store mlflow.db --out docs/img/mlflow-compare.png
+    python tools/mlflow_ui.py --store mlflow.db --out docs/img/mlflow-compare.png \
+        --runs-out docs/img/mlflow-runs.png
 
 starts `mlflow server` on 127.0.0.1 (a free port) over the store, checks what a user should see,
-saves screenshots of the compare view (`--out`) and beside it of the charts of the figures a
-user compares (`-chart.png`: `--chart-metrics`), the models view (`-models.png`) and the
-report (`-artifacts.png`), then stops the server. The test suite uses the same code.
+saves screenshots of the first screen of the printed link (`--runs-out`), of the compare view
+(`--out`) and beside it of the charts of the figures a user compares (`-chart.png`:
+`--chart-metrics`), the models view (`-models.png`) and the report (`-artifacts.png`), then
+stops the server. The test suite uses the same code.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from accelbench.tracking import EXPERIMENT, ROLE_TAG, TRAINING_VIEW, ui_path
+from accelbench.tracking import EXPERIMENT, ROLE_TAG, TRAINING_VIEW, VIEW_TAG, ui_path
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -129,6 +132,109 @@ def _api(url: str, path: str, payload: dict) -> dict:
 
 # What a user compares: epoch time and accuracy per variant.
 CHART_METRICS = ("steady_epoch_s", "eval_test_accuracy")
+FIRST_SCREEN = {"width": 1500, "height": 900}  # the browser window of the link's screenshot
+
+# Whether an element is inside the window and drawn on top there (not under a side panel).
+_ON_SCREEN_JS = """e => {
+    const r = e.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2;
+    if (r.width === 0 || r.left < 0 || r.top < 0 || r.right > innerWidth || r.bottom > innerHeight)
+        return false;
+    const hit = document.elementFromPoint(x, y);
+    return hit !== null && (e.contains(hit) || hit.contains(e));
+}"""
+
+
+def _close_assistant(page) -> None:
+    """The assistant side panel, open on a first visit, hides a third of the page."""
+    with contextlib.suppress(Exception):
+        page.get_by_role("button", name="Close", exact=True).last.click(timeout=3000)
+        page.get_by_role("button", name="Send message").wait_for(state="hidden", timeout=5000)
+
+
+def first_screen(page, texts: list[str]) -> dict[str, bool]:
+    """For each text: whether a user sees it without scrolling (the first cell showing it)."""
+    return {
+        text: page.get_by_text(text, exact=True).first.evaluate(_ON_SCREEN_JS) for text in texts
+    }
+
+
+def _tags(run: dict) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def pipeline_runs(
+    url: str, experiment: str = EXPERIMENT, pipeline: str | None = None
+) -> tuple[str, dict, list[dict], str]:
+    """Through the server's REST API: the experiment's id, the pipeline run (`pipeline`, else
+    the newest), its children, and the link to its variants `make ui` and `accelbench runs`
+    print (relative to `url`)."""
+    with urllib.request.urlopen(
+        f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10
+    ) as response:
+        found = json.load(response)["experiment"]
+    experiment_id = found["experiment_id"]
+    runs = _api(url, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
+    pipelines = [r for r in runs if _tags(r).get(ROLE_TAG) == "pipeline"]
+    if pipeline is not None:  # a given one, else the newest
+        pipelines = [r for r in pipelines if r["info"]["run_id"] == pipeline]
+        if not pipelines:
+            raise SystemExit(f"--pipeline {pipeline}: no such pipeline run in the store")
+    parent = max(pipelines, key=lambda r: int(r["info"]["start_time"]))
+    children = [r for r in runs if _tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+    view = next((t["value"] for t in found.get("tags", []) if t["key"] == VIEW_TAG), None)
+    return experiment_id, parent, children, ui_path(experiment_id, parent["info"]["run_id"], view)
+
+
+def see_variants(browser, link: str, children: list[dict], screenshot: Path) -> dict[str, str]:
+    """The link `make ui` and `accelbench runs` print, in a window of FIRST_SCREEN: the text on
+    the page (`variants`); for each trained variant its name, speedup and steady epoch
+    (tags), whether each is on the first screen (`first_screen`); the variants top down
+    (`order`). Saves the first screen to `screenshot`."""
+    trained = [r for r in children if _tags(r).get("status") == "trained"]
+    page = browser.new_page(viewport=FIRST_SCREEN)
+    page.goto(link)
+    figures = [
+        text
+        for run in trained
+        for text in (
+            run["info"]["run_name"],
+            _tags(run).get("speedup"),
+            _tags(run).get("steady_epoch"),
+        )
+        if text
+    ]
+    for text in figures:
+        page.get_by_text(text, exact=True).first.wait_for(timeout=60_000)
+    _close_assistant(page)
+    page.wait_for_timeout(1000)
+    tops = {
+        run["info"]["run_name"]: page.get_by_text(
+            run["info"]["run_name"], exact=True
+        ).first.bounding_box()["y"]
+        for run in trained
+    }
+    seen = {
+        "variants": page.inner_text("body"),
+        "first_screen": json.dumps(first_screen(page, figures)),
+        "order": json.dumps(sorted(tops, key=tops.get)),
+    }
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(screenshot))
+    page.close()
+    return seen
+
+
+def visit_link(url: str, screenshot: Path, experiment: str = EXPERIMENT) -> dict[str, str]:
+    """Only the printed link to the newest pipeline's variants (see `see_variants`), and the
+    link itself (`link`)."""
+    from playwright.sync_api import sync_playwright
+
+    _, _, children, link = pipeline_runs(url, experiment)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        seen = see_variants(browser, url + link, children, screenshot)
+        browser.close()
+    return seen | {"link": url + link}
 
 
 def visit(
@@ -137,33 +243,27 @@ def visit(
     experiment: str = EXPERIMENT,
     chart_metrics: tuple[str, ...] = CHART_METRICS,
     pipeline: str | None = None,
+    runs_screenshot: Path | None = None,
 ) -> dict[str, str]:
-    """Walk the UI; return the text a user saw on each page (and save screenshots)."""
+    """Walk the UI; return the text a user saw on each page (and save screenshots): first the
+    link `make ui` and `accelbench runs` print (`see_variants`; its first screen saved to
+    `runs_screenshot`, else beside `screenshot` as -runs.png), then the experiment, the
+    pipeline run's children, charts, models, the compare view and the report."""
     from playwright.sync_api import sync_playwright
 
-    with urllib.request.urlopen(
-        f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10
-    ) as response:
-        experiment_id = json.load(response)["experiment"]["experiment_id"]
-    runs = _api(url, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
-    tags = lambda run: {t["key"]: t["value"] for t in run["data"].get("tags", [])}  # noqa: E731
-    pipelines = [r for r in runs if tags(r).get(ROLE_TAG) == "pipeline"]
-    if pipeline is not None:  # a given one, else the newest
-        pipelines = [r for r in pipelines if r["info"]["run_id"] == pipeline]
-        if not pipelines:
-            raise SystemExit(f"--pipeline {pipeline}: no such pipeline run in the store")
-    parent = max(pipelines, key=lambda r: int(r["info"]["start_time"]))
-    children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+    experiment_id, parent, children, link = pipeline_runs(url, experiment, pipeline)
     child_ids = json.dumps([r["info"]["run_id"] for r in children])
-    seen: dict[str, str] = {}
+    runs_screenshot = runs_screenshot or screenshot.with_name(f"{screenshot.stem}-runs.png")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        seen = see_variants(browser, url + link, children, runs_screenshot) | {"link": url + link}
         page = browser.new_page(viewport={"width": 1500, "height": 1500})
         page.goto(f"{url}/#/experiments")
         page.get_by_text(experiment, exact=True).first.wait_for(timeout=60_000)
         seen["experiments"] = page.inner_text("body")
 
-        # The link `make ui` and `accelbench runs` print: the model-training view.
+        # The experiment in the model-training view: the pipeline run, its children under it
+        # (skipped ones too).
         page.goto(url + ui_path(experiment_id))
         page.get_by_text(parent["info"]["run_name"][:20]).first.wait_for(timeout=60_000)
         page.locator("[data-testid='runs-table'] button, [role='gridcell'] button").first.click()
@@ -223,7 +323,7 @@ def visit(
         seen["artifacts"] = page.inner_text("body")
         page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-artifacts.png")))
         browser.close()
-    seen["children"] = json.dumps({r["info"]["run_name"]: tags(r).get("status") for r in children})
+    seen["children"] = json.dumps({r["info"]["run_name"]: _tags(r).get("status") for r in children})
     return seen
 
 
@@ -231,6 +331,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", type=Path, default=Path("mlflow.db"))
     parser.add_argument("--out", type=Path, default=Path("docs/img/mlflow-compare.png"))
+    parser.add_argument(
+        "--runs-out",
+        type=Path,
+        default=Path("docs/img/mlflow-runs.png"),
+        help="the first screen of the link `make ui` prints (default: %(default)s)",
+    )
     parser.add_argument(
         "--chart-metrics",
         nargs="+",
@@ -240,8 +346,19 @@ def main() -> int:
     parser.add_argument("--pipeline", metavar="RUN_ID", help="this pipeline run, not the newest")
     args = parser.parse_args()
     with mlflow_server(args.store) as url:
-        seen = visit(url, args.out, chart_metrics=tuple(args.chart_metrics), pipeline=args.pipeline)
-    print(f"children: {seen['children']}\nscreenshot: {args.out}")
+        seen = visit(
+            url,
+            args.out,
+            chart_metrics=tuple(args.chart_metrics),
+            pipeline=args.pipeline,
+            runs_screenshot=args.runs_out,
+        )
+    hidden = [text for text, shown in json.loads(seen["first_screen"]).items() if not shown]
+    print(
+        f"children: {seen['children']}\nfastest first: {seen['order']}\n"
+        f"screenshots: {args.runs_out}, {args.out}"
+        + (f"\nWARNING: not on the first screen: {hidden}" if hidden else "")
+    )
     return 0
 
 

@@ -5,7 +5,14 @@ separate processes, so the first one to need the parent writes its run id to
 `.accelbench/pipeline-run` in the checkout, and the others read it there: the same checkout
 finds its run from the host and from a container alike, whatever the path or host name. The
 compare stage, which runs last, logs the report to it, finishes it and removes the file; a
-repro that re-runs no training stage opens no run at all.
+repro that re-runs no training stage opens no run at all. Compare logs each variant's
+evaluation and headline figures into the variant's run through the client, without re-opening
+it: a variant run starts and ends with its train stage, so the UI's Duration is that stage's.
+
+The experiment keeps one saved view of the runs table (`VIEW_ID`), rewritten whenever a new
+pipeline run starts: that pipeline's trained variants, fastest first, their speedup, steady
+epoch, test accuracy and time to target as the first columns. `make ui` and `accelbench runs`
+link it.
 
 The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
 *relative* location, so the store and its artifacts can move together: to another path, or
@@ -21,6 +28,8 @@ pipeline run, named after the experiment.
 from __future__ import annotations
 
 import functools
+import json
+import math
 import os
 import socket
 import sqlite3
@@ -32,11 +41,14 @@ from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
 
 import mlflow
 import psutil
+from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.utils.time import get_current_time_millis
 
 from . import phases
 from .console import AccelbenchError, log
@@ -257,9 +269,9 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
         return run_id
     # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
     name = f"{os.environ.get('DVC_EXP_NAME') or 'pipeline'} {datetime.now():%Y-%m-%d %H:%M:%S}"
-    run = MlflowClient().create_run(
-        experiment_id, tags=_common_tags(root, "pipeline"), run_name=name
-    )
+    client = MlflowClient()
+    run = client.create_run(experiment_id, tags=_common_tags(root, "pipeline"), run_name=name)
+    client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run.info.run_id))
     pointer = root / PIPELINE_RUN_FILE
     pointer.parent.mkdir(exist_ok=True)
     partial = pointer.with_name(f".{pointer.name}.tmp")
@@ -466,21 +478,16 @@ def log_train_summary(summary: TrainSummary) -> None:
     log_metrics(summary.metrics())
 
 
-def log_eval_summary(summary: EvalSummary, dataset=None) -> None:
-    """Evaluation figures, prefixed `eval_` where a training metric has the same name, logged
-    against the run's model and the test `dataset` (an MLflow dataset): MLflow's models view
-    then lists and ranks every variant's model by them."""
-    _log_model_metrics(
-        {
-            "eval_test_accuracy": summary.test_accuracy,
-            "eval_test_loss": summary.test_loss,
-            "eval_macro_f1": summary.macro_f1,
-            "inference_samples_per_s": summary.inference_samples_per_s,
-        },
-        dataset,
-    )
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of `metrics` (None, NaN and non-numbers are left out)."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
+@tolerant
 def log_evaluation(
     root: Path,
     run_id: str,
@@ -488,22 +495,47 @@ def log_evaluation(
     artifacts: list[Path],
     more_metrics: Mapping[str, float | int | None] | None = None,
 ) -> None:
-    """An evaluated variant's figures and files, in the run that trained it; the figures
-    against its model and the test set the training stage logged as the run's evaluation
-    dataset (so MLflow's models view lists and ranks every variant's model by them).
-    `more_metrics` (the quantized models' figures) are logged as plain run metrics."""
-    with resume_run(root, run_id):
-        log_eval_summary(summary, _evaluation_dataset(run_id))
-        if more_metrics:
-            log_metrics(more_metrics)
-        for path in artifacts:
-            log_artifact(path)
+    """An evaluated variant's figures and files, in the run that trained it, which stays as
+    its train stage ended it. The figures, prefixed `eval_` where a training metric has the
+    same name, are logged against the run's model and the test set the training stage logged
+    as the run's evaluation dataset (so MLflow's models view lists and ranks every variant's
+    model by them); `more_metrics` (the quantized models' figures) as plain run metrics."""
+    setup(root)
+    client = MlflowClient()
+    run = client.get_run(run_id)
+    model_id = logged_model_id(run.info.experiment_id, run_id)
+    dataset = _evaluation_dataset(run)
+    now = get_current_time_millis()
+    evaluation = _numbers(
+        {
+            "eval_test_accuracy": summary.test_accuracy,
+            "eval_test_loss": summary.test_loss,
+            "eval_macro_f1": summary.macro_f1,
+            "inference_samples_per_s": summary.inference_samples_per_s,
+        }
+    )
+    metrics = [
+        Metric(
+            key,
+            value,
+            now,
+            0,
+            model_id=model_id,
+            dataset_name=dataset.name if dataset else None,
+            dataset_digest=dataset.digest if dataset else None,
+            run_id=run_id,
+        )
+        for key, value in evaluation.items()
+    ]
+    metrics += [Metric(k, v, now, 0) for k, v in _numbers(more_metrics or {}).items()]
+    client.log_batch(run_id, metrics=metrics)
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
 
 
-@tolerant
-def _evaluation_dataset(run_id: str):
-    """The dataset the run logged with context `evaluation` (name and digest), if any."""
-    inputs = MlflowClient().get_run(run_id).inputs
+def _evaluation_dataset(run):
+    """The dataset `run` logged with context `evaluation` (name and digest), if any."""
+    inputs = run.inputs
     for dataset_input in inputs.dataset_inputs if inputs else []:
         if any(
             t.key == "mlflow.data.context" and t.value == "evaluation" for t in dataset_input.tags
@@ -513,17 +545,62 @@ def _evaluation_dataset(run_id: str):
 
 
 def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> None:
-    """A variant this machine could not run, as a run of the pipeline that says why."""
-    with variant_run(root, variant, params, {"status": "skipped"}):
-        log_metrics({"skipped": 1})
-        set_tag("skip_reason", reason)
+    """A variant this machine could not run, as a run of the pipeline that says why: tagged
+    (`status` skipped, `skip_reason`), with no metric, so that it adds no empty column to a
+    comparison; the saved view of the pipeline leaves it out."""
+    with variant_run(root, variant, params, {"status": "skipped", "skip_reason": reason}):
+        pass
+
+
+# The headline figures a variant run also carries as text, for the runs table:
+# tag -> (figure, unit). A figure's 95% interval is `<figure>_lo` .. `<figure>_hi`.
+FIGURE_TAGS = {
+    "speedup": ("speedup_vs_cpu", "×"),
+    "steady_epoch": ("steady_epoch_s", " s"),
+    "time_to_target": ("time_to_target_s", " s"),
+    "speedup_vs_fp32": ("speedup_vs_fp32", "×"),
+}
+
+
+def _number_text(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def figure_text(figures: Mapping[str, float], name: str, unit: str) -> str | None:
+    """`figures[name]` with its unit and, where both ends are there, its 95% interval:
+    "148× (140–155×)", "0.0834 s (0.0811–0.0857 s)"; None without the figure."""
+    value = figures.get(name)
+    if value is None:
+        return None
+    text = _number_text(value) + unit
+    lo, hi = figures.get(f"{name}_lo"), figures.get(f"{name}_hi")
+    if lo is not None and hi is not None:
+        text += f" ({_number_text(lo)}–{_number_text(hi)}{unit})"
+    return text
 
 
 @tolerant
-def _log_model_metrics(metrics: Mapping[str, float], dataset) -> None:
-    run = mlflow.active_run()
-    model_id = logged_model_id(run.info.experiment_id, run.info.run_id) if run else None
-    mlflow.log_metrics(dict(metrics), model_id=model_id, dataset=dataset)
+def log_variant_figures(root: Path, figures: Mapping[str, Mapping[str, float | None]]) -> None:
+    """Each variant's headline figures (`steady_epoch_s`, `speedup_vs_cpu`, their `_lo`/`_hi`
+    95% interval, ...), keyed by the variant's MLflow run id, as metrics of that run, and the
+    key ones as text tags (`FIGURE_TAGS`); None (a figure this variant has not) is left out.
+
+    Logged through the client, so the runs keep their train stage's start and end. A figure
+    the run already has (training logged `steady_epoch_s`, and `test_accuracy` per epoch, the
+    same values) is not logged again: its series keeps its shape.
+    """
+    setup(root)
+    client = MlflowClient()
+    now = get_current_time_millis()
+    for run_id, values in figures.items():
+        numbers = _numbers(values)
+        logged = client.get_run(run_id).data.metrics
+        tags = {tag: figure_text(numbers, *figure) for tag, figure in FIGURE_TAGS.items()}
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, v, now, 0) for k, v in numbers.items() if k not in logged],
+            tags=[RunTag(k, v) for k, v in tags.items() if v is not None],
+        )
 
 
 def logged_model_id(experiment_id: str, run_id: str) -> str | None:
@@ -587,26 +664,100 @@ def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, flo
 # no longer by the experiment's `mlflow.experimentKind` tag.
 TRAINING_VIEW = "workflowType=machine_learning"
 
+# The newest pipeline's variants as a saved view of the runs table. MLflow 3.17's UI keeps a
+# saved view as an experiment tag `mlflow.sharedViewState.<id>` (listed in the Views menu) and
+# opens it from a link's `viewStateShareKey=<id>`: the search facets (filter, sort) and the
+# table's UI state (columns, their order and widths), which no URL parameter sets. A link that
+# also carries a facet (searchFilter, orderByKey, ...) makes the UI ignore the view.
+VIEW_ID = "accelbench-newest-pipeline"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
+VIEW_NAME = "newest pipeline: fastest first"
+VIEW_SORT = "metrics.`steady_epoch_s`"  # ascending: the fastest variant first
+# The first columns: what answers "who is fastest", as text with its interval; then the
+# numbers to sort and chart by. `duration` (always shown) is the run's train stage.
+VIEW_COLUMNS = {  # column -> width (px), None: the UI's
+    "tags.`speedup`": 150,
+    "tags.`steady_epoch`": 190,
+    "metrics.`test_accuracy`": 110,
+    "tags.`time_to_target`": 170,
+    "duration": 90,
+    "tags.`speedup_vs_fp32`": 150,
+    "metrics.`steady_epoch_s`": None,
+    "metrics.`speedup_vs_cpu`": None,
+}
 
-def ui_path(experiment_id: str) -> str:
-    """The experiment's runs in the UI's model-training view, relative to the server's URL."""
-    return f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+
+def variants_filter(pipeline_run_id: str) -> str:
+    """The runs-table filter for a pipeline run's trained variants (skipped ones carry no
+    figure: their runs say why, under the pipeline run)."""
+    return f"tags.`mlflow.parentRunId` = '{pipeline_run_id}' and tags.status = 'trained'"
+
+
+def variants_view(pipeline_run_id: str) -> str:
+    """The VIEW_TAG value that shows `pipeline_run_id`'s trained variants, fastest first: a
+    saved view's envelope (name, creation time in ms, the view state as a JSON string)."""
+    state = {
+        "searchFilter": variants_filter(pipeline_run_id),
+        "orderByKey": VIEW_SORT,
+        "orderByAsc": True,
+        "selectedColumns": [c for c in VIEW_COLUMNS if c != "duration"],
+        "columnOrder": list(VIEW_COLUMNS),
+        "columnWidths": {c: w for c, w in VIEW_COLUMNS.items() if w is not None},
+    }
+    return json.dumps(
+        {"name": VIEW_NAME, "createdAt": get_current_time_millis(), "state": json.dumps(state)}
+    )
+
+
+def ui_path(experiment_id: str, pipeline_run_id: str | None = None, view: str | None = None) -> str:
+    """The experiment's runs in the UI's model-training view, relative to the server's URL.
+
+    With `pipeline_run_id`: that pipeline's trained variants, fastest first; through the saved
+    view where `view` (the experiment's VIEW_TAG value) is that pipeline's (the key columns
+    shown), else by the link's own filter and sort (the UI's default columns).
+    """
+    runs = f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+    if pipeline_run_id is None:
+        return runs
+    if view is not None and f"'{pipeline_run_id}'" in view:
+        return f"{runs}&viewStateShareKey={VIEW_ID}"
+    facets = {
+        "searchFilter": variants_filter(pipeline_run_id),
+        "orderByKey": VIEW_SORT,
+        "orderByAsc": "true",
+    }
+    return f"{runs}&{urlencode(facets, quote_via=quote)}"
 
 
 def training_view_url(base_url: str, store: Path) -> str:
-    """Where `make ui` sends a user: the experiment in the model-training view (the list of
-    experiments, in that view, while the SQLite `store` has none yet)."""
+    """Where `make ui` sends a user: the newest pipeline's variants (`ui_path`), read from the
+    SQLite `store` without writing to it; the experiment while it has no pipeline run, the
+    list of experiments while the store has none (both in the model-training view)."""
+    pipeline = view = None
     try:
         with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
             row = db.execute(
                 "SELECT experiment_id FROM experiments WHERE name = ?", (EXPERIMENT,)
             ).fetchone()
+            if row:
+                pipeline = db.execute(
+                    "SELECT runs.run_uuid FROM runs JOIN tags ON tags.run_uuid = runs.run_uuid "
+                    "WHERE runs.experiment_id = ? AND runs.lifecycle_stage = 'active' "
+                    "AND tags.key = ? AND tags.value = 'pipeline' "
+                    "ORDER BY runs.start_time DESC LIMIT 1",
+                    (row[0], ROLE_TAG),
+                ).fetchone()
+                view = db.execute(
+                    "SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?",
+                    (row[0], VIEW_TAG),
+                ).fetchone()
     except sqlite3.Error:  # no store yet, or not one of MLflow's
         row = None
-    return base_url + (ui_path(str(row[0])) if row else f"/#/experiments?{TRAINING_VIEW}")
-
-
-SUMMARY_METRICS = ("first_epoch_s", "steady_epoch_s", "steady_samples_per_s", "eval_test_accuracy")
+    if not row:
+        return f"{base_url}/#/experiments?{TRAINING_VIEW}"
+    return base_url + ui_path(
+        str(row[0]), pipeline[0] if pipeline else None, view[0] if view else None
+    )
 
 
 def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
@@ -634,9 +785,46 @@ class TrackingUnreachable(AccelbenchError):
     """The tracking store cannot be read (a server that is down, a broken store)."""
 
 
+def _summary_row(run: Any) -> str:
+    metrics, tags = run.data.metrics, run.data.tags
+    accuracy = metrics.get("test_accuracy")
+    cells = [
+        run.info.run_name,
+        figure_text(metrics, "speedup_vs_cpu", "×"),
+        figure_text(metrics, "steady_epoch_s", " s"),
+        f"{100 * accuracy:.2f} %" if accuracy is not None else None,
+        figure_text(metrics, "time_to_target_s", " s"),
+        tags.get("status", ""),
+        tags.get("device_name", tags.get("device", "")),
+        run.info.status,
+        run.info.run_id,
+    ]
+    return "| " + " | ".join("n/a" if c is None else c for c in cells) + " |"
+
+
+SUMMARY_COLUMNS = (
+    "variant",
+    "speedup vs cpu (95% interval)",
+    "steady epoch (95% interval)",
+    "test accuracy",
+    "time to target",
+    "result",
+    "device",
+    "run status",
+    "run id",
+)
+
+
 def summary_markdown(root: Path) -> str:
+    """`accelbench runs`: the newest pipeline run's variants, fastest first, and the link to
+    them in the UI."""
     try:
         parent, children = pipeline_summary(root)
+        view = (
+            MlflowClient().get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
+            if parent is not None
+            else None
+        )
     except Exception as exc:  # MlflowException, requests and sqlite errors, ...
         first = " ".join(str(exc).split())[:200]
         raise TrackingUnreachable(
@@ -645,23 +833,23 @@ def summary_markdown(root: Path) -> str:
         ) from exc
     if parent is None:
         return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
+    link = ui_path(parent.info.experiment_id, parent.info.run_id, view)
+    # fastest first (as the UI's view); variants without a steady epoch after them, in order
+    ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
+    skipped = [r for r in children if r.data.tags.get("status") == "skipped"]
     lines = [
         f"MLflow: {tracking_uri(root)}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
-        f"In the UI (`make ui`): http://127.0.0.1:5000{ui_path(parent.info.experiment_id)}",
+        f"Its variants in the UI (`make ui`), fastest first: http://127.0.0.1:5000{link}",
         "",
-        "| variant | result | run status | device | " + " | ".join(SUMMARY_METRICS) + " | run id |",
-        "|---|---|---|---|" + "---|" * len(SUMMARY_METRICS) + "---|",
+        "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+        "|" + "---|" * len(SUMMARY_COLUMNS),
+        *(_summary_row(run) for run in ranked),
     ]
-    for run in children:
-        metrics = [
-            f"{run.data.metrics[m]:.4g}" if m in run.data.metrics else "n/a"
-            for m in SUMMARY_METRICS
+    if skipped:
+        lines += ["", "Skipped on this machine:"]
+        lines += [
+            f"- {r.info.run_name}: {r.data.tags.get('skip_reason', 'no reason recorded')}"
+            for r in skipped
         ]
-        lines.append(
-            f"| {run.info.run_name} | {run.data.tags.get('status', '')} | {run.info.status} | "
-            f"{run.data.tags.get('device_name', run.data.tags.get('device', ''))} | "
-            + " | ".join(metrics)
-            + f" | {run.info.run_id} |"
-        )
     return "\n".join(lines)

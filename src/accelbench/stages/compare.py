@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import phases, pipeline_time, report, tracking
+from .. import dvc_plots, phases, pipeline_time, report, tracking
 from ..answer import Row
 from ..console import InputError, log
 from ..params import Params, VariantParams
@@ -78,7 +78,12 @@ def run(
     with phases.phase("outputs"):
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
         result = report.write_report(out_dir, rows, env, inputs.spec, pipeline)
-    _track_variants(root, tracked)
+        dvc_plots.write_plot_data(
+            out_dir / dvc_plots.PLOTS_DIR,
+            {row.name: row.epochs for row in rows},
+            {row.name: row.eval.per_class for row in rows if isinstance(row.eval, EvalSummary)},
+        )
+    _track_variants(root, tracked, result.variants)
     run_id = tracking.finish_pipeline(root, result.files, result.headline)
     if run_id:
         log(f"compare: report logged to MLflow pipeline run {run_id}")
@@ -86,9 +91,15 @@ def run(
     return result.headline
 
 
-def _track_variants(root: Path, tracked: list[tuple[RunRecord, Row, MetricsFiles]]) -> None:
-    """Each variant's evaluation in the run that trained it, and each skipped variant as a run
+def _track_variants(
+    root: Path,
+    tracked: list[tuple[RunRecord, Row, MetricsFiles]],
+    figures: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Each variant's evaluation and figures in the run that trained it (logged without
+    re-opening it, so its duration stays its training's), and each skipped variant as a run
     that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
+    by_run: dict[str, Mapping[str, Any]] = {}
     for record, row, files in tracked:
         if isinstance(row.eval, EvalSummary) and record.mlflow_run_id:
             artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
@@ -97,10 +108,12 @@ def _track_variants(root: Path, tracked: list[tuple[RunRecord, Row, MetricsFiles
                 artifacts.append(files.quantized_json)
                 more = row.quantized.metrics()
             tracking.log_evaluation(root, record.mlflow_run_id, row.eval, artifacts, more)
+            by_run[record.mlflow_run_id] = figures.get(record.variant, {})
         elif record.status == "skipped":
             tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
             )
+    tracking.log_variant_figures(root, by_run)
 
 
 def _env_facts(path: Path) -> dict[str, Any]:
