@@ -15,6 +15,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 start=$(date +%s)
 dvc repro 2>&1 | tee "$OUT/dvc-repro.log"
 echo "dvc repro wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/dvc-repro.log"
-accelbench runs | tee "$OUT/mlflow-runs.md"
 tar czf "$OUT/results.tgz" reports env metrics dvc.lock .accelbench/timings
 tar czf "$OUT/store.tgz" mlflow.db mlartifacts
+accelbench runs | tee "$OUT/mlflow-runs.md"

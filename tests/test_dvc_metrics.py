@@ -125,3 +125,23 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     diff = _dvc(repo, "metrics", "diff", "HEAD", mirror=mirror).stdout
     [line] = [line for line in diff.splitlines() if "steady_epoch_s " in line]
     assert line.split()[:2] == ["reports/metrics/cpu.json", "steady_epoch_s"]
+
+    # the README's make targets over the same repository, as a user runs them (-o setup: the
+    # copy has no .venv of its own; this interpreter's tools are on the PATH)
+    from test_pipeline import _env
+
+    def make(target: str) -> str:
+        done = subprocess.run(
+            ["make", "--no-print-directory", "-o", "setup", target],
+            cwd=repo, env=_env(mirror), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done.stdout
+
+    assert "reports/metrics/cpu.json" in make("metrics")
+    exps = make("exps")
+    assert "cpu" in exps and "steady epoch s" in exps
+    assert max(len(line) for line in exps.splitlines()) <= 120
+    make("plots")
+    page = (repo / "dvc_plots" / "index.html").read_text()
+    assert "cdn.jsdelivr" not in page and "vegaEmbed" in page

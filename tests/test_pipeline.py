@@ -17,7 +17,7 @@ from helpers import REPO, repo_params_raw, shared_mnist, write_fake_cifar10
 
 pytestmark = pytest.mark.slow
 
-# The README's `dvc exp show` command leaves out the stages' dependencies (paths, hashes).
+# docs/comparing.md's `dvc exp show` command leaves out the stages' dependencies (paths, hashes).
 EXP_SHOW_DROP = "^(src|data|env|models|metrics)(/|$)"
 
 
@@ -237,7 +237,7 @@ def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeyp
         local = client.download_artifacts(cpu.info.run_id, "eval.json", str(tmp_path))
         assert json.loads(Path(local).read_text())["status"] == "trained"
 
-    # The README's comparison: what changed, without the dependencies' hashes.
+    # docs/comparing.md's comparison: what changed, without the dependencies' hashes.
     env = _env(mirror) | {"COLUMNS": "120"}
     dvc = str(Path(sys.executable).parent / "dvc")
     shown = subprocess.run(

@@ -26,7 +26,7 @@ It then prints a table (name, version, MiB, downloaded/built), writes
 ``<out>/requirements.txt`` with the pins it holds and fails if the total exceeds
 ``--max-mib``. ``--out`` is only replaced when everything succeeded.
 
-On the target host (see README)::
+On the target host (see docs/air-gapped.md)::
 
     python3 -m pip install --no-index --no-deps --find-links .whl -r .whl/requirements.txt
 

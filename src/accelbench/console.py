@@ -1,6 +1,6 @@
 """What a stage tells its user: one line at a time on stderr, and errors to act on.
 
-Exit codes (README, "When things go wrong"): 0 done; 2 a usage or input error (bad
+Exit codes (docs/reliability.md): 0 done; 2 a usage or input error (bad
 arguments, params.yaml, a missing, unreadable or wrong kind of file: fix the input); 1 a
 failure (every mirror failed, the tracking server is unreachable, out of memory, a bug:
 the input was fine); 130 interrupted. `accelbench doctor` adds 3 (CPU only).

@@ -86,7 +86,7 @@ def diagnose(facts: Facts, *, require_gpu: bool = False) -> Report:
 
     fix_torch = (
         "install a CUDA build of torch (`make setup` installs the lock's CUDA 13.0 build; see the "
-        "README's container section for other CUDA flavours)"
+        "docs/containers.md for other CUDA flavours)"
     )
     if facts.driver is None and not facts.nvml_gpus:
         report.cpu_only = True

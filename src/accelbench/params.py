@@ -338,7 +338,7 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{key}: moved: {MOVED[loc]}"
     if error["type"] == "extra_forbidden":
         owner = _model_at(loc)
-        allowed = ", ".join(owner.model_fields) if owner else "see README"
+        allowed = ", ".join(owner.model_fields) if owner else "see docs/pipeline.md"
         return f"{key}: unknown key (allowed keys here: {allowed})"
     if error["type"] == "missing":
         return f"{key}: required key is missing"

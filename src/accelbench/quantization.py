@@ -32,7 +32,7 @@ METHODS = ("fp32", "dynamic_int8", "static_int8")
 
 @contextmanager
 def _quiet_deprecation() -> Iterator[None]:
-    """torch.ao.quantization warns on every call that it is deprecated: once is in the README."""
+    """torch.ao.quantization warns on every call that it is deprecated: once is in docs/pipeline.md."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quant_min and quant_max.*")
