@@ -132,3 +132,13 @@ def test_headline_without_a_trained_variant_says_why() -> None:
     rows = [Row("gpu", GPU, Skipped("no GPU", "cuda"))]
     (text,) = headline(rows, {}, ENV, "cpu", 0.99)
     assert "no variant trained" in text and "skipped: gpu" in text
+
+
+def test_headline_of_a_machine_without_a_gpu_says_only_the_cpu_trained() -> None:
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0),
+        Row("gpu", GPU, Skipped("no GPU")),
+    ]
+    text = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
+    assert "**cpu** (cpu, fp32) is the only variant trained here" in text
+    assert "faster than" not in text and "skipped on this machine: gpu" in text

@@ -187,8 +187,9 @@ def headline(
     best = figures[fastest]
     sentence = (
         f"On {machine}, {stack}: **{fastest}** ({by_name[fastest].variant.device}, "
-        f"{_precision(by_name[fastest].variant)}) trains fastest, "
-        f"{fmt_time(best.steady_epoch)} a steady epoch"
+        f"{_precision(by_name[fastest].variant)}) "
+        + ("trains fastest, " if len(figures) > 1 else "is the only variant trained here, ")
+        + f"{fmt_time(best.steady_epoch)} a steady epoch"
     )
     if best.speedup is not None and fastest != baseline:
         sentence += f", **{fmt_speedup(best.speedup)}** faster than {baseline}"
@@ -220,7 +221,8 @@ def headline(
     low, high = (f(by_name[n].test_accuracy for n in figures) for f in (min, max))
     accuracy = f"{low:.2%}–{high:.2%}" if f"{low:.2%}" != f"{high:.2%}" else f"{low:.2%}"
     sentences.append(
-        f"Test accuracy {accuracy} across the trained variants"
+        f"Test accuracy {accuracy}"
+        + (" across the trained variants" if len(figures) > 1 else "")
         + (f"; skipped on this machine: {', '.join(skipped)}." if skipped else ".")
     )
     return sentences

@@ -504,7 +504,7 @@ def _summary_figure(
     bars = time_ax.barh(names, widths, color=colors, xerr=errors, capsize=3)
     for bar, name in zip(bars, names, strict=True):
         label = f" {fmt_time(figures[name].steady_epoch)}"
-        if figures[name].speedup is not None:
+        if figures[name].speedup is not None and name != baseline:
             label += f"\n {fmt_speedup(figures[name].speedup)} vs {baseline}"
         time_ax.text(
             bar.get_width() * 1.15,
