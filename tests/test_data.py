@@ -244,13 +244,13 @@ def test_prepare_replaces_the_folder_all_at_once(fake_mnist, tmp_path) -> None:
     mirror, checksums = fake_mnist
     out = tmp_path / "p"
     data.prepare(mirror, out, checksums)
-    (out / "stale.npy").write_bytes(b"from an older layout")
-    crash = tmp_path / ".p.abc.tmp"  # a killed prepare's half-built folder
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    crash = tmp_path / ".p.prepare-abcd1234"  # a killed prepare's half-built folder
     crash.mkdir()
     (mirror / "t10k-labels-idx1-ubyte.gz").write_bytes(b"broken")
     with pytest.raises(data.InputError):
         data.prepare(mirror, out, checksums)
-    assert (out / "stale.npy").exists() and not crash.exists()  # all old
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # all old
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".p")) == []
 
 

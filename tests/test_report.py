@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from accelbench import report
 from accelbench.params import VariantParams
@@ -189,3 +190,13 @@ def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
         in md
     )
     assert "| cpu | static int8 (x86 backend) | not supported: no x86 engine |" in md
+
+
+def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) -> None:
+    """epochs: 1 gives no steady epoch: the row says so instead of failing compare."""
+    row = report.Row("cpu", VariantParams(device="cpu"), replace(trained_summary(1.0),
+                     steady_epoch_s=None, steady_epochs_s=[]))  # fmt: skip
+    report.write_report(tmp_path, [row], ENV, _spec())
+    md = (tmp_path / "comparison.md").read_text()
+    assert "no variant trained for two epochs or more" in md
+    assert "| cpu | cpu, fp32 | one epoch: no steady |" in md

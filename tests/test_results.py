@@ -4,10 +4,12 @@ type fails where it is read, naming the keys."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
+from accelbench.console import InputError
 from accelbench.results import (
     ClassScores,
     EvalSummary,
@@ -18,7 +20,9 @@ from accelbench.results import (
     read_train,
     scaling_efficiency,
     speedup,
+    staged,
     train_from_json,
+    write_epochs_csv,
     write_json,
 )
 from helpers import trained_summary
@@ -110,3 +114,57 @@ def test_class_scores_match_scikit_learn() -> None:
         assert s.precision == pytest.approx(expected[digit]["precision"])
         assert s.recall == pytest.approx(expected[digit]["recall"])
         assert s.f1_score == pytest.approx(expected[digit]["f1-score"])
+
+
+def test_staged_outputs_replace_links_never_their_targets(tmp_path) -> None:
+    """A symlink at an output (and one a crash or someone left at its temporary's name) and
+    a hard link into DVC's cache: the targets keep their content, the outputs are new files."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = MetricsFiles(tmp_path / "metrics")
+    write_json(folder.train_json, Skipped("old").to_json())
+    write_epochs_csv(folder.epochs_csv, [])
+    cache_object, linked_target, trap = (outside / n for n in ("cache", "linked", "trap"))
+    cache_object.write_bytes(folder.train_json.read_bytes())
+    folder.train_json.unlink()
+    folder.train_json.hardlink_to(cache_object)
+    linked_target.write_bytes(folder.epochs_csv.read_bytes())
+    folder.epochs_csv.unlink()
+    folder.epochs_csv.symlink_to(linked_target)
+    trap.write_text("not to be written")
+    (folder.folder / ".new.train.json").symlink_to(trap)
+    before = {p: p.read_bytes() for p in (cache_object, linked_target, trap)}
+
+    with staged() as outputs:
+        write_json(outputs(folder.train_json), Skipped("new").to_json())
+        write_epochs_csv(outputs(folder.epochs_csv), [{"epoch": 1, "train_loss": 0.5}])
+
+    assert {p: p.read_bytes() for p in before} == before
+    assert read_train(folder.train_json) == Skipped("new")
+    assert not folder.epochs_csv.is_symlink() and "0.5" in folder.epochs_csv.read_text()
+    assert folder.train_json.stat().st_ino != cache_object.stat().st_ino
+    assert sorted(p.name for p in folder.folder.iterdir()) == ["epochs.csv", "train.json"]
+
+
+def test_a_foreign_file_at_an_output_path_is_refused_and_nothing_is_renamed(tmp_path) -> None:
+    import os
+
+    files = MetricsFiles(tmp_path)
+    write_json(files.eval_json, Skipped("old").to_json())
+    files.confusion_csv.write_text("my,own\ncsv,file\n")
+    os.mkfifo(files.confusion_png)  # never opened: a read would block
+    for foreign, found in ((files.confusion_csv, "a file"), (files.confusion_png, "a special")):
+        refused = pytest.raises(
+            InputError, match=f"{re.escape(str(foreign))}: exists and is {found}"
+        )
+        with refused as raised, staged() as outputs:
+            write_json(outputs(files.eval_json), Skipped("new").to_json())
+            outputs(foreign).write_text("ours")
+        assert "move it away or pass another path" in str(raised.value)
+        assert read_train(files.eval_json) == Skipped("old")  # all old
+    assert files.confusion_csv.read_text() == "my,own\ncsv,file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "confusion.csv",
+        "confusion.png",
+        "eval.json",
+    ]

@@ -58,7 +58,11 @@ def download(
 ) -> list[Path]:
     from . import data
 
-    data.remove_leftovers(out_dir)
+    data.output_folder(out_dir)
+    data.refuse_foreign_download(
+        out_dir / ARCHIVE, lambda tmp: check_archive(tmp, md5), f"the verified {ARCHIVE}"
+    )
+    data.remove_leftovers(out_dir, [ARCHIVE])
     path = data.download_file(
         ARCHIVE,
         "",

@@ -18,10 +18,12 @@ outside 0..9 and arrays of the wrong shape, naming the file.
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -205,6 +207,7 @@ def _unwrap_transfer_gzip(path: Path) -> None:
             return  # verify() says what is wrong with it
     if nested:
         unwrapped = path.with_name(path.name + ".inner")
+        unwrapped.unlink(missing_ok=True)  # a leftover (or a link): never written through
         with gzip.open(path, "rb") as stream, open(unwrapped, "wb") as out:
             shutil.copyfileobj(stream, out, _CHUNK)
         os.replace(unwrapped, path)
@@ -221,10 +224,48 @@ def _umask_mode() -> int:
     return 0o666 & ~_umask()
 
 
-def remove_leftovers(folder: Path, pattern: str = ".*.part") -> None:
-    """Temporary files an earlier, killed run left in `folder`."""
-    for leftover in folder.glob(pattern) if folder.is_dir() else ():
-        leftover.unlink(missing_ok=True)
+MNIST_GZ = tuple(f"{stem}.gz" for stem in MNIST_FILES)
+
+
+def remove_leftovers(folder: Path, names: Iterable[str] = MNIST_GZ) -> None:
+    """The temporaries a killed earlier download of `names` left in `folder` (its own only:
+    `.<name>.<random>.part`, and `.inner` beside it; other files in the folder stay)."""
+    if not folder.is_dir():
+        return
+    for name in names:
+        for pattern in (f".{name}.*.part", f".{name}.*.part.inner"):
+            for leftover in folder.glob(pattern):
+                if leftover.is_file() or leftover.is_symlink():
+                    leftover.unlink(missing_ok=True)
+
+
+def output_folder(folder: Path) -> Path:
+    """`--out` as a folder to write into (created if absent); a file there is refused."""
+    if folder.exists() and not folder.is_dir():
+        raise InputError(
+            f"{folder}: exists and is a file, not a folder; accelbench writes its outputs into "
+            "a folder: move the file away or pass another path"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: str) -> None:
+    """A file at a download's final path is replaced only when it is the verified file it
+    names (an earlier download's); anything else is the user's and is refused, before any
+    download starts."""
+    if not os.path.lexists(final) or not final.exists():  # absent, or a dangling link
+        return
+    if final.is_file():
+        try:
+            check(final)
+            return
+        except (ChecksumError, OSError):
+            pass
+    raise InputError(
+        f"{final}: exists and is not {what} (it does not verify); download replaces only its "
+        "own files: move it away or pass another --out"
+    )
 
 
 def download_file(
@@ -246,7 +287,8 @@ def download_file(
     name = filename or f"{stem}.gz"
     check = check or (lambda path: verify(path, expected_sha256))
     final = out_dir / name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output_folder(out_dir)
+    refuse_foreign_download(final, check, f"the verified {name}")
     failures: list[str] = []
     session = _session(retries)
     for mirror in mirrors:
@@ -287,6 +329,11 @@ def download_mnist(
     retries: int = 2,
     deadline_s: float = 600.0,
 ) -> list[Path]:
+    output_folder(out_dir)
+    for stem, sha in MNIST_FILES.items():  # all checked before the first download
+        refuse_foreign_download(
+            out_dir / f"{stem}.gz", lambda path, sha=sha: verify(path, sha), f"MNIST's {stem}.gz"
+        )
     remove_leftovers(out_dir)
     return [
         download_file(
@@ -380,14 +427,16 @@ def prepare(
     `checksums` first; another dataset: `decode(raw_dir, folder)` writes its files (and
     checks its raw files) and returns the samples per split.
 
-    The folder is built beside `out_dir` and renamed into place: all new or all old.
-    Returns the number of samples per split.
+    The folder is built beside `out_dir` and renamed into place: all new or all old. An
+    existing `out_dir` is replaced only when it is a prepared folder (every file in it is in
+    its manifest) or empty; anything else is refused, untouched. Returns the number of
+    samples per split.
     """
+    refuse_foreign_prepared(out_dir)
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
-    for leftover in parent.glob(f".{out_dir.name}.*"):  # of a killed earlier run
-        shutil.rmtree(leftover, ignore_errors=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
+    _remove_prepare_leftovers(out_dir)
+    building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{_BUILDING}", dir=parent))
     building.chmod(0o777 & ~_umask())  # mkdtemp's 0700 is not what the umask gives
     try:
         if decode is not None:
@@ -395,14 +444,75 @@ def prepare(
         else:
             counts = _prepare_into(raw_dir, building, checksums)
         write_manifest(building, dataset)
-        old = parent / f".{out_dir.name}.old"
-        if out_dir.exists():
-            os.replace(out_dir, old)
+        old = parent / f".{out_dir.name}.{_REPLACED}"
+        if os.path.lexists(out_dir):
+            os.replace(out_dir, old)  # a link is moved itself: its target stays
         os.replace(building, out_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_tree(old)
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return counts
+
+
+# prepare's temporaries beside its folder: `.<name>.prepare-<random>` (being built) and
+# `.<name>.prepare-old` (the folder it replaces); older versions' `.<name>.<8 random>.tmp`
+_BUILDING, _REPLACED = "prepare-", "prepare-old"
+_OLD_BUILDING = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def _remove_prepare_leftovers(out_dir: Path) -> None:
+    """The folders a killed earlier prepare of `out_dir` left (its own names only)."""
+    for leftover in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.*"):
+        name = leftover.name
+        ours = name.startswith(f".{out_dir.name}.{_BUILDING}") or (
+            (match := _OLD_BUILDING.fullmatch(name)) is not None and match["name"] == out_dir.name
+        )
+        if ours:
+            _remove_tree(leftover)
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def refuse_foreign_prepared(out_dir: Path) -> None:
+    """`prepare --out` replaces only a folder it wrote (every file in it is in its manifest)
+    or an empty one; anything else there is the user's: refused, never emptied."""
+    if not out_dir.exists():  # absent, or a dangling link (only the link is replaced)
+        return
+    reason = _not_prepared(out_dir)
+    if reason is not None:
+        raise InputError(
+            f"{out_dir}: exists and is not a prepared data folder ({reason}); prepare replaces "
+            "only the folder it wrote: pass a new path, or move this one away"
+        )
+
+
+def _not_prepared(folder: Path) -> str | None:
+    """Why `folder` is not one `prepare` wrote (None: it is, or it is empty)."""
+    if not folder.is_dir():
+        return "a file" if folder.is_file() else "not a folder"
+    if next(folder.iterdir(), None) is None:
+        return None
+    try:
+        listed = json.loads((folder / MANIFEST).read_text())["sha256"]
+        if not isinstance(listed, dict):
+            raise TypeError
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {MANIFEST} is not prepare's"
+    files = {MANIFEST, *listed}
+    folders = {str(parent) for name in listed for parent in Path(name).parents} - {"."}
+    for top, dirs, names in os.walk(folder):  # stops at the first file it did not write
+        here = Path(top).relative_to(folder)
+        for entry in names + [d for d in dirs if str(here / d) not in folders]:
+            if str(here / entry) not in files:
+                return f"it holds {here / entry}, which prepare did not write"
+    return None
 
 
 def _prepare_into(raw_dir: Path, out_dir: Path, checksums: Mapping[str, str] | None) -> dict:

@@ -20,7 +20,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .results import ClassScores
+from .results import ClassScores, Kind, StagedOutputs, staged, text_kind, write_text
 
 PLOTS_DIR = "plots"  # reports/plots/: dvc.yaml's top-level plots read these files
 EPOCHS_CSV = "epochs.csv"  # variant, epoch, then EPOCH_FIELDS
@@ -36,24 +36,30 @@ def write_plot_data(
     out_dir: Path,
     epochs: Mapping[str, Sequence[Mapping[str, float]]],
     per_class: Mapping[str, Mapping[str, ClassScores]] | None = None,
+    outputs: StagedOutputs | None = None,
 ) -> list[Path]:
     """Write `out_dir/epochs.csv` (from each variant's epoch rows, as read from its
     epochs.csv) and `out_dir/per_class.csv` (from each variant's scores keyed by digit), in the
-    variants' order; returns the two paths. A variant with no rows (skipped) adds none."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    variants' order; returns the two paths. A variant with no rows (skipped) adds none.
+    Written through `outputs` (by default, its own `staged()`): all new or all old."""
+    if outputs is None:
+        with staged() as outputs:
+            return write_plot_data(out_dir, epochs, per_class, outputs)
     epochs_csv, per_class_csv = out_dir / EPOCHS_CSV, out_dir / PER_CLASS_CSV
+    epochs_header = ["variant", "epoch", *EPOCH_FIELDS]
     _write(
-        epochs_csv,
-        ["variant", "epoch", *EPOCH_FIELDS],
+        outputs(epochs_csv, _kind(epochs_header)),
+        epochs_header,
         (
             [name, int(row["epoch"]), *(_number(row.get(key)) for key in EPOCH_FIELDS)]
             for name, rows in epochs.items()
             for row in rows
         ),
     )
+    per_class_header = ["variant", "digit", *CLASS_FIELDS]
     _write(
-        per_class_csv,
-        ["variant", "digit", *CLASS_FIELDS],
+        outputs(per_class_csv, _kind(per_class_header)),
+        per_class_header,
         (
             [name, digit, *map(_number, (s.precision, s.recall, s.f1_score))]
             for name, digits in (per_class or {}).items()
@@ -61,6 +67,11 @@ def write_plot_data(
         ),
     )
     return [epochs_csv, per_class_csv]
+
+
+def _kind(header: list[str]) -> Kind:
+    """The plot data file compare wrote before: recognised by its header."""
+    return text_kind("plot data written by `accelbench compare`", ",".join(header) + "\n")
 
 
 def _number(value: float | None) -> float | str:
@@ -145,8 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--html-template", type=Path, required=True, metavar="PATH")
     args = parser.parse_args(argv)
-    args.html_template.parent.mkdir(parents=True, exist_ok=True)
-    args.html_template.write_text(html_template(), encoding="utf-8")
+    write_text(args.html_template, html_template())  # renamed into place, never in place
     print(f"wrote {args.html_template} (Vega inlined: `dvc plots show` renders offline with it)")
     return 0
 

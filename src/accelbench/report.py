@@ -29,11 +29,18 @@ from .params import CostParams, VariantParams
 from .pipeline_time import PipelineTime
 from .progress import fmt_seconds
 from .results import (
+    FIGURE,
     EvalSummary,
+    Kind,
     QuantizedSummary,
+    StagedOutputs,
     TrainSummary,
+    json_kind,
+    json_payload,
     scaling_efficiency,
     speedup,
+    staged,
+    text_kind,
 )
 
 # Published figures of the tutorials this project grew from (seed CNN, batch 512).
@@ -66,18 +73,53 @@ class ReportSpec:
 METRICS_DIR = "metrics"  # reports/metrics/<variant>.json: what `dvc metrics show` prints
 
 
-def write_variant_metrics(folder: Path, headline: Mapping[str, Mapping[str, Any]]) -> None:
+def _variant_metrics_file(path: Path) -> bool:
+    """A flat JSON object of numbers (empty: a skipped variant's)."""
+    payload = json_payload(path)
+    return isinstance(payload, dict) and all(
+        value is None or isinstance(value, int | float) for value in payload.values()
+    )
+
+
+def _comparison_json(path: Path) -> bool:
+    payload = json_payload(path)
+    return isinstance(payload, dict) and all(
+        isinstance(values, dict) and "status" in values for values in payload.values()
+    )
+
+
+# What compare writes, as it recognises its earlier outputs (anything else there is refused).
+VARIANT_METRICS = Kind("a metrics file written by `accelbench compare`", _variant_metrics_file)
+COMPARISON_MD = text_kind(
+    "a comparison.md written by `accelbench compare`", "# accelbench comparison"
+)
+COMPARISON_JSON = Kind("a comparison.json written by `accelbench compare`", _comparison_json)
+PIPELINE_TIME_JSON = json_kind(
+    "a pipeline_time.json written by `accelbench compare`", "span_s", "stages"
+)
+
+
+def write_variant_metrics(
+    folder: Path,
+    headline: Mapping[str, Mapping[str, Any]],
+    outputs: StagedOutputs | None = None,
+) -> None:
     """One small file per variant with the figures a user compares, numbers only, the same
     keys in each: `dvc metrics show` prints a row per variant (120 columns wide for the default
     variants) and `dvc exp show` a column per figure. A skipped variant's file is empty; every
-    other figure is in comparison.json, the report and MLflow."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.json"):  # a variant since removed from params.yaml
-        if stale.stem not in headline:
-            stale.unlink()
+    other figure is in comparison.json, the report and MLflow. Written through `outputs`
+    (by default, its own `staged()`): all new or all old."""
+    if outputs is None:
+        with staged() as outputs:
+            return write_variant_metrics(folder, headline, outputs)
+    for stale in sorted(folder.glob("*.json")):  # a variant since removed from params.yaml
+        if stale.stem not in headline and stale.is_file() and _variant_metrics_file(stale):
+            outputs.remove(stale, VARIANT_METRICS)  # one of ours; any other file stays
     for name, values in headline.items():
         numbers = {k: v for k, v in values.items() if isinstance(v, int | float)}
-        (folder / f"{name}.json").write_text(json.dumps(numbers, indent=2, sort_keys=True) + "\n")
+        outputs(folder / f"{name}.json", VARIANT_METRICS).write_text(
+            json.dumps(numbers, indent=2, sort_keys=True) + "\n"
+        )
 
 
 @dataclass
@@ -230,7 +272,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
                 f"{_cell(t.steady_epoch_s, 's')}; {len(row.steady_samples)}",
                 _cell(t.total_train_s, "s"),
                 _cell(t.steady_samples_per_s, "int"),
-                _cell(speedups[row.name], "x"),
+                _cell(speedups.get(row.name), "x"),
                 _cell(t.data_wait_fraction, "pct0"),
                 _tflops(t),
                 _cell(t.peak_host_rss_mib, "mib"),
@@ -562,16 +604,21 @@ def write_report(
     env: dict[str, dict[str, Any]],
     spec: ReportSpec,
     pipeline: PipelineTime | None = None,
+    outputs: StagedOutputs | None = None,
 ) -> ReportResult:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """The report's files in `out_dir`, written through `outputs` (by default, its own
+    `staged()`): all new or all old, never in place."""
+    if outputs is None:
+        with staged() as outputs:
+            return write_report(out_dir, rows, env, spec, pipeline, outputs)
     figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
     speedups = _speedups(figures)
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
-    _curves_figure(curves, rows, spec.target_accuracy)
-    _epoch_times_figure(times, rows, speedups, references=spec.dataset == "mnist")
+    _curves_figure(outputs(curves, FIGURE), rows, spec.target_accuracy)
+    _epoch_times_figure(outputs(times, FIGURE), rows, speedups, references=spec.dataset == "mnist")
     gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
-    _summary_figure(summary, rows, figures, spec.speedup_baseline, gpu)
+    _summary_figure(outputs(summary, FIGURE), rows, figures, spec.speedup_baseline, gpu)
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
     md = [
         "# accelbench comparison",
@@ -626,21 +673,26 @@ def write_report(
         if spec.dataset == "mnist"
         else []
     )
-    (out_dir / "comparison.md").write_text("\n".join(md))
+    outputs(out_dir / "comparison.md", COMPARISON_MD).write_text("\n".join(md))
     variants = _variant_headline(rows, figures, spec)
     # DVC's metrics: the figures a user compares, with their intervals; cost is in the rest.
     write_variant_metrics(
         out_dir / METRICS_DIR,
         {n: {k: v for k, v in f.items() if k in DVC_METRICS or _is_speedup(k)}
          for n, f in variants.items()},
+        outputs,
     )  # fmt: skip
     for name, figures_ in _cost_headline(rows, spec).items():
         variants[name].update(figures_)
-    (out_dir / "comparison.json").write_text(json.dumps(variants, indent=2, sort_keys=True) + "\n")
+    outputs(out_dir / "comparison.json", COMPARISON_JSON).write_text(
+        json.dumps(variants, indent=2, sort_keys=True) + "\n"
+    )
     files = [out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"]
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
-        files[-1].write_text(json.dumps(pipeline.to_json(), indent=2) + "\n")
+        outputs(files[-1], PIPELINE_TIME_JSON).write_text(
+            json.dumps(pipeline.to_json(), indent=2) + "\n"
+        )
     flat = {
         f"{name}.{key}": value
         for name, values in variants.items()

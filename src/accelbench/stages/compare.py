@@ -26,6 +26,8 @@ from ..results import (
     read_quantized,
     read_run_record,
     read_train,
+    refuse_foreign_folder,
+    staged,
 )
 
 
@@ -58,6 +60,7 @@ def select(params: Params) -> CompareInputs:
 def run(
     root: Path, inputs: CompareInputs, env_dir: Path, metrics_dir: Path, out_dir: Path
 ) -> dict[str, Any]:
+    refuse_foreign_folder(out_dir)
     env = {d: _env_facts(env_json(env_dir, d)) for d in ENV_DEVICES}
     rows, tracked = [], []
     for name, variant in inputs.variants.items():
@@ -75,13 +78,14 @@ def run(
         row.quantized = read_quantized(files.quantized_json) if quantized else None
         rows.append(row)
         tracked.append((read_run_record(files.run_json), row, files))
-    with phases.phase("outputs"):
+    with phases.phase("outputs"), staged() as outputs:  # all new or all old, never in place
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
-        result = report.write_report(out_dir, rows, env, inputs.spec, pipeline)
+        result = report.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
         dvc_plots.write_plot_data(
             out_dir / dvc_plots.PLOTS_DIR,
             {row.name: row.epochs for row in rows},
             {row.name: row.eval.per_class for row in rows if isinstance(row.eval, EvalSummary)},
+            outputs,
         )
     _track_variants(root, tracked, result.variants)
     run_id = tracking.finish_pipeline(root, result.files, result.headline)

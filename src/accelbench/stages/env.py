@@ -16,7 +16,15 @@ from typing import Any
 from .. import doctor, hardware, phases, placement
 from ..console import StageError, log
 from ..params import Params, VariantParams
-from ..results import env_json, write_json
+from ..results import (
+    ENV_FACTS,
+    env_json,
+    refuse_foreign,
+    refuse_foreign_folder,
+    remove_leftovers,
+    staged,
+    write_json,
+)
 
 
 @dataclass(frozen=True)
@@ -32,10 +40,15 @@ def select(params: Params) -> EnvInputs:
 def run(inputs: EnvInputs, out_dir: Path) -> dict[str, dict[str, Any]]:
     with phases.phase("imports"):  # the facts come from torch
         import torch  # noqa: F401
+    refuse_foreign_folder(out_dir)
+    for device, kind in ENV_FACTS.items():  # before any work: a user's file is never replaced
+        refuse_foreign(env_json(out_dir, device), kind)
     probe = hardware.probe_gpus()  # once: the facts below and the doctor's share it
     facts = {"cpu": hardware.cpu_facts(), "cuda": hardware.cuda_facts(probe)}
-    for device, payload in facts.items():
-        write_json(env_json(out_dir, device), payload)
+    remove_leftovers(*(env_json(out_dir, device) for device in facts))
+    with staged() as outputs:  # both new or both old
+        for device, payload in facts.items():
+            write_json(outputs(env_json(out_dir, device), ENV_FACTS[device]), payload)
     for problem in doctor.diagnose(doctor.gather(probe)).problems:
         log(f"env: WARNING: {problem}")
     cpu, gpu = facts["cpu"], facts["cuda"]

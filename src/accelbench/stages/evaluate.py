@@ -25,6 +25,7 @@ from ..results import (
     ModelFile,
     RunRecord,
     Skipped,
+    claim,
     remove_leftovers,
     staged,
     write_json,
@@ -45,13 +46,15 @@ def select(params: Params) -> EvalInputs:
 def run(
     root: Path, inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> EvalResult:
-    remove_leftovers(
+    finals = (
         files.eval_json,
         files.confusion_csv,
         files.confusion_png,
         files.per_class_csv,
         files.run_json,
     )
+    claim(*finals)  # before any work: a user's file is never replaced
+    remove_leftovers(*finals)
     with phases.phase("model"):
         model_file = ModelFile.load(model_path)
     name = model_file.variant

@@ -19,7 +19,9 @@ from ..results import (
     QuantizedResult,
     QuantizedSummary,
     Skipped,
+    claim,
     remove_leftovers,
+    staged,
     write_json,
 )
 
@@ -49,6 +51,7 @@ def select(params: Params) -> QuantizeInputs:
 def run(
     root: Path, inputs: QuantizeInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> QuantizedResult:
+    claim(files.quantized_json)  # before any work: a user's file is never replaced
     remove_leftovers(files.quantized_json)
     with phases.phase("model"):
         model_file = ModelFile.load(model_path)
@@ -56,7 +59,8 @@ def run(
     phases.RECORDER.stage = f"quantize@{name}"
     if not model_file.trained:  # at once: nothing to load
         skipped = Skipped(model_file.reason or "no reason recorded")
-        write_json(files.quantized_json, skipped.to_json())
+        with staged() as outputs:
+            write_json(outputs(files.quantized_json), skipped.to_json())
         log(f"quantize {name}: {model_file.status}")
         return skipped
     with phases.phase("imports"):  # torch and the int8 stack: only for a trained model
@@ -77,7 +81,8 @@ def run(
         methods=methods,
         unsupported=unsupported,
     )
-    write_json(files.quantized_json, summary.to_json())
+    with phases.phase("outputs"), staged() as outputs:
+        write_json(outputs(files.quantized_json), summary.to_json())
     for method, row in methods.items():
         log(
             f"quantize {name}: {method}: accuracy {row['test_accuracy']:.2%}, "

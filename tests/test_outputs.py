@@ -1,0 +1,288 @@
+"""What accelbench writes (docs/reliability.md): only its own outputs, never through a link,
+never half-written. Real files, links, processes and a full tmpfs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelbench import data, tracking
+from accelbench.console import InputError
+from accelbench.results import (
+    ClassScores,
+    EvalSummary,
+    MetricsFiles,
+    RunRecord,
+    Skipped,
+    write_epochs_csv,
+    write_json,
+)
+from accelbench.stages import compare, quantize
+from helpers import shared_mnist, small_params, trained_summary, write_params
+
+VARIANTS = {"cpu": {"device": "cpu"}}
+ENV = {
+    "cpu": {
+        "cpu_model": "Test CPU",
+        "logical_cpus": 2,
+        "torch_default_threads": 2,
+        "python": "3.11",
+        "torch": "2.x",
+        "torchvision": "0.x",
+    },
+    "cuda": {"cuda_available": False, "reason": "no GPU in the test"},
+}
+
+
+def _accelbench(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a real process, with the repository's params (variants: cpu only)."""
+    params = write_params(cwd, variants=VARIANTS, epochs=2)
+    command = [sys.executable, "-m", "accelbench.cli", "--params", str(params), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob(".*") if ".new." in p.name or p.name.endswith(".tmp")]
+
+
+# --- prepare and download: a folder or file the user did not hand over ----------------------
+
+
+def test_prepare_refuses_a_foreign_folder_and_a_file_untouched(fake_mnist, tmp_path) -> None:
+    mirror, _ = fake_mnist
+    home = tmp_path / "home"
+    foreign = home / "data"
+    (foreign / "photos").mkdir(parents=True)
+    (foreign / "photos" / "cat.jpg").write_bytes(b"a cat")
+    (foreign / "notes.txt").write_text("mine")
+    sibling = home / ".data.backup"  # beside it: an older prepare removed `.data.*`
+    sibling.mkdir()
+    a_file = home / "results.csv"
+    a_file.write_text("a,b\n1,2\n")
+    before = _snapshot(home)
+
+    for out in (foreign, a_file):
+        result = _accelbench(tmp_path, "prepare", "--raw", str(mirror), "--out", str(out))
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"accelbench prepare: error: {out}: exists and is not a prepared")
+        assert "pass a new path" in line
+    assert _snapshot(home) == before and sibling.is_dir() and a_file.is_file()
+
+
+def test_prepare_runs_again_over_its_own_folder_and_into_an_empty_one(
+    prepared, fake_mnist, tmp_path
+) -> None:
+    mirror, checksums = fake_mnist
+    data.prepare(mirror, prepared, checksums)  # dvc repro's normal case, run by hand
+    data.verify_prepared(prepared)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data.prepare(mirror, empty, checksums)
+    assert (empty / data.MANIFEST).is_file()
+    (prepared / "added.npy").write_bytes(b"the user's")  # no longer only prepare's files
+    with pytest.raises(InputError, match=r"it holds added\.npy, which prepare did not write"):
+        data.prepare(mirror, prepared, checksums)
+    assert (prepared / "added.npy").read_bytes() == b"the user's"
+
+
+def test_download_writes_into_a_folder_and_replaces_only_its_verified_files(tmp_path) -> None:
+    mirror = shared_mnist()
+    if mirror is None:
+        pytest.skip("no MNIST mirror ($ACCELBENCH_MNIST_MIRROR)")
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / ".movie.mkv.part").write_bytes(b"a browser's download")  # not ours to clean up
+    stem = "train-labels-idx1-ubyte"
+    (out / f"{stem}.gz").write_bytes(b"the user's own file of that name")
+    before = _snapshot(out)
+    with pytest.raises(InputError, match=rf"{stem}\.gz: exists and is not MNIST's {stem}\.gz"):
+        data.download_mnist(out, [str(mirror)])
+    assert _snapshot(out) == before  # refused before the first download
+    (out / f"{stem}.gz").unlink()
+
+    data.download_mnist(out, [str(mirror)])
+    data.download_mnist(out, [str(mirror)])  # again, over its own verified files
+    assert (out / "notes.txt").read_text() == "mine" and (out / ".movie.mkv.part").exists()
+    assert len(list(out.glob("*.gz"))) == 4
+
+
+# --- compare: links, hard links, a full disk ------------------------------------------------
+
+
+def _workspace(root: Path, steady_epoch_s: float = 1.0) -> compare.CompareInputs:
+    """env/ and metrics/cpu/ as the stages write them (one trained CPU variant)."""
+    for device, facts in ENV.items():
+        write_json(root / "env" / f"{device}.json", facts)
+    files = MetricsFiles(root / "metrics" / "cpu")
+    write_json(files.train_json, trained_summary(steady_epoch_s, device="cpu").to_json())
+    epochs = [
+        {"epoch": e, "train_loss": 0.1 / e, "train_time_s": steady_epoch_s, "test_accuracy": 0.99}
+        for e in (1, 2, 3)
+    ]
+    write_epochs_csv(files.epochs_csv, epochs)
+    scores = {str(d): ClassScores(0.99, 0.99, 0.99) for d in range(10)}
+    write_json(files.eval_json, EvalSummary(0.99, 0.03, 0.99, 5000.0, scores).to_json())
+    write_json(files.run_json, RunRecord("cpu", "trained", None).to_json())
+    write_json(files.quantized_json, Skipped("not quantized in this test").to_json())
+    return compare.select(small_params(variants=VARIANTS))
+
+
+@pytest.fixture
+def untracked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare in this process without an MLflow store: the files are what is tested."""
+    for name in ("finish_pipeline", "log_variant_figures", "log_evaluation", "record_skipped"):
+        monkeypatch.setattr(tracking, name, lambda *args, **kwargs: None)
+
+
+def _compare(root: Path, inputs: compare.CompareInputs) -> None:
+    compare.run(root, inputs, root / "env", root / "metrics", root / "reports")
+
+
+def test_compare_replaces_links_and_never_writes_through_them(
+    tmp_path, untracked, mlflow_store
+) -> None:
+    """Symlinks to files outside the workspace and hard links into DVC's cache (`cache.type
+    symlink` / `hardlink`) keep their content when compare runs again in a real process."""
+    root = tmp_path / "workspace"
+    _compare(root, _workspace(root))
+    reports = root / "reports"
+    outside, cache = tmp_path / "outside", tmp_path / "cache"
+    outside.mkdir()
+    cache.mkdir()
+    linked = {}
+    for i, name in enumerate(
+        ["comparison.md", "summary.png", "comparison.json", "metrics/cpu.json", "plots/epochs.csv"]
+    ):
+        path = reports / name
+        target = (outside if i % 2 else cache) / f"object{i}"
+        target.write_bytes(path.read_bytes())
+        path.unlink()
+        if i % 2:
+            path.symlink_to(target)
+        else:
+            os.link(target, path)  # as DVC's hardlink cache makes them
+        linked[path] = (target, target.read_bytes())
+
+    _workspace(root, steady_epoch_s=0.5)  # new results: a different report
+    result = _accelbench(
+        root, "compare", "--env", "env", "--metrics", "metrics", "--out", "reports"
+    )
+    assert result.returncode == 0, result.stderr
+    for path, (target, content) in linked.items():
+        assert target.read_bytes() == content, f"{target} was written through {path}"
+        assert not path.is_symlink() and path.stat().st_ino != target.stat().st_ino
+    assert (reports / "comparison.json").read_bytes() != linked[reports / "comparison.json"][1]
+    assert _temporaries(root) == []
+
+
+def test_compare_refuses_a_foreign_file_at_an_output_path(tmp_path, untracked) -> None:
+    root = tmp_path
+    inputs = _workspace(root)
+    reports = root / "reports"
+    (reports / "metrics").mkdir(parents=True)
+    (reports / "comparison.json").write_text('{"my": "notes"}')
+    (reports / "metrics" / "budget.json").write_text('{"owner": "finance"}')  # not a variant's
+    before = _snapshot(reports)
+    with pytest.raises(InputError, match=r"comparison\.json: exists and is a file, not a comp"):
+        _compare(root, inputs)
+    assert _snapshot(reports) == before and _temporaries(root) == []  # nothing written
+
+    (reports / "comparison.json").unlink()
+    write_json(reports / "metrics" / "gone.json", {"steady_epoch_s": 1.0})  # a removed variant
+    _compare(root, inputs)
+    _compare(root, inputs)  # again, over its own outputs
+    assert sorted(p.name for p in (reports / "metrics").iterdir()) == ["budget.json", "cpu.json"]
+    assert json.loads((reports / "metrics" / "budget.json").read_text()) == {"owner": "finance"}
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """An 8 MiB tmpfs (needs root, or CAP_SYS_ADMIN; skipped elsewhere)."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(disk: Path, leave_bytes: int) -> None:
+    """Fill `disk`, then free `leave_bytes`."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    os.truncate(filler, filler.stat().st_size - leave_bytes)
+
+
+def test_a_full_disk_leaves_the_old_report_whole_and_no_temporaries(
+    tmp_path, small_disk, untracked
+) -> None:
+    root = small_disk
+    _compare(root, _workspace(root))
+    reports = root / "reports"
+    before = _snapshot(reports)
+    assert "comparison.md" in before and "plots/per_class.csv" in before
+
+    inputs = _workspace(root, steady_epoch_s=0.5)  # new results, and no room for them
+    # room for the first figure's temporary (the same curves), not for the next one
+    _fill(root, leave_bytes=len(before["curves.png"]) + 8 * 1024)
+    with pytest.raises(OSError) as raised:
+        _compare(root, inputs)
+    assert raised.value.errno == errno.ENOSPC
+    assert _snapshot(reports) == before  # all old, none half-written
+    assert _temporaries(root) == []
+
+
+# --- evaluate and quantize: refused before any work ------------------------------------------
+
+
+def test_quantize_refuses_a_foreign_file_before_loading_anything(tmp_path) -> None:
+    files = MetricsFiles(tmp_path / "metrics")
+    files.folder.mkdir()
+    files.quantized_json.write_text("my own quantization notes")
+    with pytest.raises(InputError, match=r"quantized\.json: exists and is a file, not a results"):
+        quantize.run(
+            tmp_path,
+            quantize.select(small_params()),
+            tmp_path / "no-model.pt",  # never opened: the refusal comes first
+            tmp_path / "prepared",
+            files,
+        )
+    assert files.quantized_json.read_text() == "my own quantization notes"
+
+
+def test_the_cli_names_the_file_an_output_folder_would_replace(tmp_path) -> None:
+    a_file = tmp_path / "reports"
+    a_file.write_text("not a folder")
+    result = _accelbench(tmp_path, "env", "--out", str(a_file))
+    assert result.returncode == 2 and a_file.read_text() == "not a folder"
+    [line] = result.stderr.splitlines()
+    assert line == (
+        f"accelbench env: error: {a_file}: exists and is a file, not a folder; accelbench "
+        "writes its outputs into a folder: move the file away or pass another path"
+    )
