@@ -1,20 +1,34 @@
 """A DDP variant's processes: the stage re-launches itself under torchrun, and each child
-joins the process group for the length of its training."""
+joins the process group for the length of its training.
+
+None outlives the stage: torchrun runs as `python -m accelbench.torchrun`, which ends it
+(SIGTERM) when the stage ends, and its workers end with it (`lifetime.end_with_launcher`);
+an interrupted stage stops torchrun, which stops its workers, before it unwinds.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 
+from . import lifetime
 from .console import StageError, log
 from .params import DistributedParams
 from .placement import Placement
 
+# torchrun gives its workers 30 s to end after a signal before it kills them.
+STOP_TIMEOUT_S = 40
 
-def launch(name: str, cfg: DistributedParams, argv: list[str]) -> None:
-    """Re-run this same `accelbench` command (`argv`) under torchrun, once per process."""
+
+def launch(
+    name: str, cfg: DistributedParams, argv: list[str], keep_fds: tuple[int, ...] = ()
+) -> None:
+    """Re-run this same `accelbench` command (`argv`) under torchrun, once per process;
+    torchrun inherits `keep_fds` (the stage's locks: held until torchrun has ended)."""
     if cfg.nnodes == 1:
         rendezvous = ["--standalone"]
     else:
@@ -24,10 +38,7 @@ def launch(name: str, cfg: DistributedParams, argv: list[str]) -> None:
             "--rdzv-backend=static",
             f"--rdzv-endpoint={cfg.rdzv_endpoint}",
         ]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+    torchrun_args = [
         f"--nproc-per-node={cfg.nproc_per_node}",
         *rendezvous,
         "--max-restarts=0",
@@ -36,13 +47,44 @@ def launch(name: str, cfg: DistributedParams, argv: list[str]) -> None:
         "accelbench.cli",
         *argv,
     ]
-    log(f"train {name}: launching {cfg.world_size} processes: torchrun {' '.join(command[3:])}")
-    result = subprocess.run(command, check=False)
-    if result.returncode != 0:
+    log(f"train {name}: launching {cfg.world_size} processes: torchrun {' '.join(torchrun_args)}")
+    env = {**os.environ, lifetime.PARENT_ENV: str(os.getpid())}
+    command = [sys.executable, "-m", "accelbench.torchrun", *torchrun_args]
+    process = subprocess.Popen(command, env=env, pass_fds=keep_fds)
+    try:
+        returncode = process.wait()
+    except BaseException as exc:  # SIGTERM or Ctrl-C in the stage: torchrun stops its workers
+        # Ctrl-C reached torchrun too (one process group): a second signal would cut short
+        # its own shutdown of the workers
+        ctrl_c = isinstance(exc, KeyboardInterrupt) and not exc.args
+        _stop(process, signalled=ctrl_c)
+        raise
+    if returncode != 0:
         raise StageError(
-            f"variant {name!r}: torchrun exited with {result.returncode}; its report above names "
+            f"variant {name!r}: torchrun exited with {returncode}; its report above names "
             "the failed rank and its exit code or signal"
         )
+
+
+def _stop(process: subprocess.Popen, signalled: bool) -> None:
+    """End torchrun as a scheduler would: SIGTERM (unless it was `signalled` already), which it
+    passes on to its workers, waiting for them; SIGKILL after STOP_TIMEOUT_S (its workers
+    then end with it)."""
+    if signalled and _ended(process, STOP_TIMEOUT_S):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGTERM)
+    if not _ended(process, STOP_TIMEOUT_S):
+        process.kill()
+        process.wait()
+
+
+def _ended(process: subprocess.Popen, timeout_s: float) -> bool:
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -58,3 +100,21 @@ def process_group(placement: Placement) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def _main() -> None:
+    """`python -m accelbench.torchrun ARGS`: torchrun ARGS, ended with the stage that started
+    it; its workers end with it."""
+    lifetime.end_with_parent(int(os.environ[lifetime.PARENT_ENV]))
+    os.environ[lifetime.PARENT_ENV] = str(os.getpid())
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main
+
+    try:
+        main()
+    except SignalException as exc:  # it has stopped its workers; its traceback adds nothing
+        raise SystemExit(128 + exc.sigval) from None
+
+
+if __name__ == "__main__":
+    _main()

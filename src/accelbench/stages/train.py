@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import data, phases, torchrun
+from .. import data, lifetime, phases, torchrun
 from ..console import log
 from ..params import Params, TrainRecipe, VariantParams
 from ..placement import place
@@ -24,6 +24,7 @@ from ..results import (
     Skipped,
     TrainResult,
     TrainSummary,
+    claim,
     read_train,
     remove_leftovers,
     staged,
@@ -69,8 +70,11 @@ def run(
     *,
     quiet: bool = False,
     argv: list[str] | None = None,
+    locks: tuple[int, ...] = (),
 ) -> TrainResult | None:
-    """Train (or skip) one variant; None in a process that writes no outputs."""
+    """Train (or skip) one variant; None in a process that writes no outputs. `locks`: the
+    file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too."""
+    claim(out.model, out.metrics.train_json, out.metrics.epochs_csv)  # before any work
     with phases.phase("device"):  # NVML alone where it settles a skip
         placement = place(name, inputs.variant, require_gpu=inputs.require_gpu)
     if placement.skip_reason is not None:
@@ -78,7 +82,7 @@ def run(
     if placement.launch:
         cfg = inputs.variant.distributed
         with phases.phase("launch"):
-            torchrun.launch(name, cfg, argv or [])
+            torchrun.launch(name, cfg, argv or [], keep_fds=locks)
         if cfg.node_rank != 0:
             log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
             return None
@@ -132,6 +136,7 @@ def _run_params(
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:
+    lifetime.end_with_launcher()  # no training outlives the `dvc repro` that started it
     phases.RECORDER.stage = f"train@{args.variant}"
     inputs = select(params, args.variant)
     if inputs.recipe.deterministic:
@@ -139,4 +144,14 @@ def main(args: argparse.Namespace, params: Params, root: Path) -> None:
 
         request_determinism(os.environ)  # before anything touches the GPU
     out = TrainOutputs(args.model, MetricsFiles(args.metrics), args.checkpoint, args.profile)
-    run(root, args.variant, inputs, args.data, out, quiet=args.quiet, argv=args.argv)
+    with lifetime.sole_writer(args.variant, out.model, out.checkpoint) as locks:
+        run(
+            root,
+            args.variant,
+            inputs,
+            args.data,
+            out,
+            quiet=args.quiet,
+            argv=args.argv,
+            locks=locks,
+        )

@@ -1,0 +1,197 @@
+"""A training stage's processes: they end with the process that started them, and only one
+process at a time trains into the same outputs.
+
+- Under DVC (DVC sets `DVC_STAGE` for every stage command) a stage ends when DVC does, so
+  killing only DVC (a process manager, `kill <dvc pid>`) leaves no training behind to
+  fight the next `dvc repro` over its checkpoint, model and MLflow run. Run by hand, a
+  stage is left alone (`nohup accelbench train ... &` keeps running after a logout).
+- A DDP stage's torchrun ends with the stage, and torchrun's workers with torchrun.
+- "Ends" means SIGTERM, which the CLI turns into the same unwinding as `kill` or Ctrl-C:
+  the MLflow run ended as KILLED, the checkpoint of the last finished epoch kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .console import InputError, log
+
+# Set by `accelbench.torchrun` for the processes it starts: the pid they must not outlive
+# (read by torchrun's wrapper from the stage, by the workers from the wrapper).
+PARENT_ENV = "ACCELBENCH_PARENT_PID"
+WATCH_INTERVAL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def is_torchrun_worker() -> bool:
+    return "LOCAL_RANK" in os.environ
+
+
+def end_with_launcher() -> None:
+    """Call first thing in a stage: a torchrun worker ends with torchrun, a stage run by DVC
+    ends with DVC (and with whatever runs between, such as DVC's `sh -c`); a stage run by
+    hand is left alone."""
+    if is_torchrun_worker():
+        end_with_parent(_expected_parent())
+    elif "DVC_STAGE" in os.environ:
+        parent = os.getppid()
+        end_with_parent(parent)
+        dvc = _dvc_ancestor()
+        if dvc is not None and dvc.pid != parent:  # a shell between: watch DVC itself
+            _watch(lambda: not _alive(dvc), f"DVC (pid {dvc.pid}) is gone")
+
+
+def end_with_parent(parent: int) -> None:
+    """SIGTERM to this process once `parent` (the process that started it) has ended.
+
+    Linux: the kernel's parent-death signal, which fires when the parent *thread* that
+    started this process ends (DVC, the stage and torchrun start theirs from a thread that
+    waits for them). A parent that ended before the signal was set is seen only as a changed
+    parent, so that is checked right after. Elsewhere: a thread that watches the parent pid.
+    """
+    if _set_parent_death_signal(signal.SIGTERM):
+        if os.getppid() != parent:
+            log(f"accelbench: the process that started this one (pid {parent}) is gone")
+            os.kill(os.getpid(), signal.SIGTERM)
+    else:
+        _watch(lambda: os.getppid() != parent, f"the parent process (pid {parent}) is gone")
+
+
+def _expected_parent() -> int:
+    """The pid a torchrun child must not outlive: what our torchrun wrapper recorded (so a
+    parent that died before this process looked is caught), else the current parent."""
+    try:
+        return int(os.environ[PARENT_ENV])
+    except (KeyError, ValueError):
+        return os.getppid()
+
+
+def _set_parent_death_signal(sig: signal.Signals) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _dvc_ancestor():
+    """The nearest `dvc` process above this one (psutil.Process), or None."""
+    import psutil
+
+    from .phases import is_dvc
+
+    try:
+        for ancestor in psutil.Process().parents():
+            if is_dvc(ancestor.cmdline()):
+                return ancestor
+    except psutil.Error:
+        return None
+    return None
+
+
+def _alive(process) -> bool:
+    """`process` (psutil.Process) still runs: not ended, not a zombie, its pid not reused."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _watch(gone: Callable[[], bool], why: str) -> None:
+    """A daemon thread that sends this process SIGTERM once `gone()` holds."""
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(WATCH_INTERVAL_S)
+        log(f"accelbench: {why}; stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="accelbench-watchdog", daemon=True).start()
+
+
+# --- one trainer per output ----------------------------------------------------------------
+
+
+def lock_path(output: Path) -> Path:
+    """The lock file of an output: a hidden file beside it (`models/.cpu.pt.lock`)."""
+    return output.with_name(f".{output.name}.lock")
+
+
+@contextlib.contextmanager
+def sole_writer(name: str, *outputs: Path | None) -> Iterator[tuple[int, ...]]:
+    """Inside: this process alone writes `outputs` (the file descriptors of its locks).
+
+    An exclusive `flock` on a lock file beside each output, holding this pid: the kernel
+    releases it when the process ends however it ends, so a lock left by a killed process
+    never blocks. Another live holder is a one-line error naming the variant, its pid and
+    what to do. A torchrun worker takes none: its launcher holds them for it.
+    """
+    if is_torchrun_worker():
+        yield ()
+        return
+    # one lock per file: a second descriptor of it in this process would be refused too
+    paths = {lock_path(p).resolve(): lock_path(p) for p in outputs if p is not None}
+    held: list[tuple[Path, int]] = []
+    try:
+        for path in paths.values():
+            held.append((path, _acquire(path, name)))
+        yield tuple(fd for _, fd in held)
+    finally:
+        for path, fd in reversed(held):
+            _release(path, fd)
+
+
+def _acquire(path: Path, name: str) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            who = f"process {holder}" if holder.isdigit() else "another process"
+            stop = f"stop it (kill {holder})" if holder.isdigit() else "stop it"
+            raise InputError(
+                f"variant {name!r} is already being trained by {who} (lock {path}); wait for "
+                f"it to finish or {stop}, then run again"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # The holder before us removes the file as it ends: lock the file that is there now.
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(os.fstat(fd), current):
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _release(path: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then let go."""
+    try:
+        if os.path.samestat(os.fstat(fd), os.stat(path)):
+            path.unlink()
+    except OSError:
+        pass  # already gone, or its folder unreadable: the lock ends with the descriptor
+    finally:
+        os.close(fd)
