@@ -58,7 +58,7 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff format src tests tools benchmarks
 
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
-	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import training_view_url as url; print("Open", url(sys.argv[1], Path("mlflow.db")), "(the newest pipeline run: its trained variants, fastest first)")' http://$(HOST):$(PORT)
+	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 lock: | $(BIN)/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)

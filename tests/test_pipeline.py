@@ -173,9 +173,10 @@ def test_killed_dvc_repro_resumes_and_redoes_only_what_is_incomplete(tmp_path) -
 
 
 def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeypatch) -> None:
-    """`dvc exp run --queue` + `dvc queue start` run each experiment in a copy under
+    """`dvc exp run --queue` + `dvc queue start -j 2` run each experiment in a copy under
     .dvc/tmp/exps that DVC deletes: both land in the workspace's MLflow store, each a pipeline
-    run named after its DVC experiment, with artifacts readable from the workspace."""
+    run named after its DVC experiment, with artifacts readable from the workspace. Two
+    workers on a new workspace race to create the store: its file lock lets both in."""
     import time
 
     repo, mirror, _ = _small_repo(
@@ -183,11 +184,12 @@ def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeyp
     )
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "commit", "-qam", "small params"], cwd=repo, check=True)
+    assert not (repo / "mlflow.db").exists()  # a new workspace: the workers create the store
     names = {"lr-low": "train.lr=0.0005", "lr-high": "train.lr=0.002"}
     for name, change in names.items():
         _dvc(repo, "exp", "run", "--queue", "-n", name, "-S", change, mirror=mirror)
     started = subprocess.run(  # its workers keep the pipes open: no capture
-        [str(Path(sys.executable).parent / "dvc"), "queue", "start"],
+        [str(Path(sys.executable).parent / "dvc"), "queue", "start", "-j", "2"],
         cwd=repo,
         env=_env(mirror),
         stdout=subprocess.DEVNULL,

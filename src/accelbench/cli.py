@@ -24,6 +24,7 @@ from .console import (
     EXIT_INPUT,
     EXIT_INTERRUPTED,
     AccelbenchError,
+    clip,
 )
 from .params import load_params
 
@@ -135,6 +136,9 @@ _INPUT_ERRNOS = {
 }
 
 
+MAX_LINE = 500  # characters of an error line
+
+
 def _one_line(exc: BaseException) -> tuple[str, int]:
     """The message and exit code for an error: the project's own errors say what to do;
     an OS error names its path; anything else is a failure worth a bug report."""
@@ -151,7 +155,7 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
             else f"run again with --debug or {DEBUG_ENV}=1 for details"
         )
         return f"{exc.filename}: {what} ({advice})", code
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    detail = clip(str(exc).strip().splitlines()[0], 200) if str(exc).strip() else ""
     return (
         f"unexpected {type(exc).__name__}{': ' + detail if detail else ''} "
         f"(run again with --debug or {DEBUG_ENV}=1 for the traceback, and report it)",
@@ -179,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             params = load_params(args.params)
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
-        elif args.stage == "runs":
-            print(importlib.import_module("accelbench.tracking").summary_markdown(root))
+        elif args.stage == "runs":  # the workspace's store, from any of its subfolders
+            tracking = importlib.import_module("accelbench.tracking")
+            print(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
         else:
             # Imported by name: a stage's code is its own module's imports, no other stage's
             # (dvc.yaml's deps list exactly them).
@@ -194,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             traceback.print_exc()
         message, code = _one_line(exc)
+        # Messages quote values cut short already; this bounds every line whatever it quotes.
+        message = "\n".join(clip(line, MAX_LINE) for line in message.splitlines())
         print(f"accelbench {args.stage}: error: {message}", file=sys.stderr)
         return code
     if args.stage in STAGES and "LOCAL_RANK" not in os.environ:  # not a torchrun child

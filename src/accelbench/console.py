@@ -8,6 +8,7 @@ the input was fine); 130 interrupted. `accelbench doctor` adds 3 (CPU only).
 
 from __future__ import annotations
 
+import reprlib
 import sys
 
 EXIT_FAILURE = 1
@@ -31,6 +32,35 @@ class InputError(AccelbenchError, ValueError):
 
 class StageError(AccelbenchError, RuntimeError):
     """A stage cannot do what it was asked; the message says why and what to do."""
+
+
+# Values echoed in messages are cut to this many characters: a 5 MB value must not become a
+# 5 MB error line.
+ECHO_CHARS = 80
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text`, cut to `limit` characters with a trailing "…" when longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# reprlib looks at a bounded part of a value: a huge or deeply shared structure costs nothing.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """A value as an error message quotes it (`repr`), cut to `limit` characters."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])  # a longer one is cut anyway
+    elif isinstance(value, int) and value.bit_length() > 256:  # repr refuses > 4300 digits
+        text = f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    else:
+        try:
+            text = _SHORT_REPR.repr(value)
+        except ValueError:  # a huge integer inside
+            text = f"<a {type(value).__name__}>"
+    return clip(text, limit)
 
 
 def log(message: str) -> None:

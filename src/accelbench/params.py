@@ -7,10 +7,17 @@ what is allowed.
 The file is read as DVC reads it (YAML 1.2, with ruamel.yaml, DVC's own parser): `0512` is
 512, not octal, and `yes` is a string. Values are checked strictly: a number, a boolean and
 a string are never turned into each other, so the run trains with what DVC records.
+
+Values are bounded where one could hurt: every float is finite (`lr: .inf` would train to
+non-finite weights), seeds are what numpy and torch accept, the threads and processes a
+variant starts are at most `PER_CPU` per logical CPU, and the file itself is capped in size
+and in values after alias expansion (a YAML "billion laughs" is refused before it is built).
+Error messages quote at most `console.ECHO_CHARS` characters of a value.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -25,11 +32,13 @@ from pydantic import (
     model_validator,
 )
 
-from .console import InputError
+from .console import InputError, clip, echo
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+# What numpy's and torch's seeding accept alike (numpy: 0..2**32 - 1).
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 Device = Literal["cpu", "cuda"]
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -46,7 +55,27 @@ class ParamsError(InputError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: every float is finite (.inf, .nan are refused, naming the key).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# Threads or processes a variant may start per logical CPU of the machine that validates the
+# file: more only oversubscribes the CPUs (and 10000 threads exhaust the process table).
+PER_CPU = 4
+
+
+def cpu_limit() -> int:
+    """The most threads (or processes) one setting may start here: PER_CPU per logical CPU."""
+    return PER_CPU * (os.cpu_count() or 1)
+
+
+def _check_per_cpu(value: int | None, unit: str) -> int | None:
+    if value is not None and value > cpu_limit():
+        raise ValueError(
+            f"more {unit} than {PER_CPU} per logical CPU of this machine "
+            f"({os.cpu_count() or 1} CPUs): use at most {cpu_limit()}"
+        )
+    return value
 
 
 # The mirror forms data.py can fetch from: http(s) and file URLs, or a local folder.
@@ -75,7 +104,7 @@ class DataParams(_Strict):
         for mirror in mirrors:
             problem = mirror_problem(mirror)
             if problem:
-                raise ValueError(f"mirror {mirror!r}: {problem}")
+                raise ValueError(f"mirror {echo(mirror)}: {problem}")
         return mirrors
 
 
@@ -101,11 +130,16 @@ class LoaderParams(_Strict):
     persistent_workers: bool = True
     prefetch_factor: PositiveInt = 2
 
+    @field_validator("num_workers")
+    @classmethod
+    def _bounded_workers(cls, value: int) -> int:
+        return _check_per_cpu(value, "worker processes")
+
 
 class TrainRecipe(_Strict):
     """How every variant trains: the `train:` keys a training stage reads (and dvc.yaml lists)."""
 
-    seed: NonNegativeInt = 0
+    seed: Seed = 0  # 0..4294967295 (2**32 - 1), what numpy and torch accept
     epochs: PositiveInt = 10
     batch_size: PositiveInt = 512
     eval_batch_size: PositiveInt = 2048
@@ -162,6 +196,11 @@ class VariantParams(_Strict):
     distributed: DistributedParams | None = None  # set: a DDP variant launched by torchrun
     loader: LoaderParams | None = None  # batches: dataloader only; unset = LoaderParams()
 
+    @field_validator("threads")
+    @classmethod
+    def _bounded_threads(cls, value: int | None) -> int | None:
+        return _check_per_cpu(value, "threads")
+
     @model_validator(mode="after")
     def _check_combinations(self) -> VariantParams:
         if self.device == "cpu" and self.precision == "fp16":
@@ -186,6 +225,8 @@ class VariantParams(_Strict):
         if self.loader is not None and self.batches != "dataloader":
             raise ValueError("loader: is read only by variants with batches 'dataloader'")
         if self.distributed is not None:
+            if self.device == "cpu":  # one process per CPU "device" (a GPU variant needs GPUs)
+                _check_per_cpu(self.distributed.nproc_per_node, "distributed.nproc_per_node")
             if self.distributed.backend == "nccl" and self.device != "cuda":
                 raise ValueError("distributed.backend 'nccl' needs device 'cuda'; use 'gloo'")
             if self.distributed.backend == "gloo" and self.cuda_graph:
@@ -247,13 +288,13 @@ class Params(_Strict):
         for name in self.variants:
             if not VARIANT_NAME.fullmatch(name):
                 raise ValueError(
-                    f"variant name {name!r} must be 1 to 64 ASCII letters, digits, '_' and '-', "
+                    f"variant name {echo(name)} must be 1 to 64 ASCII letters, digits, '_' and '-', "
                     "starting with a letter or digit (it becomes a DVC stage name, a "
                     "command-line argument and a file name)"
                 )
             if name.lower() in folded:
                 raise ValueError(
-                    f"variant names {folded[name.lower()]!r} and {name!r} differ only in case "
+                    f"variant names {echo(folded[name.lower()])} and {echo(name)} differ only in case "
                     "(their files would collide on a case-insensitive file system)"
                 )
             folded[name.lower()] = name
@@ -273,31 +314,31 @@ class Params(_Strict):
         for name in names:
             if name not in self.variants:
                 raise ValueError(
-                    f"quantize.variants: {name!r} is not a variant "
+                    f"quantize.variants: {echo(name)} is not a variant "
                     f"(params.yaml defines: {', '.join(self.variants)})"
                 )
         if len(set(names)) != len(names):
-            raise ValueError(f"quantize.variants {names}: a variant is named twice")
+            raise ValueError(f"quantize.variants {echo(names)}: a variant is named twice")
 
     def _check_baselines(self) -> None:
         defined = f"params.yaml defines: {', '.join(self.variants)}"
         base = self.report.speedup_baseline
         if base is not None and base not in self.variants:
-            raise ValueError(f"report.speedup_baseline = {base!r}: not a variant ({defined})")
+            raise ValueError(f"report.speedup_baseline = {echo(base)}: not a variant ({defined})")
         for ddp, base in self.report.scaling_baselines.items():
-            key = f"report.scaling_baselines.{ddp}"
+            key = f"report.scaling_baselines.{clip(ddp)}"
             if ddp not in self.variants or self.variants[ddp].distributed is None:
-                raise ValueError(f"{key}: {ddp!r} is not a variant with a distributed: section")
+                raise ValueError(f"{key}: {echo(ddp)} is not a variant with a distributed: section")
             if base not in self.variants or self.variants[base].distributed is not None:
                 raise ValueError(
-                    f"{key} = {base!r}: the baseline must be a single-process variant "
+                    f"{key} = {echo(base)}: the baseline must be a single-process variant "
                     f"(no distributed: section; {defined})"
                 )
 
     def variant(self, name: str) -> VariantParams:
         if name not in self.variants:
             raise ParamsError(
-                f"unknown variant {name!r}; params.yaml defines: {', '.join(self.variants)}"
+                f"unknown variant {echo(name)}; params.yaml defines: {', '.join(self.variants)}"
             )
         return self.variants[name]
 
@@ -329,9 +370,13 @@ MOVED = {
 }
 
 
+# Why a key's bounds are what they are, added to its errors.
+HINTS = {"seed": "seeds are 0..4294967295, 2**32 - 1: what numpy and torch accept"}
+
+
 def _describe(error: dict[str, Any]) -> str:
     loc = tuple(error["loc"])
-    key = ".".join(str(p) for p in loc) or "(top level)"
+    key = ".".join(clip(str(p)) for p in loc) or "(top level)"
     if not loc:  # a check across keys: the message names them
         return error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden" and loc in MOVED:
@@ -342,9 +387,16 @@ def _describe(error: dict[str, Any]) -> str:
         return f"{key}: unknown key (allowed keys here: {allowed})"
     if error["type"] == "missing":
         return f"{key}: required key is missing"
-    value = error.get("input")
     message = error["msg"].removeprefix("Value error, ")
-    return f"{key} = {value!r}: {message}"
+    if error["type"] == "finite_number":
+        message = "must be a finite number (not .inf, -.inf or .nan)"
+    if loc[-1] in HINTS:
+        message += f" ({HINTS[loc[-1]]})"
+    return f"{key} = {echo(error.get('input'))}: {message}"
+
+
+# At most this many problems are listed; the rest are counted.
+MAX_PROBLEMS = 20
 
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
@@ -356,18 +408,100 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:
-        lines = [_describe(e) for e in exc.errors()]
+        errors = exc.errors(include_url=False, include_context=False)
+        lines = [_describe(e) for e in errors[:MAX_PROBLEMS]]
+        if len(errors) > MAX_PROBLEMS:
+            lines.append(f"... and {len(errors) - MAX_PROBLEMS} more")
         if len(lines) == 1:  # the usual case: one line, like every other error
             raise ParamsError(f"{source} is invalid: {lines[0]}") from None
         listing = "\n  ".join(lines)
-        raise ParamsError(f"{source} is invalid ({len(lines)} problems):\n  {listing}") from None
+        raise ParamsError(f"{source} is invalid ({len(errors)} problems):\n  {listing}") from None
+
+
+# params.yaml is a few KiB. A file beyond these limits is refused before it is built into
+# objects: a YAML alias bomb ("billion laughs") is a few lines that expand to billions of
+# values, which validating (or DVC's own reading) would try to hold in memory.
+MAX_BYTES = 1024 * 1024
+MAX_VALUES = 100_000  # scalars, lists and mappings, each alias counted as what it expands to
+MAX_DEPTH = 50  # nesting of lists and mappings
+
+
+TOO_LARGE = f"larger than the {MAX_BYTES // 1024} KiB a params file may have (refused unread)"
+
+
+class _Bomb(Exception):
+    """The document expands to more than MAX_VALUES values (or into itself)."""
+
+
+def _expanded_size(root: Any) -> int:
+    """How many values the node tree under `root` expands to, aliases expanded, without
+    expanding them (each node is sized once); raises _Bomb beyond MAX_VALUES or on a cycle."""
+    from ruamel.yaml.nodes import MappingNode, SequenceNode
+
+    def children(node: Any) -> list[Any]:
+        if isinstance(node, SequenceNode):
+            return list(node.value)
+        if isinstance(node, MappingNode):
+            return [part for pair in node.value for part in pair]
+        return []
+
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = size = 1 + sum(sizes[id(c)] for c in children(node))
+            if size > MAX_VALUES:
+                raise _Bomb(
+                    f"it expands to more than {MAX_VALUES} values once its aliases are "
+                    "expanded (a params file has a few hundred)"
+                )
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise _Bomb("an alias refers to a value that contains it (it would expand forever)")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in sizes)
+    return sizes[id(root)]
 
 
 def read_yaml(text: str) -> Any:
-    """YAML 1.2 into plain dicts, lists and scalars, as DVC reads params.yaml."""
+    """YAML 1.2 into plain dicts, lists and scalars, as DVC reads params.yaml; refuses (with
+    ParamsError) text over MAX_BYTES, nesting deeper than MAX_DEPTH and documents that expand
+    to more than MAX_VALUES values."""
     from ruamel.yaml import YAML
+    from ruamel.yaml.composer import MaxDepthExceededError
 
-    return YAML(typ="safe", pure=True).load(text)
+    if len(text.encode()) > MAX_BYTES:
+        raise ParamsError(TOO_LARGE)
+    yaml = YAML(typ="safe", pure=True)
+    yaml.max_depth = MAX_DEPTH
+    constructor, parser = yaml.get_constructor_parser(text)
+    try:
+        node = constructor.composer.get_single_node()
+        if node is None:
+            return None
+        try:
+            _expanded_size(node)
+        except _Bomb as exc:
+            raise ParamsError(f"refused: {exc}") from None
+        try:
+            return constructor.construct_document(node)
+        except ValueError as exc:  # an integer of more digits than Python converts
+            digits = "integer string conversion" in str(exc)
+            why = "an integer of more than 4300 digits" if digits else clip(str(exc), 120)
+            raise ParamsError(f"a value cannot be read: {why}") from None
+    except MaxDepthExceededError:
+        raise ParamsError(
+            f"refused: lists and mappings nested deeper than {MAX_DEPTH} levels "
+            "(a params file needs 4)"
+        ) from None
+    finally:
+        parser.dispose()
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -375,7 +509,11 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
     path = Path(path)
     try:
-        raw = read_yaml(path.read_text())
+        with path.open("rb") as file:  # no more than the cap is read, whatever the file
+            content = file.read(MAX_BYTES + 1)
+        if len(content) > MAX_BYTES:
+            raise ParamsError(TOO_LARGE)
+        raw = read_yaml(content.decode())
     except FileNotFoundError:
         raise ParamsError(f"{path}: file not found (run from the repository root)") from None
     except IsADirectoryError:
@@ -385,6 +523,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except UnicodeDecodeError:
         raise ParamsError(f"{path}: not a text file (expected YAML)") from None
     except YAMLError as exc:
-        where = " ".join(str(exc).split())
+        where = clip(" ".join(str(exc).split()), 300)
         raise ParamsError(f"{path}: not valid YAML: {where}") from None
+    except ParamsError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
     return parse_params(raw, str(path))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import socket
@@ -51,7 +52,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from . import phases
-from .console import AccelbenchError, log
+from .console import AccelbenchError, clip, log
 from .results import EvalSummary, TrainSummary
 
 T = TypeVar("T")
@@ -87,6 +88,20 @@ def store_root(root: Path) -> Path:
     return Path(workspace)
 
 
+def workspace_root(start: Path, params: Path | None = None) -> Path:
+    """The workspace a command run in `start` belongs to, found as DVC finds its root: the
+    nearest folder upwards that holds `.dvc/`; outside one, the folder of the params file
+    (`accelbench --params ../params.yaml runs` from a subfolder), else `start`."""
+    for origin in (start, (start / params).parent if params is not None else None):
+        if origin is None:
+            continue
+        origin = origin.resolve()
+        for folder in (origin, *origin.parents):
+            if (folder / ".dvc").is_dir():
+                return folder
+    return (start / params).parent.resolve() if params is not None else start
+
+
 def tracking_uri(root: Path) -> str:
     """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path in the workspace."""
     return (
@@ -103,28 +118,91 @@ HTTP_DEFAULTS = {
 _outage: str | None = None  # set once tracking failed: the rest of this process skips it
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """What went wrong, in a few words: the innermost cause says it ("OperationalError:
+    database is locked"), where MLflow's own exception wraps it in a line of SQLAlchemy advice."""
+    root, seen = exc, {id(exc)}
+    while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
+        root = cause
+        seen.add(id(root))
+    if root is exc:
+        return clip(f"{type(exc).__name__}: {_first_line(exc)}", 300)
+    return clip(f"{type(exc).__name__} from {type(root).__name__}: {_first_line(root)}", 300)
+
+
 def _report_outage(exc: BaseException) -> None:
     global _outage
     if _outage is None:
-        _outage = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        _outage = describe_failure(exc)
         print(
             f"accelbench: WARNING: MLflow tracking at {mlflow.get_tracking_uri()} failed "
-            f"({_outage[:300]}). Training goes on and writes its DVC outputs; this process "
+            f"({_outage}). Training goes on and writes its DVC outputs; this process "
             "logs nothing more to MLflow.",
             file=sys.stderr,
             flush=True,
         )
 
 
+class _HeldBack(logging.Filter):
+    """On one of MLflow's log handlers: MLflow's warnings and errors (a traceback each, six
+    on a locked store) wait while a tracking call runs (`_mlflow_logs_held`), and go once
+    tracking failed: the outage is one warning line (`_report_outage`)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        if _outage is not None:
+            return False
+        if _held is not None:
+            _held.append((self.handler, record))
+            return False
+        return True
+
+
+_held: list[tuple[logging.Handler, logging.LogRecord]] | None = None
+
+
+@contextmanager
+def _mlflow_logs_held() -> Iterator[None]:
+    """MLflow's warnings and errors during the body: dropped if it fails (its caller says why
+    in one line), shown as they were if it succeeds."""
+    global _held
+    for handler in logging.getLogger("mlflow").handlers:
+        if not any(isinstance(f, _HeldBack) for f in handler.filters):
+            handler.addFilter(_HeldBack(handler))
+    if _held is not None:  # within another tracking call: the outermost decides
+        yield
+        return
+    _held = []
+    try:
+        yield
+    except BaseException:
+        _held = None
+        raise
+    records, _held = _held, None
+    for handler, record in records:
+        handler.handle(record)
+
+
 def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
-    """Run a tracking call unless tracking already failed; a failure is reported once."""
+    """Run a tracking call unless tracking already failed; a failure is reported once, in one
+    line, instead of MLflow's own tracebacks."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> T | None:
         if _outage is not None:
             return None
         try:
-            with phases.phase("mlflow"):
+            with phases.phase("mlflow"), _mlflow_logs_held():
                 return function(*args, **kwargs)
         except Exception as exc:  # MlflowException, requests errors, sqlite errors, ...
             _report_outage(exc)
@@ -133,30 +211,88 @@ def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
     return wrapper
 
 
+STORE_LOCK = Path(".accelbench") / "mlflow.db.lock"  # in the workspace, beside its store
+STORE_LOCK_TIMEOUT_S = 300
+
+
+def _store_lock_path(uri: str, workspace: Path, own_store: bool) -> Path | None:
+    """The lock file that serializes setting up the SQLite store at `uri` (None: not SQLite)."""
+    if own_store:
+        return workspace / STORE_LOCK
+    if not uri.startswith("sqlite:///") or uri.startswith("sqlite:///:memory:"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0] + ".lock")
+
+
+@contextmanager
+def _store_locked(path: Path | None) -> Iterator[None]:
+    """Hold `path`'s lock (fcntl.flock: released by the kernel when the process dies, however it
+    dies), waiting up to STORE_LOCK_TIMEOUT_S for another process to release it."""
+    if path is None:
+        yield
+        return
+    import fcntl
+    import time
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        deadline = time.monotonic() + STORE_LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{path}: held by another process for over {STORE_LOCK_TIMEOUT_S} s"
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def setup(root: Path) -> str:
-    """Point MLflow at the store and the `accelbench` experiment; returns the experiment id."""
+    """Point MLflow at the store and the `accelbench` experiment; returns the experiment id.
+
+    Creating a SQLite store (MLflow's schema migrations) and the experiment happen under a
+    file lock: the experiments of `dvc queue start -j 2` start at once on a new workspace, and
+    two processes migrating one new database fail ("duplicate column name").
+    """
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     for key, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
-    mlflow.set_tracking_uri(tracking_uri(root))
+    uri = tracking_uri(root)
+    mlflow.set_tracking_uri(uri)
     workspace = store_root(root)
     if own_store:
         _link_artifacts(root, workspace)
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-    if experiment is not None:
-        experiment_id = experiment.experiment_id
-    else:
-        artifacts = (workspace / ARTIFACTS).resolve().as_uri() if own_store else None
-        # Earlier MLflow 3 UIs open a model-training experiment on its runs by this tag;
-        # 3.17's goes by the link's workflowType (`ui_path`), which make ui prints.
-        experiment_id = mlflow.create_experiment(
-            EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
-        )
-    if own_store:
-        relative_artifacts(workspace / STORE)
+    with _store_locked(_store_lock_path(uri, workspace, own_store)):
+        experiment_id = _experiment_id(workspace, own_store)
+        if own_store:
+            relative_artifacts(workspace / STORE)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+def _experiment_id(workspace: Path, own_store: bool) -> str:
+    """The `accelbench` experiment's id, the experiment created if the store has none."""
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)  # creates and migrates the store
+    if experiment is not None:
+        return experiment.experiment_id
+    artifacts = (workspace / ARTIFACTS).resolve().as_uri() if own_store else None
+    try:
+        # Earlier MLflow 3 UIs open a model-training experiment on its runs by this tag;
+        # 3.17's goes by the link's workflowType (`ui_path`), which make ui prints.
+        return mlflow.create_experiment(
+            EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
+        )
+    except MlflowException as exc:  # a tracking server: another process created it first
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return mlflow.get_experiment_by_name(EXPERIMENT).experiment_id
 
 
 def _link_artifacts(root: Path, workspace: Path) -> None:
@@ -247,16 +383,32 @@ def _common_tags(root: Path, role: str) -> dict[str, str]:
     return tags
 
 
+def _run_in_store(client: MlflowClient, run_id: str) -> Any | None:
+    """The run, or None where this store does not have it: mlflow.db was deleted or replaced
+    since (a new store starts empty), or the id comes from another store."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
 def open_pipeline_run_id(root: Path) -> str | None:
-    """The RUNNING pipeline run this checkout started, if the current store has it."""
+    """The RUNNING pipeline run this checkout started, if the current store has it. A pointer
+    to a run the store does not have (a deleted mlflow.db) is removed: the next stage starts a
+    new pipeline run in the new store."""
     pointer = root / PIPELINE_RUN_FILE
     try:
         run_id = pointer.read_text().strip()
     except OSError:
         return None
     try:
-        run = MlflowClient().get_run(run_id)
-    except MlflowException:  # another store, or the run was deleted
+        run = _run_in_store(MlflowClient(), run_id)
+    except MlflowException:  # not a run id at all
+        run = None
+    if run is None:
+        pointer.unlink(missing_ok=True)
         return None
     if run.info.status != "RUNNING" or run.data.tags.get(ROLE_TAG) != "pipeline":
         return None
@@ -340,7 +492,7 @@ def _start_variant_run(
 
 def _end_run(status: str) -> None:
     try:
-        with phases.phase("mlflow"):
+        with phases.phase("mlflow"), _mlflow_logs_held():
             mlflow.end_run(status=status)
     except Exception as exc:  # the server went away: the local state still has to end
         _report_outage(exc)
@@ -502,7 +654,14 @@ def log_evaluation(
     model by them); `more_metrics` (the quantized models' figures) as plain run metrics."""
     setup(root)
     client = MlflowClient()
-    run = client.get_run(run_id)
+    run = _run_in_store(client, run_id)
+    if run is None:
+        log(
+            f"MLflow run {run_id} is not in {mlflow.get_tracking_uri()} (the store was deleted "
+            "or replaced after it trained): its evaluation is not logged; `dvc repro --force "
+            "train@<variant>` tracks the variant again"
+        )
+        return
     model_id = logged_model_id(run.info.experiment_id, run_id)
     dataset = _evaluation_dataset(run)
     now = get_current_time_millis()
@@ -593,8 +752,11 @@ def log_variant_figures(root: Path, figures: Mapping[str, Mapping[str, float | N
     client = MlflowClient()
     now = get_current_time_millis()
     for run_id, values in figures.items():
+        run = _run_in_store(client, run_id)
+        if run is None:  # log_evaluation said so
+            continue
         numbers = _numbers(values)
-        logged = client.get_run(run_id).data.metrics
+        logged = run.data.metrics
         tags = {tag: figure_text(numbers, *figure) for tag, figure in FIGURE_TAGS.items()}
         client.log_batch(
             run_id,
@@ -760,6 +922,37 @@ def training_view_url(base_url: str, store: Path) -> str:
     )
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on `host:port` (another program holds it), or None."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, OverflowError) as exc:
+        return f"{host}:{port} is not an address to serve on ({exc})"
+    with closing(socket.socket(family, kind, proto)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"port {port} on {host} is in use by another program ({exc.strerror})"
+    return None
+
+
+def ui_intro(host: str, port: str, store: Path) -> int:
+    """`make ui`'s first step: refuse a port another program holds (one line on stderr, exit
+    1, before any link that would open that program), else print the link to the runs."""
+    problem = port_problem(host, int(port)) if port.isdigit() else f"PORT={port!r} is not a number"
+    if problem:
+        print(
+            f"make ui: {problem}; stop it, or choose another port: make ui PORT="
+            f"{int(port) + 1 if port.isdigit() else 5001}",
+            file=sys.stderr,
+        )
+        return 1
+    url = training_view_url(f"http://{host}:{port}", store)
+    print("Open", url, "(the newest pipeline run: its trained variants, fastest first)")
+    return 0
+
+
 def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
     """The newest pipeline run of this store and its variant runs (None, [] if there is none)."""
     experiment_id = setup(root)
@@ -817,19 +1010,22 @@ SUMMARY_COLUMNS = (
 
 def summary_markdown(root: Path) -> str:
     """`accelbench runs`: the newest pipeline run's variants, fastest first, and the link to
-    them in the UI."""
+    them in the UI. Reading creates no store where there is none."""
+    store = store_root(root) / STORE
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.exists():
+        return f"No MLflow store at {store} yet: run `dvc repro` in {store.parent}."
     try:
-        parent, children = pipeline_summary(root)
-        view = (
-            MlflowClient().get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
-            if parent is not None
-            else None
-        )
+        with _mlflow_logs_held():
+            parent, children = pipeline_summary(root)
+            view = (
+                MlflowClient().get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
+                if parent is not None
+                else None
+            )
     except Exception as exc:  # MlflowException, requests and sqlite errors, ...
-        first = " ".join(str(exc).split())[:200]
         raise TrackingUnreachable(
-            f"cannot read MLflow tracking at {tracking_uri(root)} ({type(exc).__name__}: "
-            f"{first}); start the server, or set MLFLOW_TRACKING_URI to one that runs"
+            f"cannot read MLflow tracking at {tracking_uri(root)} ({describe_failure(exc)}); "
+            "start the server, or set MLFLOW_TRACKING_URI to one that runs"
         ) from exc
     if parent is None:
         return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."

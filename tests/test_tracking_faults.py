@@ -1,0 +1,264 @@
+"""Tracking faults (issue 24), with real processes and files: a locked store is one warning
+line, a deleted store starts cleanly, the store is found from a subfolder, `make ui` refuses a
+busy port, and processes creating one new store at once all succeed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from accelbench import tracking
+from helpers import REPO, cpu_train_command, write_params
+
+
+def _own_store_env() -> dict[str, str]:
+    """The environment of a stage that tracks into its workspace's own mlflow.db."""
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    for key in ("MLFLOW_TRACKING_URI", tracking.WORKSPACE_ENV):
+        env.pop(key, None)
+    return env
+
+
+def _python(root: Path, code: str, env: dict[str, str] | None = None) -> str:
+    """`code` in a process of its own in `root` (a stage is one); returns its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=root,
+        env=env or _own_store_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def _runs(root: Path) -> dict[str, tuple[str, str, str | None]]:
+    """run id -> (name, status, parent run id) in `root`'s store, read afresh from the file
+    (MLflow's client keeps a connection to a store that was since deleted)."""
+    with closing(sqlite3.connect(root / tracking.STORE)) as db:
+        rows = db.execute(
+            "SELECT runs.run_uuid, runs.name, runs.status, tags.value FROM runs LEFT JOIN tags "
+            "ON tags.run_uuid = runs.run_uuid AND tags.key = 'mlflow.parentRunId'"
+        ).fetchall()
+    return {run_id: (name, status, parent) for run_id, name, status, parent in rows}
+
+
+@pytest.mark.slow
+def test_a_locked_store_is_one_warning_line_not_mlflows_tracebacks(tmp_path, prepared) -> None:
+    """Before: each tracking call printed MLflow's own traceback (six in a pipeline, 252
+    lines), though the pipeline finished."""
+    store = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{store}"
+    env = {**_own_store_env(), "MLFLOW_TRACKING_URI": uri}
+    _python(tmp_path, "from pathlib import Path; from accelbench import tracking; "
+            "tracking.setup(Path('.'))", env)  # fmt: skip
+    holder = sqlite3.connect(store, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another program writing: readers pass, writers wait
+    try:
+        result = subprocess.run(
+            cpu_train_command(tmp_path, prepared, epochs=1),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.rollback()
+        holder.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "cpu.pt").exists()
+    [warning] = [line for line in result.stderr.splitlines() if "MLflow tracking" in line]
+    assert "WARNING" in warning and "database is locked" in warning
+    assert "Traceback" not in result.stderr and " ERROR mlflow" not in result.stderr
+    assert len(result.stderr.splitlines()) < 15, result.stderr
+
+
+def test_mlflow_errors_of_a_call_that_succeeds_are_still_shown(tmp_path, capsys) -> None:
+    import logging
+
+    @tracking.tolerant
+    def noisy() -> str:
+        logging.getLogger("mlflow.test").error("kept: the call succeeded")
+        return "ok"
+
+    with tracking._mlflow_logs_held():
+        pass  # installs the filter on MLflow's handler
+    assert noisy() == "ok"
+    assert "kept: the call succeeded" in capsys.readouterr().err
+
+    @tracking.tolerant
+    def failing() -> None:
+        logging.getLogger("mlflow.test").error("dropped: the call failed")
+        raise sqlite3.OperationalError("database is locked")
+
+    assert failing() is None
+    err = capsys.readouterr().err
+    assert "dropped" not in err and err.count("WARNING: MLflow tracking") == 1
+    assert "OperationalError: database is locked" in err
+
+
+# The stages' tracking calls, as a process runs them: train opens the variant's run in the
+# pipeline run; compare logs the evaluation into it, records skipped variants, finishes.
+TRAIN = """
+    from pathlib import Path
+    from accelbench import tracking
+    with tracking.variant_run(Path('.'), 'cpu', {}, {'status': 'trained'}) as run_id:
+        print('RUN', run_id)
+"""
+COMPARE = """
+    from pathlib import Path
+    from accelbench import tracking
+    from accelbench.results import EvalSummary
+    root = Path('.')
+    tracking.record_skipped(root, 'gpu', {}, 'needs CUDA')
+    tracking.log_evaluation(root, 'RUN_ID', EvalSummary(0.9, 0.1, 0.9, 1.0, per_class={}), [])
+    tracking.log_variant_figures(root, {'RUN_ID': {'speedup_vs_cpu': 1.0}})
+    print('PIPELINE', tracking.finish_pipeline(root, [], {}))
+"""
+
+
+def test_a_deleted_store_starts_cleanly_and_leaves_nothing_running(tmp_path) -> None:
+    """Before: a stage reading run ids of the deleted store (DVC's run cache restores a
+    trained variant's outputs, run id included) failed all tracking, and a pipeline run
+    opened by another call stayed RUNNING."""
+    out = _python(tmp_path, TRAIN)
+    old_run = out.split("RUN ")[1].split()[0]
+    pointer = tmp_path / tracking.PIPELINE_RUN_FILE
+    assert pointer.is_file()  # the pipeline run is open: compare has not run
+    (tmp_path / tracking.STORE).unlink()  # the user deletes the store between runs
+
+    out = _python(tmp_path, COMPARE.replace("RUN_ID", old_run))
+    assert "WARNING: MLflow tracking" not in out, out
+    assert f"MLflow run {old_run} is not in" in out and "evaluation is not logged" in out
+    finished = out.split("PIPELINE ")[1].split()[0]
+    assert finished != "None" and not pointer.exists()
+    runs = _runs(tmp_path)
+    assert runs[finished][1] == "FINISHED"
+    assert [run for run in runs.values() if run[1] == "RUNNING"] == []
+    assert [run for run in runs.values() if run[0] == "gpu"] == [("gpu", "FINISHED", finished)]
+
+    # and a stale pointer alone (the store deleted mid-pipeline): a new pipeline run
+    _python(tmp_path, TRAIN)
+    (tmp_path / tracking.STORE).unlink()
+    out = _python(tmp_path, TRAIN)
+    [(_, status, parent)] = [run for run in _runs(tmp_path).values() if run[0] == "cpu"]
+    assert status == "FINISHED" and pointer.read_text().strip() == parent
+    assert _runs(tmp_path)[parent][1] == "RUNNING"  # open until compare finishes it
+    assert "WARNING" not in out
+
+
+def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
+    """Before: `accelbench --params ../params.yaml runs` from a subfolder created a new store
+    there and said "No pipeline run"."""
+    workspace = tmp_path / "workspace"
+    (workspace / ".dvc").mkdir(parents=True)
+    write_params(workspace)
+    sub = workspace / "docs" / "deeper"
+    sub.mkdir(parents=True)
+    runs = [sys.executable, "-m", "accelbench.cli", "--params", "../../params.yaml", "runs"]
+
+    before = subprocess.run(runs, cwd=sub, env=_own_store_env(), capture_output=True, text=True)
+    assert before.returncode == 0, before.stderr
+    assert f"No MLflow store at {workspace / 'mlflow.db'} yet" in before.stdout
+    assert not (workspace / "mlflow.db").exists()  # reading creates no store
+
+    _python(workspace, TRAIN)
+    _python(workspace, "from pathlib import Path; from accelbench import tracking; "
+            "tracking.finish_pipeline(Path('.'), [], {})")  # fmt: skip
+    after = subprocess.run(runs, cwd=sub, env=_own_store_env(), capture_output=True, text=True)
+    assert after.returncode == 0, after.stderr
+    assert f"MLflow: sqlite:///{workspace / 'mlflow.db'}" in after.stdout
+    assert "Pipeline run `pipeline " in after.stdout and "| cpu |" in after.stdout
+    assert list(sub.iterdir()) == [] and not (workspace / "docs" / "mlflow.db").exists()
+
+
+def test_the_workspace_is_found_as_dvc_finds_it_else_by_the_params_file(tmp_path) -> None:
+    (tmp_path / "ws" / ".dvc").mkdir(parents=True)
+    (tmp_path / "ws" / "a" / "b").mkdir(parents=True)
+    assert tracking.workspace_root(tmp_path / "ws" / "a" / "b") == (tmp_path / "ws").resolve()
+    (tmp_path / "plain" / "sub").mkdir(parents=True)
+    found = tracking.workspace_root(tmp_path / "plain" / "sub", Path("../params.yaml"))
+    assert found == (tmp_path / "plain").resolve()
+    assert (
+        tracking.workspace_root(tmp_path / "plain", Path("params.yaml"))
+        == (tmp_path / "plain").resolve()
+    )
+
+
+def test_make_ui_refuses_a_busy_port_before_printing_a_link() -> None:
+    """Before: `make ui` on a busy port exited 0 and printed a link to the other program."""
+    env = {
+        **_own_store_env(),
+        "ACCELBENCH_ENV": str(Path(sys.executable).parents[1]),  # no `uv sync`
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = subprocess.run(
+            ["make", "--no-print-directory", "ui", f"PORT={port}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode != 0
+    assert "Open" not in result.stdout and "mlflow server" not in result.stdout
+    [message] = [line for line in result.stderr.splitlines() if line.startswith("make ui:")]
+    assert f"port {port} on 127.0.0.1 is in use" in message and f"PORT={port + 1}" in message
+    assert tracking.port_problem("127.0.0.1", port) is None  # free again once closed
+
+
+SETUP = """
+    import sys, time
+    from pathlib import Path
+    from accelbench import tracking
+    start = float(sys.argv[1])
+    time.sleep(max(0.0, start - time.time()))  # every process at once
+    print(tracking.setup(Path('.')))
+"""
+
+
+def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path) -> None:
+    """`dvc queue start -j 2` on a new workspace: before, two experiments raced to create and
+    migrate mlflow.db and one failed ("duplicate column name"), its pipeline untracked."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    copies = [tmp_path / f"exp{i}" for i in range(4)]  # each experiment runs in a copy
+    env = {**_own_store_env(), tracking.WORKSPACE_ENV: str(workspace)}
+    start = time.time() + 8  # after every interpreter has imported MLflow
+    processes = []
+    for copy in copies:
+        copy.mkdir()
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(SETUP), str(start)],
+                cwd=copy,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = [(*p.communicate(timeout=180), p.returncode) for p in processes]
+    for _, err, code in results:
+        assert code == 0, err[-3000:]
+    assert len({out.split()[-1] for out, _, _ in results}) == 1  # one experiment
+    assert not list(workspace.glob("mlflow.db-journal"))
+    experiments = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").search_experiments()
+    assert [e.name for e in experiments].count(tracking.EXPERIMENT) == 1
+    assert (workspace / tracking.STORE_LOCK).is_file()
