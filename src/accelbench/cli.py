@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import phases
+from . import lifetime, phases
 from .console import (
     DEBUG_ENV,
     EXIT_FAILURE,
@@ -166,6 +166,8 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _interrupt_on_sigterm()
+    if args.stage in STAGES:  # no stage outlives the `dvc repro` that started it
+        lifetime.end_with_launcher()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
         doctor = importlib.import_module("accelbench.doctor")

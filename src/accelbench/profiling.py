@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .console import InputError
+from .results import write_text
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)
@@ -161,9 +162,9 @@ def step_profiler(
         prof.export_chrome_trace(str(trace_path))
         sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort_by, row_limit=30)
-        stem.with_suffix(".txt").write_text(table + "\n")
+        write_text(stem.with_suffix(".txt"), table + "\n")
         summary = summarize_trace(json.loads(trace_path.read_text()))
-        stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(stem.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")
 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     settle, warmup, active = profile_window(steps_per_epoch, active)
