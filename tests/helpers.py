@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -251,3 +253,18 @@ def trained_summary(steady_epoch_s: float | None, **fields: Any):
         "peak_share": None, "peak_host_rss_mib": 900.0, "steady_samples_per_s_per_process": None,
     }  # fmt: skip
     return TrainSummary(**(values | fields))
+
+
+DVC = str(Path(sys.executable).parent / "dvc")
+
+
+def dvc_repo(folder: Path) -> Path:
+    """`folder/repo`: a new git and DVC repository holding this repository's dvc.yaml and
+    params.yaml (and nothing else: add what the test reads)."""
+    repo = folder / "repo"
+    repo.mkdir()
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy2(REPO / name, repo / name)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([DVC, "init", "-q"], cwd=repo, check=True)
+    return repo

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from accelbench import report
-from helpers import REPO
-
-DVC = str(Path(sys.executable).parent / "dvc")
+from helpers import DVC, REPO, dvc_repo
 
 
 def _h200_headline() -> dict:
@@ -43,12 +39,7 @@ def _metrics_show(repo: Path) -> str:
 
 
 def test_dvc_metrics_show_fits_120_columns_for_the_default_variants(tmp_path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy2(REPO / name, repo / name)
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([DVC, "init", "-q"], cwd=repo, check=True)
+    repo = dvc_repo(tmp_path)
     headline = _h200_headline()
     assert set(headline) == set(yaml.safe_load((REPO / "params.yaml").read_text())["variants"])
     report.write_variant_metrics(repo / "reports" / report.METRICS_DIR, headline)

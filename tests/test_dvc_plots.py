@@ -17,12 +17,11 @@ import yaml
 
 from accelbench import dvc_plots
 from accelbench.results import ClassScores
-from helpers import REPO
+from helpers import DVC, REPO, dvc_repo
 
 sys.path.insert(0, str(REPO / "tools"))
 import mlflow_ui
 
-DVC = str(Path(sys.executable).parent / "dvc")
 ACROSS_VARIANTS = [  # dvc.yaml's top-level plots of data, in its order
     "Training time per epoch (s, log scale)",
     "Test accuracy per epoch",
@@ -78,12 +77,7 @@ def test_offline_template_inlines_vega_and_keeps_dvcs_placeholders() -> None:
 def _repo_with_plot_data(tmp_path: Path) -> tuple[Path, list[str]]:
     """dvc.yaml, params.yaml and the plot templates, with the files the plots read: compare's
     across-variant data for two trained variants, cpu's confusion matrix and the summary."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("dvc.yaml", "params.yaml"):
-        shutil.copy2(REPO / name, repo / name)
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([DVC, "init", "-q"], cwd=repo, check=True)
+    repo = dvc_repo(tmp_path)
     shutil.copytree(REPO / ".dvc" / "plots", repo / ".dvc" / "plots")
     dvc_plots.write_plot_data(
         repo / "reports" / dvc_plots.PLOTS_DIR,
