@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import test_report
 from accelbench import data, tracking
 from accelbench.console import InputError
 from accelbench.results import (
@@ -27,17 +28,7 @@ from accelbench.stages import compare, quantize
 from helpers import shared_mnist, small_params, trained_summary, write_params
 
 VARIANTS = {"cpu": {"device": "cpu"}}
-ENV = {
-    "cpu": {
-        "cpu_model": "Test CPU",
-        "logical_cpus": 2,
-        "torch_default_threads": 2,
-        "python": "3.11",
-        "torch": "2.x",
-        "torchvision": "0.x",
-    },
-    "cuda": {"cuda_available": False, "reason": "no GPU in the test"},
-}
+ENV = {**test_report.ENV, "cuda": {"cuda_available": False, "reason": "no GPU in the test"}}
 
 
 def _accelbench(cwd: Path, *args: str) -> subprocess.CompletedProcess:
