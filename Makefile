@@ -58,7 +58,7 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff format src tests tools benchmarks
 
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
-	@python -c 'import sys; from pathlib import Path; from accelbench.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
+	@python -c 'import sys; from pathlib import Path; from accelbench.system.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
 
 lock: | $(BIN)/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)
@@ -90,7 +90,7 @@ metrics: setup  ## the figures of each variant, and what changed since the last 
 	dvc metrics diff
 
 plots: setup  ## dvc plots show, drawn offline: dvc_plots/index.html (REV=HEAD: diff against it)
-	python -m accelbench.dvc_plots --html-template $(PLOTS_TEMPLATE)
+	python -m accelbench.report.dvc_plots --html-template $(PLOTS_TEMPLATE)
 	dvc plots $(if $(REV),diff $(REV),show) --html-template $(PLOTS_TEMPLATE)
 
 exps: setup  ## DVC experiments side by side: changed params, each variant's figures (120 columns)

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from accelbench.params import parse_params
-from accelbench.results import (
+from accelbench.core.params import parse_params
+from accelbench.core.results import (
     MetricsFiles,
     TrainResult,
     TrainSummary,

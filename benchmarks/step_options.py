@@ -36,7 +36,7 @@ def _patch(options: set[str], variant):
     import torch
     from torch import nn
 
-    from accelbench import engine, models
+    from accelbench.training import engine, models
 
     if "cdt" in options:
         torch._inductor.config.coordinate_descent_tuning = True
@@ -70,7 +70,7 @@ def conv2d_im2col(x, weight, bias):
     """conv2d of one input channel as (N*H*W, k*k) patches @ (k*k, C): channels-last out."""
     import torch
 
-    from accelbench.models import one_channel_taps
+    from accelbench.training.models import one_channel_taps
 
     taps, bias = one_channel_taps(x, weight, bias)
     patches = torch.stack([shifted[:, 0] for shifted, _ in taps], dim=-1)  # [N, H, W, k*k]
@@ -97,8 +97,8 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
     import torch
     import variants  # benchmarks/variants.py: built and trained as there
 
-    from accelbench import engine, placement, profiling
-    from accelbench.params import load_params
+    from accelbench.core.params import load_params
+    from accelbench.training import engine, placement, profiling
 
     imported = time.perf_counter() - started
     params = load_params(args.params)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(run_one(args.candidates[0], args)), flush=True)
         return 0
-    from accelbench.params import load_params
+    from accelbench.core.params import load_params
 
     variants = load_params(args.params).variants
     for candidate in args.candidates:  # every candidate checked before any is run

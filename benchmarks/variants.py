@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from accelbench import build, data, engine, placement
-from accelbench.params import TrainParams, VariantParams, parse_params, read_yaml
+from accelbench.core.params import TrainParams, VariantParams, parse_params, read_yaml
+from accelbench.data import mnist as data
+from accelbench.training import build, engine, placement
 
 
 def _apply(raw: dict, assignment: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accelbench import data
+from accelbench.data import mnist as data
 from helpers import REPO, write_fake_mnist
 
 __all__ = ["REPO"]  # tests/test_containers.py imports it from here
@@ -30,7 +30,7 @@ def prepared(tmp_path: Path, fake_mnist) -> Path:
 @pytest.fixture(autouse=True)
 def _tracking_outage_is_per_test():
     """A simulated tracking outage in one test must not switch tracking off for the next."""
-    from accelbench import tracking
+    from accelbench.system import tracking
 
     tracking._outage = None
     yield

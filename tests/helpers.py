@@ -16,10 +16,11 @@ import numpy as np
 import torch
 import yaml
 
-from accelbench import data, engine
-from accelbench.batches import ResidentBatches
-from accelbench.models import SeedCNN
-from accelbench.params import Params, TrainParams, VariantParams, parse_params
+from accelbench.core.params import Params, TrainParams, VariantParams, parse_params
+from accelbench.data import mnist as data
+from accelbench.data.batches import ResidentBatches
+from accelbench.training import engine
+from accelbench.training.models import SeedCNN
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -209,7 +210,7 @@ def mlflow_runs(store: str, name: str) -> list:
     """The runs named `name` in the accelbench experiment of the store at `store`."""
     from mlflow.tracking import MlflowClient
 
-    from accelbench import tracking
+    from accelbench.system import tracking
 
     client = MlflowClient(store)
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
@@ -220,7 +221,7 @@ def mlflow_runs(store: str, name: str) -> list:
 
 def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
     """env, then train, evaluate and quantize of every variant, then compare, in this process."""
-    from accelbench.results import MetricsFiles
+    from accelbench.core.results import MetricsFiles
     from accelbench.stages import compare, env, evaluate, quantize, train
 
     env.run(env.select(params), root / "env")
@@ -239,7 +240,7 @@ def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
 
 def trained_summary(steady_epoch_s: float | None, **fields: Any):
     """A TrainSummary of three epochs at `steady_epoch_s` (None: one epoch), the rest plausible."""
-    from accelbench.results import TrainSummary
+    from accelbench.core.results import TrainSummary
 
     values = {
         "epochs": 3, "first_epoch_s": 2 * (steady_epoch_s or 1), "steady_epoch_s": steady_epoch_s,

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from accelbench import spread
-from accelbench.answer import Row, fmt_speedup, fp32_twins, headline, variant_figures
-from accelbench.params import VariantParams
-from accelbench.results import Skipped
+from accelbench.core import spread
+from accelbench.core.params import VariantParams
+from accelbench.core.results import Skipped
+from accelbench.report.answer import Row, fmt_speedup, fp32_twins, headline, variant_figures
 from helpers import trained_summary
 from test_report import ENV
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from accelbench import data
-from accelbench.batches import EpochSampler, LoaderBatches, ResidentBatches, epoch_permutation
-from accelbench.params import LoaderParams
+from accelbench.core.params import LoaderParams
+from accelbench.data import mnist as data
+from accelbench.data.batches import EpochSampler, LoaderBatches, ResidentBatches, epoch_permutation
 from helpers import CPU
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from accelbench import build
-from accelbench.params import TrainRecipe, VariantParams
+from accelbench.core.params import TrainRecipe, VariantParams
+from accelbench.training import build
 from helpers import CPU
 
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from accelbench.checkpoint import Checkpointer
+from accelbench.training.checkpoint import Checkpointer
 
 
 def _state(epochs_done: int = 3) -> dict:

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from accelbench import build, cifar10, data
-from accelbench.batches import normalize_images
-from accelbench.console import InputError
-from accelbench.models import LeNet
-from accelbench.params import LoaderParams
+from accelbench.core.console import InputError
+from accelbench.core.params import LoaderParams
+from accelbench.data import cifar10
+from accelbench.data import mnist as data
+from accelbench.data.batches import normalize_images
 from accelbench.stages import download, prepare
+from accelbench.training import build
+from accelbench.training.models import LeNet
 from helpers import cifar10_batch, small_params, write_fake_cifar10
 
 

@@ -84,7 +84,7 @@ def _tamper(prepared, name: str, array=None) -> None:
 
     import numpy as np
 
-    from accelbench import data
+    from accelbench.data import mnist as data
 
     path = prepared / name
     if array is None:
@@ -101,7 +101,7 @@ def _tamper(prepared, name: str, array=None) -> None:
 def _model_of_another_shape(path) -> None:
     import torch
 
-    from accelbench.results import ModelFile
+    from accelbench.core.results import ModelFile
     from helpers import FP32_CPU
 
     params = {"variant": {"name": "cpu", **FP32_CPU.model_dump()}, "train": {}}

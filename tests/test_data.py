@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from accelbench import data
+from accelbench.data import mnist as data
 from helpers import idx_bytes
 
 STEM = "train-labels-idx1-ubyte"

@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from accelbench import doctor
+from accelbench.system import doctor
 
 GOOD = doctor.Facts(
     torch_version="2.14.1+cu130",

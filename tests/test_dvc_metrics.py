@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelbench import report
+from accelbench.report import markdown as report
 from helpers import DVC, REPO, dvc_repo
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelbench import dvc_plots
-from accelbench.results import ClassScores
+from accelbench.core.results import ClassScores
+from accelbench.report import dvc_plots
 from helpers import DVC, REPO, dvc_repo
 
 sys.path.insert(0, str(REPO / "tools"))

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from accelbench.params import load_params
+from accelbench.core.params import load_params
 from helpers import REPO
 
 SRC = REPO / "src"
@@ -236,8 +236,8 @@ def test_a_stage_reads_params_only_through_its_select(stage) -> None:
 def test_the_checks_catch_a_dependency_left_out() -> None:
     """The comparisons above are not vacuous: a module or a key dropped from dvc.yaml fails."""
     _, module, _, stage = next(s for s in STAGES if s[0] == "evaluate@cpu")
-    assert "src/accelbench/batches.py" in code_of(module)  # normalization runs in evaluate
-    without = [d for d in stage["deps"] if d != "src/accelbench/batches.py"]
+    assert "src/accelbench/data/batches.py" in code_of(module)  # normalization runs in evaluate
+    without = [d for d in stage["deps"] if d != "src/accelbench/data/batches.py"]
     assert declared_code(stage | {"deps": without}) != code_of(module)
     _, module, variant, stage = next(s for s in STAGES if s[0] == "train@cpu")
     reads = params_read(module, variant) - checks_of(module)

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accelbench import engine
-from accelbench.models import SeedCNN
-from accelbench.params import TrainParams, VariantParams
+from accelbench.core.params import TrainParams, VariantParams
+from accelbench.training import engine
+from accelbench.training.models import SeedCNN
 from helpers import fit_small
 
 FP32 = VariantParams(device="cpu", precision="fp32")
@@ -325,8 +325,8 @@ def test_compile_cache_state_reads_torch_compiles_cache_counters(monkeypatch) ->
 
 
 def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> None:
-    from accelbench import build
     from accelbench.stages.train import select
+    from accelbench.training import build
     from helpers import small_params
 
     params = select(small_params(), "cpu").recipe

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from accelbench import hardware
+from accelbench.system import hardware
 
 BOARDS = {"GPU-aaaa": "board0", "GPU-bbbb": "board1"}  # NVML's order: board0, board1
 ENERGY_MJ = {"board0": 1_000, "board1": 250_000}
@@ -57,7 +57,7 @@ def test_no_nvml_means_no_reading(monkeypatch) -> None:
 
 def test_env_facts_and_the_doctor_share_one_probe(monkeypatch) -> None:
     """env/cuda.json and `accelbench doctor` read the same GpuProbe: NVML starts once."""
-    from accelbench import doctor
+    from accelbench.system import doctor
 
     probe = hardware.GpuProbe(
         torch_cuda="13.0",

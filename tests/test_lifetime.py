@@ -18,8 +18,8 @@ import psutil
 import pytest
 import torch
 
-from accelbench import lifetime
-from accelbench.console import InputError
+from accelbench.core.console import InputError
+from accelbench.system import lifetime
 from helpers import mlflow_runs, train_command, write_params
 
 CPU = {"cpu": {"device": "cpu", "threads": 1}}

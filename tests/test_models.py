@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from accelbench.models import SeedCNN, conv2d_one_channel
+from accelbench.training.models import SeedCNN, conv2d_one_channel
 
 
 def _conv_and_copies() -> tuple[torch.nn.Conv2d, torch.Tensor, torch.Tensor]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbench import engine
-from accelbench.console import StageError
-from accelbench.results import MetricsFiles, read_train
+from accelbench.core.console import StageError
+from accelbench.core.results import MetricsFiles, read_train
 from accelbench.stages import train as train_stage
+from accelbench.training import engine
 from helpers import small_params
 
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 import test_report
-from accelbench import data, tracking
-from accelbench.console import InputError
-from accelbench.results import (
+from accelbench.core.console import InputError
+from accelbench.core.results import (
     ClassScores,
     EvalSummary,
     MetricsFiles,
@@ -24,7 +23,9 @@ from accelbench.results import (
     write_epochs_csv,
     write_json,
 )
+from accelbench.data import mnist as data
 from accelbench.stages import compare, quantize
+from accelbench.system import tracking
 from helpers import shared_mnist, small_params, trained_summary, write_params
 
 VARIANTS = {"cpu": {"device": "cpu"}}

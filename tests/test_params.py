@@ -5,7 +5,7 @@ import copy
 import pytest
 import yaml
 
-from accelbench.params import ParamsError, load_params, parse_params
+from accelbench.core.params import ParamsError, load_params, parse_params
 from helpers import REPO
 
 
@@ -129,7 +129,7 @@ def test_report_baselines_name_variants_of_the_right_kind(raw) -> None:
 
 
 def test_the_recipe_is_the_train_section_less_what_no_training_output_depends_on() -> None:
-    from accelbench.params import TrainParams, TrainRecipe
+    from accelbench.core.params import TrainParams, TrainRecipe
 
     assert set(TrainParams.model_fields) - set(TrainRecipe.model_fields) == {
         "target_accuracy",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelbench import params as params_module
-from accelbench.params import MAX_PROBLEMS, ParamsError, cpu_limit, load_params, parse_params
+from accelbench.core import params as params_module
+from accelbench.core.params import MAX_PROBLEMS, ParamsError, cpu_limit, load_params, parse_params
 from helpers import REPO
 
 TEXT = (REPO / "params.yaml").read_text()
@@ -117,7 +117,8 @@ def test_seeds_beyond_what_numpy_accepts_are_refused_by_check(tmp_path) -> None:
 def test_the_largest_seed_allowed_seeds_numpy_torch_and_the_epoch_order(raw) -> None:
     import numpy as np
 
-    from accelbench import batches, engine
+    from accelbench.data import batches
+    from accelbench.training import engine
 
     raw["train"]["seed"] = 2**32 - 1
     seed = parse_params(raw).train.seed

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from accelbench import phases, pipeline_time
-from accelbench.phases import Recorder, StageTiming
+from accelbench.core import phases
+from accelbench.core.phases import Recorder, StageTiming
+from accelbench.report import pipeline_time
 
 
 def test_a_nested_phase_counts_for_itself_only() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbench import placement
-from accelbench.console import StageError
-from accelbench.params import VariantParams
+from accelbench.core.console import StageError
+from accelbench.core.params import VariantParams
+from accelbench.training import placement
 
 CPU = VariantParams(device="cpu")
 GPU = VariantParams(device="cuda")

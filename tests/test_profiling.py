@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from mlflow.tracking import MlflowClient
 
-from accelbench.profiling import profile_window, summarize_trace
+from accelbench.training.profiling import profile_window, summarize_trace
 from helpers import train_command, write_params
 
 

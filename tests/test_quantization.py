@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from accelbench import quantization
-from accelbench.models import SeedCNN
+from accelbench.evaluation import quantization
+from accelbench.training.models import SeedCNN
 
 
 def _model() -> SeedCNN:

@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from accelbench import report
-from accelbench.params import VariantParams
-from accelbench.results import Skipped
+from accelbench.core.params import VariantParams
+from accelbench.core.results import Skipped
+from accelbench.report import markdown as report
 from helpers import trained_summary
 
 ENV = {
@@ -123,7 +123,7 @@ def _epochs(*rows: tuple[float, float, float | None]) -> list[dict[str, float]]:
 
 
 def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> None:
-    from accelbench.params import CostParams
+    from accelbench.core.params import CostParams
 
     prices = CostParams(kwh_usd=0.15, cpu_system_w=150, gpu_system_w=450, cpu_hour_usd=0.06,
                         gpu_hour_usd=0.13)  # fmt: skip
@@ -151,8 +151,8 @@ def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> No
 
 
 def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -> None:
-    from accelbench.costs import run_cost
-    from accelbench.params import CostParams
+    from accelbench.core.params import CostParams
+    from accelbench.report.costs import run_cost
 
     epochs = [{"train_time_s": 3600.0, "gpu_energy_j": float("nan"), "cpu_energy_j": 7200.0}]
     ddp = run_cost(epochs, "cuda", 2, CostParams())
@@ -164,7 +164,7 @@ def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -
 
 
 def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
-    from accelbench.results import QuantizedSummary
+    from accelbench.core.results import QuantizedSummary
 
     def figures(accuracy, latency_ms, samples_per_s, size):
         return {"method": "", "test_accuracy": accuracy, "latency_ms": latency_ms,

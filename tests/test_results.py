@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from accelbench.console import InputError
-from accelbench.results import (
+from accelbench.core.console import InputError
+from accelbench.core.results import (
     ClassScores,
     EvalSummary,
     MetricsFiles,
@@ -76,7 +76,7 @@ def test_a_save_that_fails_midway_keeps_the_old_file_and_no_temporary(
     """A disk that fills while a checkpoint or model is written (it left `.cpu.pt.tmp`)."""
     import errno
 
-    from accelbench.results import atomic_torch_save
+    from accelbench.core.results import atomic_torch_save
 
     path = tmp_path / "cpu.pt"
     atomic_torch_save({"epochs_done": 1}, path)
@@ -98,7 +98,7 @@ def test_class_scores_match_scikit_learn() -> None:
     import numpy as np
     from sklearn.metrics import classification_report
 
-    from accelbench import confusion
+    from accelbench.evaluation import confusion
     from accelbench.stages.evaluate import class_scores
 
     rng = np.random.default_rng(0)

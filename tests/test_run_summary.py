@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbench.engine import EpochRecord
-from accelbench.params import VariantParams
-from accelbench.placement import Placement
-from accelbench.run_summary import summarize_run
+from accelbench.core.params import VariantParams
+from accelbench.training.engine import EpochRecord
+from accelbench.training.placement import Placement
+from accelbench.training.run_summary import summarize_run
 
 
 def test_tflops_share_of_peak_and_per_process_throughput() -> None:

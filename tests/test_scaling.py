@@ -46,8 +46,8 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
 
 
 def test_h200_candidates_pair_each_ddp_variant_with_a_baseline_of_the_same_settings() -> None:
-    from accelbench.params import parse_params
-    from accelbench.report import settings_differing
+    from accelbench.core.params import parse_params
+    from accelbench.report.markdown import settings_differing
 
     raw = yaml.safe_load((REPO / "benchmarks" / "h200-scaling.yaml").read_text())
     params = parse_params(raw)

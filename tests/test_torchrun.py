@@ -14,7 +14,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from accelbench.models import SeedCNN
+from accelbench.training.models import SeedCNN
 from helpers import train_command, write_params
 
 DDP = {"device": "cpu", "distributed": {"nproc_per_node": 2, "backend": "gloo"}}

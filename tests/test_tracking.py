@@ -14,7 +14,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from accelbench import tracking
+from accelbench.system import tracking
 from helpers import REPO, cpu_train_command, mlflow_runs
 
 
@@ -178,7 +178,7 @@ def test_the_evaluation_joins_the_run_as_its_train_stage_ended_it(tmp_path, mlfl
     view ranks the variants' models by it)."""
     import numpy as np
 
-    from accelbench.results import EvalSummary
+    from accelbench.core.results import EvalSummary
 
     images, labels = np.zeros((4, 28, 28), np.uint8), np.arange(4, dtype=np.uint8)
     with tracking.variant_run(tmp_path, "cpu", {}, {"status": "trained"}) as run_id:
@@ -215,7 +215,7 @@ def test_compares_tracking_calls_survive_an_outage(tmp_path, monkeypatch, capsys
     dropped with one warning, compare goes on."""
     import socket
 
-    from accelbench.results import EvalSummary
+    from accelbench.core.results import EvalSummary
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

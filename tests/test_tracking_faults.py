@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from accelbench import tracking
+from accelbench.system import tracking
 from helpers import REPO, cpu_train_command, write_params
 
 

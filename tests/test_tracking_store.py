@@ -12,7 +12,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from accelbench import tracking
+from accelbench.system import tracking
 
 
 @pytest.fixture

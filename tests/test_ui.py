@@ -20,7 +20,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from accelbench import tracking
+from accelbench.system import tracking
 from helpers import REPO, run_all_stages, small_params, write_params
 
 sys.path.insert(0, str(REPO / "tools"))

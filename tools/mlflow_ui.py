@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from accelbench.tracking import EXPERIMENT, ROLE_TAG, TRAINING_VIEW, VIEW_TAG, ui_path
+from accelbench.system.tracking import EXPERIMENT, ROLE_TAG, TRAINING_VIEW, VIEW_TAG, ui_path
 
 CHROMIUM_ARGS = [
     "--no-sandbox",

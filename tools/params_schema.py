@@ -1,5 +1,5 @@
 """The JSON schema of params.yaml, generated from the pydantic models that validate it
-(`accelbench.params.Params`), so that editors complete and check its keys.
+(`accelbench.core.params.Params`), so that editors complete and check its keys.
 
     python tools/params_schema.py            # or: make schema
 
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from accelbench.params import VARIANT_NAME, Params
+from accelbench.core.params import VARIANT_NAME, Params
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "docs" / "params.schema.json"
@@ -29,7 +29,7 @@ def params_schema() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "accelbench params.yaml",
-        "description": "Every knob of the pipeline (generated from src/accelbench/params.py "
+        "description": "Every knob of the pipeline (generated from src/accelbench/core/params.py "
         "by tools/params_schema.py; `accelbench check` validates the rest)",
         **{k: v for k, v in schema.items() if k not in ("title", "description")},
     }

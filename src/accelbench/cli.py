@@ -17,8 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
-from . import lifetime, phases
-from .console import (
+from accelbench.core import phases
+from accelbench.core.console import (
     DEBUG_ENV,
     EXIT_FAILURE,
     EXIT_INPUT,
@@ -26,7 +26,8 @@ from .console import (
     AccelbenchError,
     clip,
 )
-from .params import load_params
+from accelbench.core.params import load_params
+from accelbench.system import lifetime
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         lifetime.end_with_launcher()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
-        doctor = importlib.import_module("accelbench.doctor")
+        doctor = importlib.import_module("accelbench.system.doctor")
         report = doctor.diagnose(doctor.gather(), require_gpu=args.require_gpu)
         print(doctor.render(report))
         return report.exit_code
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
         elif args.stage == "runs":  # the workspace's store, from any of its subfolders
-            tracking = importlib.import_module("accelbench.tracking")
+            tracking = importlib.import_module("accelbench.system.tracking")
             print(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
         else:
             # Imported by name: a stage's code is its own module's imports, no other stage's

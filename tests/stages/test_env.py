@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from accelbench.console import StageError
+from accelbench.core.console import StageError
 from accelbench.stages import env
 from helpers import small_params
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accelbench.console import StageError
-from accelbench.results import MetricsFiles, ModelFile, Skipped, read_eval
+from accelbench.core.console import StageError
+from accelbench.core.results import MetricsFiles, ModelFile, Skipped, read_eval
 from accelbench.stages import evaluate
 from helpers import small_params
 
@@ -37,7 +37,7 @@ def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypa
     """The figure fails (a full disk) after eval.json and the CSV were written: all old."""
     import errno
 
-    from accelbench import confusion
+    from accelbench.evaluation import confusion
 
     ModelFile("gpu", "skipped", None, reason="no GPU here").save(tmp_path / "gpu.pt")
     files = MetricsFiles(tmp_path / "metrics")

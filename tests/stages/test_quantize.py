@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from accelbench.results import MetricsFiles, ModelFile, QuantizedSummary, Skipped, read_quantized
+from accelbench.core.results import (
+    MetricsFiles,
+    ModelFile,
+    QuantizedSummary,
+    Skipped,
+    read_quantized,
+)
 from accelbench.stages import quantize, train
 from helpers import small_params
 
@@ -42,7 +48,7 @@ def test_a_trained_model_gets_fp32_and_int8_figures(tmp_path, prepared) -> None:
 
 
 def test_a_build_without_static_int8_gets_a_stated_reason(tmp_path, prepared, monkeypatch) -> None:
-    from accelbench import quantization
+    from accelbench.evaluation import quantization
 
     out = _trained(tmp_path, prepared)
     monkeypatch.setattr(quantization, "static_int8_unsupported", lambda: "no x86 engine")

@@ -9,9 +9,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from accelbench import data, tracking
-from accelbench.results import MetricsFiles
+from accelbench.core.results import MetricsFiles
+from accelbench.data import mnist as data
 from accelbench.stages import train
+from accelbench.system import tracking
 from helpers import run_all_stages, small_params
 
 

@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from accelbench import tracking
-from accelbench.console import StageError
-from accelbench.params import ParamsError
-from accelbench.results import MetricsFiles
+from accelbench.core.console import StageError
+from accelbench.core.params import ParamsError
+from accelbench.core.results import MetricsFiles
 from accelbench.stages import train as train_stage
+from accelbench.system import tracking
 from helpers import mlflow_runs, small_params, train_command, write_params
 
 
@@ -99,7 +99,7 @@ def test_outputs_are_all_new_or_all_old_and_leftovers_go(
     run's outputs stay, all of them; an earlier crash's temporaries are removed on start."""
     import errno
 
-    from accelbench.results import ModelFile
+    from accelbench.core.results import ModelFile
 
     inputs = train_stage.select(small_params(epochs=1), "cpu")
     out = _outputs(tmp_path)

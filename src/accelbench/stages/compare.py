@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import dvc_plots, phases, pipeline_time, report, tracking
-from ..answer import Row
-from ..console import InputError, log
-from ..params import Params, VariantParams
-from ..results import (
+from accelbench.core import phases
+from accelbench.core.console import InputError, log
+from accelbench.core.params import Params, VariantParams
+from accelbench.core.results import (
     ENV_DEVICES,
     EvalSummary,
     MetricsFiles,
@@ -29,12 +28,15 @@ from ..results import (
     refuse_foreign_folder,
     staged,
 )
+from accelbench.report import dvc_plots, markdown, pipeline_time
+from accelbench.report.answer import Row
+from accelbench.system import tracking
 
 
 @dataclass(frozen=True)
 class CompareInputs:
     variants: Mapping[str, VariantParams]
-    spec: report.ReportSpec
+    spec: markdown.ReportSpec
     quantized: tuple[str, ...] = ()  # the variants with a quantize@V stage
 
 
@@ -46,7 +48,7 @@ def select(params: Params) -> CompareInputs:
         + (f", training subset {train.train_subset}" if train.train_subset else "")
         + (f", test subset {train.test_subset}" if train.test_subset else "")
     )
-    spec = report.ReportSpec(
+    spec = markdown.ReportSpec(
         target_accuracy=train.target_accuracy,
         speedup_baseline=params.report.speedup_baseline,
         scaling_baselines=params.report.scaling_baselines,
@@ -80,7 +82,7 @@ def run(
         tracked.append((read_run_record(files.run_json), row, files))
     with phases.phase("outputs"), staged() as outputs:  # all new or all old, never in place
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
-        result = report.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
+        result = markdown.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
         dvc_plots.write_plot_data(
             out_dir / dvc_plots.PLOTS_DIR,
             {row.name: row.epochs for row in rows},

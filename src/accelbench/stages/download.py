@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import data
-from ..console import log
-from ..params import DataParams, Params
+from accelbench.core.console import log
+from accelbench.core.params import DataParams, Params
+from accelbench.data import mnist as data
 
 
 def select(params: Params) -> DataParams:
@@ -22,7 +22,7 @@ def run(inputs: DataParams, out_dir: Path) -> list[Path]:
         "deadline_s": inputs.deadline_s,
     }
     if inputs.dataset == "cifar10":
-        from .. import cifar10
+        from accelbench.data import cifar10
 
         mirrors = data.mirrors_with_override(inputs.cifar10_mirrors, variable=cifar10.MIRROR_ENV)
         log(f"download: CIFAR-10 mirrors in order: {', '.join(mirrors)}")

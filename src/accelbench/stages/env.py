@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, hardware, phases, placement
-from ..console import StageError, log
-from ..params import Params, VariantParams
-from ..results import (
+from accelbench.core import phases
+from accelbench.core.console import StageError, log
+from accelbench.core.params import Params, VariantParams
+from accelbench.core.results import (
     ENV_FACTS,
     env_json,
     refuse_foreign,
@@ -25,6 +25,8 @@ from ..results import (
     staged,
     write_json,
 )
+from accelbench.system import doctor, hardware
+from accelbench.training import placement
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import phases
-from ..console import InputError, log
-from ..params import Params, VariantParams
-from ..placement import evaluation_device  # imports torch, which reads every model file
-from ..results import (
+from accelbench.core import phases
+from accelbench.core.console import InputError, log
+from accelbench.core.params import Params, VariantParams
+from accelbench.core.results import (
     ClassScores,
     EvalResult,
     EvalSummary,
@@ -30,6 +29,9 @@ from ..results import (
     staged,
     write_json,
     write_per_class_csv,
+)
+from accelbench.training.placement import (
+    evaluation_device,  # imports torch, which reads every model file
 )
 
 
@@ -64,7 +66,9 @@ def run(
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
     with phases.phase("imports"):  # torch is in already (the model file); matplotlib is not
-        from .. import build, confusion, data, engine
+        from accelbench.data import mnist as data
+        from accelbench.evaluation import confusion
+        from accelbench.training import build, engine
 
     with phases.phase("device"):
         device = evaluation_device(name, variant)
@@ -137,7 +141,7 @@ def _summary(result, counts: np.ndarray) -> EvalSummary:
 
 
 def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
-    from .. import confusion
+    from accelbench.evaluation import confusion
 
     skipped = Skipped(model_file.reason or "no reason recorded")
     record = RunRecord(model_file.variant, "skipped", None, model_file.params, model_file.reason)

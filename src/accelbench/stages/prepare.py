@@ -7,9 +7,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import data
-from ..console import log
-from ..params import Params
+from accelbench.core.console import log
+from accelbench.core.params import Params
+from accelbench.data import mnist as data
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ def select(params: Params) -> PrepareInputs:
 
 def run(raw_dir: Path, out_dir: Path, inputs: PrepareInputs) -> dict[str, int]:
     if inputs.dataset == "cifar10":
-        from .. import cifar10
+        from accelbench.data import cifar10
 
         def decode(raw: Path, out: Path) -> dict[str, int]:
             return cifar10.prepare_into(raw, out, inputs.cifar10_md5)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import phases
-from ..console import log
-from ..params import Params
-from ..results import (
+from accelbench.core import phases
+from accelbench.core.console import log
+from accelbench.core.params import Params
+from accelbench.core.results import (
     MetricsFiles,
     ModelFile,
     QuantizedResult,
@@ -28,7 +28,7 @@ from ..results import (
 if TYPE_CHECKING:
     import torch
 
-    from ..batches import ResidentBatches
+    from accelbench.data.batches import ResidentBatches
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def run(
     with phases.phase("imports"):  # torch and the int8 stack: only for a trained model
         import torch
 
-        from .. import quantization
+        from accelbench.evaluation import quantization
     with phases.phase("model"):  # the fp32 model, calibration data and the int8 models
         models, unsupported, test = _models(name, model_file, model_path, prepared_dir, inputs)
     with phases.phase("evaluation"):
@@ -103,8 +103,10 @@ def _models(
     the others) and the test batches."""
     import torch
 
-    from .. import build, data, quantization
-    from ..batches import normalize_images
+    from accelbench.data import mnist as data
+    from accelbench.data.batches import normalize_images
+    from accelbench.evaluation import quantization
+    from accelbench.training import build
 
     cpu = torch.device("cpu")
     dataset = data.prepared_dataset(prepared_dir).name

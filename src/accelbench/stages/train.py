@@ -2,7 +2,7 @@
 
 Where it runs is `placement.place`'s call: here, skipped, or re-launched under torchrun,
 whose children each train their share of every batch while rank 0 alone writes the
-outputs and the MLflow run. Training itself is `training.train` (imported only to train:
+outputs and the MLflow run. Training itself is `training.loop.train` (imported only to train:
 a skipped variant's stage imports neither MLflow nor the model code, and returns at once).
 """
 
@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import data, lifetime, phases, torchrun
-from ..console import log
-from ..params import Params, TrainRecipe, VariantParams
-from ..placement import place
-from ..results import (
+from accelbench.core import phases
+from accelbench.core.console import log
+from accelbench.core.params import Params, TrainRecipe, VariantParams
+from accelbench.core.results import (
     MetricsFiles,
     ModelFile,
     Skipped,
@@ -31,6 +30,10 @@ from ..results import (
     write_epochs_csv,
     write_json,
 )
+from accelbench.data import mnist as data
+from accelbench.system import lifetime
+from accelbench.training import torchrun
+from accelbench.training.placement import place
 
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
@@ -91,7 +94,7 @@ def run(
             phases.RECORDER.training_s = summary.total_train_s
         return summary
     with phases.phase("imports"):  # MLflow and the model code: only to train
-        from ..training import train
+        from accelbench.training.loop import train
 
     dataset = data.prepared_dataset(prepared_dir).name  # the data decides the model
     run_params = _run_params(name, inputs.recipe, inputs.variant, dataset)
@@ -140,7 +143,7 @@ def main(args: argparse.Namespace, params: Params, root: Path) -> None:
     phases.RECORDER.stage = f"train@{args.variant}"
     inputs = select(params, args.variant)
     if inputs.recipe.deterministic:
-        from ..engine import request_determinism
+        from accelbench.training.engine import request_determinism
 
         request_determinism(os.environ)  # before anything touches the GPU
     out = TrainOutputs(args.model, MetricsFiles(args.metrics), args.checkpoint, args.profile)

@@ -15,15 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import build, data, engine, hardware, phases, profiling, tracking
-from .batches import ResidentBatches
-from .checkpoint import Checkpointer, Resume
-from .console import log
-from .oom import retry_on_oom
-from .params import TrainRecipe, VariantParams
-from .placement import Placement
-from .progress import EpochProgress, fmt_seconds
-from .results import (
+from accelbench.core import phases
+from accelbench.core.console import log
+from accelbench.core.params import TrainRecipe, VariantParams
+from accelbench.core.progress import EpochProgress, fmt_seconds
+from accelbench.core.results import (
     ModelFile,
     TrainSummary,
     remove_leftovers,
@@ -31,10 +27,17 @@ from .results import (
     write_epochs_csv,
     write_json,
 )
-from .run_summary import summarize_run
+from accelbench.data import mnist as data
+from accelbench.data.batches import ResidentBatches
+from accelbench.system import hardware, tracking
+from accelbench.training import build, engine, profiling
+from accelbench.training.checkpoint import Checkpointer, Resume
+from accelbench.training.oom import retry_on_oom
+from accelbench.training.placement import Placement
+from accelbench.training.run_summary import summarize_run
 
 if TYPE_CHECKING:
-    from .stages.train import TrainOutputs
+    from accelbench.stages.train import TrainOutputs
 
 FLOPS_CACHE = Path(".accelbench") / "flops.json"  # the model's FLOPs, counted once
 

@@ -7,8 +7,8 @@ from typing import TypeVar
 
 import torch
 
-from .console import StageError, log
-from .placement import Placement
+from accelbench.core.console import StageError, log
+from accelbench.training.placement import Placement
 
 T = TypeVar("T")
 

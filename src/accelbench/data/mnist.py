@@ -28,7 +28,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
@@ -39,7 +38,8 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from .console import AccelbenchError, InputError, log
+from accelbench.core.console import AccelbenchError, InputError, log
+from accelbench.data.datasets import DATASETS, Dataset, Split
 
 MIRROR_ENV = "ACCELBENCH_MNIST_MIRROR"
 
@@ -56,33 +56,6 @@ LABELS_MAGIC = 2049
 _CHUNK = 1 << 20
 MANIFEST = "manifest.json"
 _GZIP_MAGIC = b"\x1f\x8b"
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """What the stages need to know of a dataset: its samples' shape and normalization."""
-
-    name: str
-    sample_shape: tuple[int, ...]  # one image as prepared (uint8): (28, 28) or (3, 32, 32)
-    mean: float  # per channel, of pixels in [0, 1] (one value: the same for every channel)
-    std: float
-
-    @property
-    def channels(self) -> int:
-        return 1 if len(self.sample_shape) == 2 else self.sample_shape[0]
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """One normalized image as the model takes it: (channels, height, width)."""
-        return (self.channels, *self.sample_shape[-2:])
-
-
-DATASETS = {
-    # the tutorials' normalization: the training set's pixel mean and std
-    "mnist": DatasetSpec("mnist", (28, 28), 0.1307, 0.3081),
-    # the DDP/AMP tutorial's: Normalize((0.5,)*3, (0.5,)*3)
-    "cifar10": DatasetSpec("cifar10", (3, 32, 32), 0.5, 0.5),
-}
 
 
 class DownloadError(AccelbenchError, RuntimeError):
@@ -346,12 +319,6 @@ def download_mnist(
 # --- IDX decoding -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Split:
-    images: np.ndarray  # uint8 [n, 28, 28] (MNIST) or [n, 3, 32, 32] (CIFAR-10)
-    labels: np.ndarray  # uint8 [n]
-
-
 def parse_idx(buffer: bytes, expected_magic: int, source: str = "<bytes>") -> np.ndarray:
     """Decode an unsigned-byte IDX file (MNIST's format) into an array, checking its header."""
     if len(buffer) < 8:
@@ -537,7 +504,7 @@ def write_manifest(out_dir: Path, dataset: str) -> None:
     (out_dir / MANIFEST).write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def prepared_dataset(prepared_dir: Path) -> DatasetSpec:
+def prepared_dataset(prepared_dir: Path) -> Dataset:
     """The dataset a verified prepared folder holds (manifests before CIFAR-10: MNIST)."""
     verify_prepared(prepared_dir)
     manifest = json.loads((prepared_dir / MANIFEST).read_text())

@@ -14,21 +14,10 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from . import pipeline_time, spread
-from .answer import (
-    Row,
-    VariantFigures,
-    fmt_speedup,
-    fmt_time,
-    headline,
-    time_to_target,
-    variant_figures,
-)
-from .costs import RunCost, run_cost
-from .params import CostParams, VariantParams
-from .pipeline_time import PipelineTime
-from .progress import fmt_seconds
-from .results import (
+from accelbench.core import spread
+from accelbench.core.params import CostParams, VariantParams
+from accelbench.core.progress import fmt_seconds
+from accelbench.core.results import (
     FIGURE,
     EvalSummary,
     Kind,
@@ -42,6 +31,18 @@ from .results import (
     staged,
     text_kind,
 )
+from accelbench.report import pipeline_time
+from accelbench.report.answer import (
+    Row,
+    VariantFigures,
+    fmt_speedup,
+    fmt_time,
+    headline,
+    time_to_target,
+    variant_figures,
+)
+from accelbench.report.costs import RunCost, run_cost
+from accelbench.report.pipeline_time import PipelineTime
 
 # Published figures of the tutorials this project grew from (seed CNN, batch 512).
 TUTORIAL_FIGURES = [

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .console import InputError
-from .data import ChecksumError, Split
+from accelbench.core.console import InputError
+from accelbench.data.datasets import Split
+from accelbench.data.mnist import ChecksumError
 
 ARCHIVE = "cifar-10-python.tar.gz"
 FOLDER = "cifar-10-batches-py"  # inside the archive; torchvision's CIFAR10 reads this folder
@@ -56,7 +57,7 @@ def download(
     retries: int = 2,
     deadline_s: float = 600.0,
 ) -> list[Path]:
-    from . import data
+    from accelbench.data import mnist as data
 
     data.output_folder(out_dir)
     data.refuse_foreign_download(

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .console import InputError, log
+from accelbench.core.console import InputError, log
 
-# Set by `accelbench.torchrun` for the processes it starts: the pid they must not outlive
+# Set by `accelbench.training.torchrun` for the processes it starts: the pid they must not outlive
 # (read by torchrun's wrapper from the stage, by the workers from the wrapper).
 PARENT_ENV = "ACCELBENCH_PARENT_PID"
 WATCH_INTERVAL_S = 0.5
@@ -90,7 +90,7 @@ def _dvc_ancestor():
     """The nearest `dvc` process above this one (psutil.Process), or None."""
     import psutil
 
-    from .phases import is_dvc
+    from accelbench.core.phases import is_dvc
 
     try:
         for ancestor in psutil.Process().parents():

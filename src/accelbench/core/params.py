@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from .console import InputError, clip, echo
+from accelbench.core.console import InputError, clip, echo
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]

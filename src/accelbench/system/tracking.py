@@ -51,9 +51,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
-from . import phases
-from .console import AccelbenchError, clip, log
-from .results import EvalSummary, TrainSummary
+from accelbench.core import phases
+from accelbench.core.console import AccelbenchError, clip, log
+from accelbench.core.results import EvalSummary, TrainSummary
 
 T = TypeVar("T")
 EXPERIMENT = "accelbench"

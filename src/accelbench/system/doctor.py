@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .hardware import GpuProbe, probe_gpus
+from accelbench.system.hardware import GpuProbe, probe_gpus
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

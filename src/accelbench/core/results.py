@@ -18,8 +18,8 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import phases
-from .console import InputError
+from accelbench.core import phases
+from accelbench.core.console import InputError
 
 TRAIN_JSON = "train.json"
 EPOCHS_CSV = "epochs.csv"

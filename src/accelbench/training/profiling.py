@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .console import InputError
-from .results import write_text
+from accelbench.core.console import InputError
+from accelbench.core.results import write_text
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)

@@ -10,11 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import spread
-from .params import VariantParams
-from .progress import fmt_seconds
-from .results import EvalResult, EvalSummary, QuantizedResult, TrainResult, TrainSummary
-from .spread import Figure
+from accelbench.core import spread
+from accelbench.core.params import VariantParams
+from accelbench.core.progress import fmt_seconds
+from accelbench.core.results import (
+    EvalResult,
+    EvalSummary,
+    QuantizedResult,
+    TrainResult,
+    TrainSummary,
+)
+from accelbench.core.spread import Figure
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .console import log
-from .results import atomic_torch_save
+from accelbench.core.console import log
+from accelbench.core.results import atomic_torch_save
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .params import CostParams
+from accelbench.core.params import CostParams
 
 J_PER_KWH = 3.6e6
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from . import engine, hardware
-from .params import VariantParams
-from .placement import Placement
-from .results import TrainSummary
+from accelbench.core.params import VariantParams
+from accelbench.core.results import TrainSummary
+from accelbench.system import hardware
+from accelbench.training import engine
+from accelbench.training.placement import Placement
 
 
 def summarize_run(

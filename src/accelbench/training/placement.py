@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import hardware, phases
-from .console import StageError
-from .params import VariantParams
+from accelbench.core import phases
+from accelbench.core.console import StageError
+from accelbench.core.params import VariantParams
+from accelbench.system import hardware
 
 if TYPE_CHECKING:
     import torch

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from . import data, engine
-from .batches import LoaderBatches, ResidentBatches
-from .console import InputError
-from .models import for_dataset
-from .params import LoaderParams, TrainRecipe, VariantParams
+from accelbench.core.console import InputError
+from accelbench.core.params import LoaderParams, TrainRecipe, VariantParams
+from accelbench.data import mnist as data
+from accelbench.data.batches import LoaderBatches, ResidentBatches
+from accelbench.training import engine
+from accelbench.training.models import for_dataset
 
 
 def fresh_model(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .phases import PHASES, StageTiming
+from accelbench.core.phases import PHASES, StageTiming
 
 # dvc.yaml's order; a stage of another name (a variant) sorts by its prefix.
 ORDER = ("env", "download", "prepare", "train", "evaluate", "quantize", "compare")

@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from .data import DATASETS, DatasetSpec, Split
-from .params import LoaderParams
+from accelbench.core.params import LoaderParams
+from accelbench.data.datasets import DATASETS, Dataset, Split
 
 # The tutorials' normalization (training-set mean/std of pixels in [0, 1]).
 MNIST_MEAN = DATASETS["mnist"].mean
@@ -31,7 +31,7 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
-def spec_of(images: np.ndarray | torch.Tensor) -> DatasetSpec:
+def spec_of(images: np.ndarray | torch.Tensor) -> Dataset:
     """The dataset whose prepared images have this shape (uint8 [n, *sample_shape])."""
     for spec in DATASETS.values():
         if tuple(images.shape[1:]) == spec.sample_shape:
@@ -118,7 +118,7 @@ class EpochSampler(DistributedSampler):
         return iter(order[self.rank : self.total_size : self.num_replicas].tolist())
 
 
-def _torchvision_dataset(root: Path, spec: DatasetSpec, transform: object) -> object:
+def _torchvision_dataset(root: Path, spec: Dataset, transform: object) -> object:
     """torchvision's training set of `spec` over the prepared folder (its layout is there)."""
     from torchvision import datasets
 
@@ -145,7 +145,7 @@ class LoaderBatches:
     def __init__(
         self,
         torchvision_root: Path,
-        spec: DatasetSpec,
+        spec: Dataset,
         num_samples: int,
         device: torch.device,
         batch_size: int,

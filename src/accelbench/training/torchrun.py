@@ -1,7 +1,7 @@
 """A DDP variant's processes: the stage re-launches itself under torchrun, and each child
 joins the process group for the length of its training.
 
-None outlives the stage: torchrun runs as `python -m accelbench.torchrun`, which ends it
+None outlives the stage: torchrun runs as `python -m accelbench.training.torchrun`, which ends it
 (SIGTERM) when the stage ends, and its workers end with it (`lifetime.end_with_launcher`);
 an interrupted stage stops torchrun, which stops its workers, before it unwinds.
 """
@@ -15,10 +15,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from . import lifetime
-from .console import StageError, log
-from .params import DistributedParams
-from .placement import Placement
+from accelbench.core.console import StageError, log
+from accelbench.core.params import DistributedParams
+from accelbench.system import lifetime
+from accelbench.training.placement import Placement
 
 # torchrun gives its workers 30 s to end after a signal before it kills them.
 STOP_TIMEOUT_S = 40
@@ -49,7 +49,7 @@ def launch(
     ]
     log(f"train {name}: launching {cfg.world_size} processes: torchrun {' '.join(torchrun_args)}")
     env = {**os.environ, lifetime.PARENT_ENV: str(os.getpid())}
-    command = [sys.executable, "-m", "accelbench.torchrun", *torchrun_args]
+    command = [sys.executable, "-m", "accelbench.training.torchrun", *torchrun_args]
     process = subprocess.Popen(command, env=env, pass_fds=keep_fds)
     try:
         returncode = process.wait()
@@ -103,7 +103,7 @@ def process_group(placement: Placement) -> Iterator[None]:
 
 
 def _main() -> None:
-    """`python -m accelbench.torchrun ARGS`: torchrun ARGS, ended with the stage that started
+    """`python -m accelbench.training.torchrun ARGS`: torchrun ARGS, ended with the stage that started
     it; its workers end with it."""
     lifetime.end_with_parent(int(os.environ[lifetime.PARENT_ENV]))
     os.environ[lifetime.PARENT_ENV] = str(os.getpid())

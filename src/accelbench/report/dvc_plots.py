@@ -10,7 +10,7 @@ offline machine every plot is blank. `html_template()` returns a page for DVC's
 `--html-template` with the three libraries inlined, taken from vl-convert-python (the Vega
 project's own bundle, BSD-3-Clause): `make plots` writes it and renders with it.
 
-    python -m accelbench.dvc_plots --html-template .dvc/tmp/offline-plots.html
+    python -m accelbench.report.dvc_plots --html-template .dvc/tmp/offline-plots.html
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .results import ClassScores, Kind, StagedOutputs, staged, text_kind, write_text
+from accelbench.core.results import ClassScores, Kind, StagedOutputs, staged, text_kind, write_text
 
 PLOTS_DIR = "plots"  # reports/plots/: dvc.yaml's top-level plots read these files
 EPOCHS_CSV = "epochs.csv"  # variant, epoch, then EPOCH_FIELDS
@@ -151,7 +151,7 @@ def html_template() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m accelbench.dvc_plots",
+        prog="python -m accelbench.report.dvc_plots",
         description="Write the page `dvc plots show --html-template PATH` renders offline.",
     )
     parser.add_argument("--html-template", type=Path, required=True, metavar="PATH")

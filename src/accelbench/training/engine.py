@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import phases
-from .batches import zero_pixel
-from .console import AccelbenchError
-from .params import TrainRecipe, VariantParams
-from .timing import DeviceClock
+from accelbench.core import phases
+from accelbench.core.console import AccelbenchError
+from accelbench.core.params import TrainRecipe, VariantParams
+from accelbench.core.timing import DeviceClock
+from accelbench.data.batches import zero_pixel
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

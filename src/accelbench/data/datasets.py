@@ -1,0 +1,55 @@
+"""The datasets the pipeline trains on, as one spec carried from params.yaml to the model.
+
+`params.data.dataset` names one; `by_name` turns the name into its `Dataset`, once, at the
+stage; every layer below takes the `Dataset`, never a name with a default. Adding a dataset
+is an entry here, its download and prepare code in this package, and its model in
+`training.models`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from accelbench.core.console import InputError
+
+
+@dataclass(frozen=True)
+class Split:
+    images: np.ndarray  # uint8 [n, 28, 28] (MNIST) or [n, 3, 32, 32] (CIFAR-10)
+    labels: np.ndarray  # uint8 [n]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What the stages need to know of a dataset: its samples' shape and normalization."""
+
+    name: str
+    sample_shape: tuple[int, ...]  # one image as prepared (uint8): (28, 28) or (3, 32, 32)
+    mean: float  # per channel, of pixels in [0, 1] (one value: the same for every channel)
+    std: float
+
+    @property
+    def channels(self) -> int:
+        return 1 if len(self.sample_shape) == 2 else self.sample_shape[0]
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One normalized image as the model takes it: (channels, height, width)."""
+        return (self.channels, *self.sample_shape[-2:])
+
+
+DATASETS = {
+    # the tutorials' normalization: the training set's pixel mean and std
+    "mnist": Dataset("mnist", (28, 28), 0.1307, 0.3081),
+    # the DDP/AMP tutorial's: Normalize((0.5,)*3, (0.5,)*3)
+    "cifar10": Dataset("cifar10", (3, 32, 32), 0.5, 0.5),
+}
+
+
+def by_name(name: str) -> Dataset:
+    """The dataset called `name`; an unknown name is an input error listing the known ones."""
+    if name not in DATASETS:
+        raise InputError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    return DATASETS[name]
