@@ -16,6 +16,14 @@ ARG UBUNTU=24.04
 FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU} AS runtime
 # cu130 = the lock's torch from PyPI; cu126 / cu128 / ... = torch from PyTorch's own index
 ARG TORCH_CUDA=cu130
+# A flavour is a pair, the base image's CUDA and torch's build for it (12.8.x: cu128); the
+# devcontainer takes both from the host's environment, so a mismatch is refused here.
+ARG CUDA_VERSION
+RUN minor="${CUDA_VERSION%.*}" && expected="cu${minor%%.*}${minor#*.}" \
+    && if [ "$expected" != "$TORCH_CUDA" ]; then \
+         echo "TORCH_CUDA=$TORCH_CUDA does not match CUDA_VERSION=$CUDA_VERSION (use $expected)" >&2; \
+         exit 1; \
+       fi
 # PYTHONPATH: the checkout mounted at /workspace is the code that runs (the image's copy when
 # none is mounted), so nothing is installed at start and any uid can run the image.
 ENV DEBIAN_FRONTEND=noninteractive \

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 # The image (and so the devcontainer) brings its own environment and says where: ACCELBENCH_ENV.
 VENV   := $(or $(ACCELBENCH_ENV),.venv)
-BIN    := $(CURDIR)/$(VENV)/bin
+BIN    := $(abspath $(VENV))/bin
 PORT   ?= 5000
 HOST   ?= 127.0.0.1
 PY     ?= 3.12

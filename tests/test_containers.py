@@ -199,9 +199,18 @@ def test_devcontainer_has_what_users_need(devcontainer) -> None:
     build = devcontainer["build"]
     assert (REPO / ".devcontainer" / build["dockerfile"]).resolve() == REPO / "Dockerfile"
     assert build["target"] == "dev"
-    assert build["args"]["CUDA_VERSION"] == _arg_default("CUDA_VERSION")
+    # The flavour comes from the host's environment, defaulting to the Dockerfile's.
+    for arg, variable in (
+        ("CUDA_VERSION", "ACCELBENCH_CUDA_VERSION"),
+        ("TORCH_CUDA", "ACCELBENCH_TORCH_CUDA"),
+    ):
+        assert build["args"][arg] == f"${{localEnv:{variable}:{_arg_default(arg)}}}"
     assert devcontainer["hostRequirements"]["gpu"] == "optional"
-    assert "--gpus" not in " ".join(devcontainer.get("runArgs", []))
+    run_args = devcontainer["runArgs"]
+    assert "--gpus" not in " ".join(run_args)
+    assert "--shm-size=8g" in run_args  # DataLoader workers and NCCL need more than 64 MB
+    assert "${localEnv:ACCELBENCH_GPU_ARG:--ipc=private}" in run_args  # Podman/CDI: --device
+    assert devcontainer["containerEnv"]["ACCELBENCH_GPU"] == "${localEnv:ACCELBENCH_GPU:}"
     assert 5000 in devcontainer["forwardPorts"]
     extensions = devcontainer["customizations"]["vscode"]["extensions"]
     assert {"ms-python.python", "ms-toolsai.jupyter", "Iterative.dvc"} <= set(extensions)
@@ -215,6 +224,41 @@ def test_devcontainer_has_what_users_need(devcontainer) -> None:
     assert devcontainer["remoteUser"] == "dev" and devcontainer["updateRemoteUserUID"] is True
     mounts = " ".join(devcontainer["mounts"])
     assert ".dvc/cache" in mounts and "type=volume" in mounts
+
+
+def test_the_image_refuses_a_cuda_and_torch_pair_that_do_not_match() -> None:
+    """The check the Dockerfile runs (its RUN line, in sh) on the pairs docs/containers.md lists."""
+    line = re.search(r"^RUN (minor=.*?)^\S", (REPO / "Dockerfile").read_text(), re.M | re.S)
+    script = line.group(1).replace("\\\n", " ")  # Docker joins continued lines
+    for cuda, torch_cuda, ok in (
+        ("13.0.1", "cu130", True),
+        ("12.8.1", "cu128", True),
+        ("12.6.3", "cu126", True),
+        ("12.8.1", "cu130", False),
+    ):
+        env = {"CUDA_VERSION": cuda, "TORCH_CUDA": torch_cuda, "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+        assert (done.returncode == 0) == ok, (cuda, torch_cuda, done.stderr)
+    assert "does not match CUDA_VERSION=12.8.1 (use cu128)" in done.stderr
+
+
+def test_make_uses_an_environment_given_by_absolute_path(tmp_path) -> None:
+    """In the image ACCELBENCH_ENV=/opt/venv: `make lock` and `make wheelhouse` run its tools
+    (they once ran /workspace//opt/venv/bin/uv and tried to create a venv there)."""
+    env_bin = tmp_path / "venv" / "bin"
+    env_bin.mkdir(parents=True)
+    for tool in ("uv", "python"):
+        (env_bin / tool).write_text("#!/bin/sh\n")
+        (env_bin / tool).chmod(0o755)
+    environ = {"PATH": "/usr/bin:/bin", "ACCELBENCH_ENV": str(env_bin.parent)}
+    for goal, expected in (
+        (["lock"], f"{env_bin}/uv lock"),
+        (["wheelhouse", "PY=3.12", "HOST_PACKAGES=x"], f"{env_bin}/python tools/wheelhouse.py"),
+    ):
+        plan = subprocess.run(
+            ["make", "-n", *goal], cwd=REPO, env=environ, capture_output=True, text=True, check=True
+        ).stdout
+        assert expected in plan and "-m venv" not in plan and "//" not in plan, plan
 
 
 def test_pipeline_script_refuses_to_run_on_doctor_problems() -> None:

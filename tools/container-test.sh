@@ -279,7 +279,22 @@ run --user 0 -v "$checkout:/workspace" -e ACCELBENCH_STAY_ROOT=1 --entrypoint ba
 " >"$WORK/post-create.log" 2>&1 || status=$?
 [ "$status" = 0 ] || { cat "$WORK/post-create.log"; fail "the devcontainer's post-create command as dev with uid $OWNER (exit $status)"; }
 grep -q "accelbench from /workspace/src/" "$WORK/post-create.log" || { cat "$WORK/post-create.log"; fail "post-create did not import the checkout's code"; }
+grep -q "post-create: CPU only" "$WORK/post-create.log" || { cat "$WORK/post-create.log"; fail "post-create did not say the container is CPU only"; }
 ok "devcontainer: post-create command and make lint ran as dev with uid $OWNER on the checkout's code"
+
+# A GPU asked for (ACCELBENCH_GPU=1) that never arrived fails post-create with the fix; `make
+# lock` and `make wheelhouse` run the image's own environment's tools.
+status=0
+run -v "$checkout:/workspace" -e ACCELBENCH_GPU=1 --entrypoint bash "$IMAGE:devcontainer" -c "
+  cd /workspace && $post_create" >"$WORK/post-create-gpu.log" 2>&1 || status=$?
+[ "$status" = 1 ] && grep -q "nvidia.com/gpu=all" "$WORK/post-create-gpu.log" \
+  || { cat "$WORK/post-create-gpu.log"; fail "post-create with ACCELBENCH_GPU=1 and no GPU (exit $status)"; }
+run -v "$checkout:/workspace" --entrypoint bash "$IMAGE:devcontainer" -c "
+  cd /workspace && make -n lock && make -n wheelhouse PY=3.12 HOST_PACKAGES=tools/host-packages/nvidia-h200.txt" \
+  >"$WORK/make-n.log" 2>&1 || { cat "$WORK/make-n.log"; fail "make -n lock / wheelhouse in the devcontainer"; }
+grep -qx "/opt/venv/bin/uv lock" "$WORK/make-n.log" && grep -q "^/opt/venv/bin/python tools/wheelhouse.py" "$WORK/make-n.log" \
+  && ! grep -q -- "-m venv" "$WORK/make-n.log" || { cat "$WORK/make-n.log"; fail "make lock / wheelhouse do not use /opt/venv"; }
+ok "devcontainer: a missing GPU that was asked for fails post-create with the fix; make lock and wheelhouse use /opt/venv"
 
 say "build runtime ${build_runtime_s} s + dev ${build_dev_s} s, image ${size_gb} GB, pipeline ${pipeline_s} s"
 printf 'container-test: %d passed, 0 failed\n' "$passed"
