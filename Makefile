@@ -13,7 +13,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup repro test lint format ui lock wheelhouse container-test schema metrics plots exps clean clean-history
+.PHONY: help setup hooks repro test lint format ui lock wheelhouse container-test schema metrics plots exps clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -23,11 +23,18 @@ UV_VERSION := $(shell sed -n '/^name = "uv"$$/{n;s/^version = "\(.*\)"$$/\1/p;}'
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 ifdef ACCELBENCH_ENV
-setup:  ## create .venv from uv.lock, dev group included (only when missing or stale)
+setup: hooks  ## create .venv from uv.lock, dev group included (only when missing or stale)
 	@echo "Using the image's environment $(ACCELBENCH_ENV) (rebuild the image after a lock change)."
 else
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed hooks
 endif
+
+# The commit-message check (CONTRIBUTING.md), in a git checkout only; leaves a hooks path the
+# user set alone.
+hooks:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && \
+	  [ -z "$$(git config --get core.hooksPath)" ]; then \
+	  git config core.hooksPath .githooks; fi
 
 # `uv sync --locked` refuses a uv.lock that no longer matches pyproject.toml (run `make lock`),
 # installs exactly the lock's runtime and dev groups with their hashes checked, and removes

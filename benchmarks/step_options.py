@@ -117,7 +117,7 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
     with profiling.step_profiler(args.profile, label, 0, steps, cuda=on_gpu) as on_step:
         records = variants.fit_as_pipeline(built, variant, recipe, lambda n: on_step())
     times = [r.train_time_s for r in records]
-    steady = engine.summarize(records)["steady_epoch_s"]
+    steady = engine.summarize(records).steady_epoch_s
     return {
         "candidate": candidate,
         "device": where.device_name,

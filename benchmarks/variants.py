@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from accelbench.core.params import TrainParams, VariantParams, parse_params, read_yaml
-from accelbench.data import mnist as data
+from accelbench.core.results import EpochRecord
+from accelbench.data.batches import Batches
+from accelbench.data.prepared import prepared_dataset
 from accelbench.training import build, engine, placement
 
 
@@ -38,8 +41,8 @@ class Built:
 
     device: torch.device
     model: torch.nn.Module
-    train_batches: engine.BatchSource
-    test_batches: engine.BatchSource
+    train_batches: Batches
+    test_batches: Batches
 
 
 def build_as_pipeline(
@@ -47,13 +50,13 @@ def build_as_pipeline(
 ) -> Built:
     """Built as the pipeline builds them, so that a tuning row is a pipeline row."""
     engine.configure_backends(variant, recipe.deterministic)
-    dataset = data.prepared_dataset(prepared).name  # the prepared data decides the model
+    dataset = prepared_dataset(prepared)  # the prepared data decides the model
     return Built(
         device,
-        build.fresh_model(recipe, variant, device, dataset),
-        build.train_batches(recipe, variant, prepared, device),
+        build.fresh_model(dataset, recipe, variant, device),
+        build.train_batches(dataset, recipe, variant, prepared, device),
         build.eval_batches(
-            prepared, device, recipe.eval_batch_size, recipe.test_subset,
+            dataset, prepared, device, recipe.eval_batch_size, recipe.test_subset,
             channels_last=variant.channels_last,
         ),
     )  # fmt: skip
@@ -63,11 +66,14 @@ def fit_as_pipeline(
     built: Built,
     variant: VariantParams,
     recipe: TrainParams,
-    on_step: engine.StepCallback | None = None,
-) -> list[engine.EpochRecord]:
+    on_step: Callable[[int], None] | None = None,
+) -> list[EpochRecord]:
+    spec = engine.FitSpec(
+        recipe, variant, built.device, accumulation_steps=recipe.accumulation_steps
+    )
     return engine.fit(
-        built.model, built.train_batches, built.test_batches, recipe, variant, built.device,
-        accumulation_steps=recipe.accumulation_steps, on_step=on_step,
+        built.model, built.train_batches, built.test_batches, spec,
+        engine.FitHooks(on_step=on_step),
     )  # fmt: skip
 
 
@@ -85,10 +91,10 @@ def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path
     return (
         name,
         where.device_name[:30],
-        f"{summary['first_epoch_s']:.3f}",
-        f"{summary['steady_epoch_s']:.3f}" if summary["steady_epoch_s"] else "n/a",
-        f"{summary['data_wait_fraction']:.0%}",
-        f"{summary['final_test_accuracy']:.2%}",
+        f"{summary.first_epoch_s:.3f}",
+        f"{summary.steady_epoch_s:.3f}" if summary.steady_epoch_s else "n/a",
+        f"{summary.data_wait_fraction:.0%}",
+        f"{summary.final_test_accuracy:.2%}",
     )
 
 

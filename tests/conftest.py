@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from accelbench.data import mnist as data
+from accelbench.data import mnist
+from accelbench.data.datasets import DATASETS
+from accelbench.data.prepared import prepare
 from helpers import REPO, write_fake_mnist
 
 __all__ = ["REPO"]  # tests/test_containers.py imports it from here
@@ -23,7 +25,7 @@ def fake_mnist(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def prepared(tmp_path: Path, fake_mnist) -> Path:
     mirror, checksums = fake_mnist
     out = tmp_path / "prepared"
-    data.prepare(mirror, out, checksums)
+    prepare(out, DATASETS["mnist"], lambda folder: mnist.prepare_into(mirror, folder, checksums))
     return out
 
 

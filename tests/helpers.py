@@ -17,8 +17,11 @@ import torch
 import yaml
 
 from accelbench.core.params import Params, TrainParams, VariantParams, parse_params
-from accelbench.data import mnist as data
+from accelbench.core.results import EpochRecord
+from accelbench.data import mnist
 from accelbench.data.batches import ResidentBatches
+from accelbench.data.datasets import DATASETS
+from accelbench.data.prepared import load_split
 from accelbench.training import engine
 from accelbench.training.models import SeedCNN
 
@@ -53,8 +56,8 @@ def write_fake_mnist(folder: Path, n_train: int = 512, n_test: int = 256) -> dic
     for prefix, n, seed in (("train", n_train, 1), ("t10k", n_test, 2)):
         images, labels = synthetic_digits(n, seed)
         for stem, payload in (
-            (f"{prefix}-images-idx3-ubyte", idx_bytes(images, data.IMAGES_MAGIC)),
-            (f"{prefix}-labels-idx1-ubyte", idx_bytes(labels, data.LABELS_MAGIC)),
+            (f"{prefix}-images-idx3-ubyte", idx_bytes(images, mnist.IMAGES_MAGIC)),
+            (f"{prefix}-labels-idx1-ubyte", idx_bytes(labels, mnist.LABELS_MAGIC)),
         ):
             (folder / f"{stem}.gz").write_bytes(gzip.compress(payload, mtime=0))
             checksums[stem] = hashlib.sha256(payload).hexdigest()
@@ -112,7 +115,7 @@ def write_fake_cifar10(
 
 def shared_mnist() -> Path | None:
     """The verified MNIST mirror: $ACCELBENCH_MNIST_MIRROR, else ../shared/datasets/mnist."""
-    candidate = os.environ.get(data.MIRROR_ENV) or str(
+    candidate = os.environ.get(mnist.MIRROR_ENV) or str(
         REPO.parent / "shared" / "datasets" / "mnist"
     )
     path = Path(candidate)
@@ -182,22 +185,28 @@ def fit_small(
     variant: VariantParams = FP32_CPU,
     device: torch.device = CPU,
     model: torch.nn.Module | None = None,
-    **fit_options: Any,
-) -> tuple[torch.nn.Module, list[engine.EpochRecord]]:
+    *,
+    accumulation_steps: int = 1,
+    hooks: engine.FitHooks | None = None,
+    resume_from: engine.TrainingState | None = None,
+) -> tuple[torch.nn.Module, list[EpochRecord]]:
     """engine.fit on the fake data: seeded model (unless given), resident batches of
     `train.batch_size`, the test set in batches of 256."""
     if model is None:
         engine.seed_everything(train.seed)
         model = SeedCNN(dropout=train.dropout).to(device)
+    mnist_data = DATASETS["mnist"]
     batches = ResidentBatches(
-        data.load_split(prepared, "train"),
+        load_split(prepared, "train"),
+        mnist_data,
         device,
         train.batch_size,
         train.seed,
         channels_last=variant.channels_last,
     )
-    test = ResidentBatches(data.load_split(prepared, "test"), device, 256, 0, shuffle=False)
-    return model, engine.fit(model, batches, test, train, variant, device, **fit_options)
+    test = ResidentBatches(load_split(prepared, "test"), mnist_data, device, 256, 0, shuffle=False)
+    spec = engine.FitSpec(train, variant, device, accumulation_steps=accumulation_steps)
+    return model, engine.fit(model, batches, test, spec, hooks or engine.FitHooks(), resume_from)
 
 
 def cpu_train_command(folder: Path, prepared: Path, epochs: int) -> list[str]:
@@ -230,7 +239,7 @@ def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
             root / "models" / f"{name}.pt", MetricsFiles(root / "metrics" / name)
         )
         train.run(root, name, train.select(params, name), prepared, out, quiet=True)
-        evaluate.run(root, evaluate.select(params), out.model, prepared, out.metrics)
+        evaluate.run(evaluate.select(params), out.model, prepared, out.metrics)
         if name in params.quantize.variants:
             quantize.run(root, quantize.select(params), out.model, prepared, out.metrics)
     return compare.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from dataclasses import replace
@@ -10,24 +11,20 @@ import pytest
 
 from accelbench.core import spread
 from accelbench.core.params import VariantParams
-from accelbench.core.results import Skipped
+from accelbench.core.results import EpochRecord, Skipped
 from accelbench.report.answer import Row, fmt_speedup, fp32_twins, headline, variant_figures
 from helpers import trained_summary
-from test_report import ENV
+from test_report import ENV, epoch
 
 GPU = VariantParams(device="cuda", precision="fp32", compile="default", cuda_graph=True)
 AMP = GPU.model_copy(update={"precision": "bf16"})
 
 
-def _epochs(first: float, steady: float, jitter: float, seed: int) -> list[dict[str, float]]:
+def _epochs(first: float, steady: float, jitter: float, seed: int) -> list[EpochRecord]:
     rng = random.Random(seed)
     accuracy = [0.97, 0.985, 0.99, 0.991, 0.992]
     return [
-        {
-            "epoch": i + 1,
-            "train_time_s": first if i == 0 else steady * (1 + jitter * (rng.random() - 0.5)),
-            "test_accuracy": a,
-        }
+        epoch(i + 1, first if i == 0 else steady * (1 + jitter * (rng.random() - 0.5)), a)
         for i, a in enumerate(accuracy)
     ]
 
@@ -37,7 +34,7 @@ def _row(name: str, variant: VariantParams, first: float, steady: float, seed: i
     summary = replace(
         trained_summary(steady),
         first_epoch_s=first,
-        steady_epochs_s=[e["train_time_s"] for e in epochs[1:]],
+        steady_epochs_s=[e.train_time_s for e in epochs[1:]],
     )
     return Row(name, variant, summary, None, epochs)
 
@@ -108,7 +105,7 @@ def test_headline_names_the_fastest_its_speedup_and_what_precision_alone_buys() 
     )
     assert figures["cpu"].speedup == spread.Figure(1.0)  # the baseline: no interval to draw
     assert amp.target_epoch == 3 and amp.to_target.value == pytest.approx(
-        sum(e["train_time_s"] for e in rows[2].epochs[:3])
+        sum(e.train_time_s for e in rows[2].epochs[:3])
     )
     text = " ".join(headline(rows, figures, ENV, "cpu", 0.99))
     assert text.startswith("On NVIDIA H200 and Test CPU (2 threads), torch 2.x: **amp**")
@@ -142,3 +139,33 @@ def test_headline_of_a_machine_without_a_gpu_says_only_the_cpu_trained() -> None
     text = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
     assert "**cpu** (cpu, fp32) is the only variant trained here" in text
     assert "faster than" not in text and "skipped on this machine: gpu" in text
+
+
+def test_dvc_metrics_and_the_mlflow_tags_are_figures_of_comparison_json(tmp_path) -> None:
+    """DVC's metrics pick figures comparison.json has (same names, same values), and each
+    MLflow tag names a figure the report writes and reads as the report writes it."""
+    from accelbench.report import markdown
+    from accelbench.system import tracking
+
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0, 1),
+        _row("gpu", GPU, 15.0, 0.128, 2),
+        _row("amp", AMP, 16.0, 0.069, 3),
+        Row("ddp", GPU, Skipped("needs 2 GPUs", "cuda")),
+    ]
+    spec = markdown.ReportSpec(0.99, "cpu", {}, "batch 512")
+    markdown.write_report(tmp_path, rows, ENV, spec)
+    comparison = json.loads((tmp_path / "comparison.json").read_text())
+    md = (tmp_path / "comparison.md").read_text()
+    for name, figures in comparison.items():
+        metrics = json.loads((tmp_path / markdown.METRICS_DIR / f"{name}.json").read_text())
+        assert metrics.items() <= figures.items(), name
+    assert set(json.loads((tmp_path / markdown.METRICS_DIR / "amp.json").read_text())) == {
+        "steady_epoch_s", "steady_epoch_s_lo", "steady_epoch_s_hi", "speedup_vs_cpu",
+        "speedup_vs_cpu_lo", "speedup_vs_cpu_hi", "speedup_vs_fp32", "speedup_vs_fp32_lo",
+        "speedup_vs_fp32_hi", "time_to_target_s",
+    }  # fmt: skip
+    assert comparison["ddp"] == {"status": "skipped"}
+    for tag, (figure, fmt) in tracking.FIGURE_TAGS.items():
+        text = tracking.figure_text(comparison["amp"], figure, fmt)
+        assert text is not None and text in md, tag

@@ -3,17 +3,28 @@ process's share of a global batch is its slice of it."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from accelbench.core.params import LoaderParams
-from accelbench.data import mnist as data
-from accelbench.data.batches import EpochSampler, LoaderBatches, ResidentBatches, epoch_permutation
+from accelbench.data.batches import (
+    EpochSampler,
+    LoaderBatches,
+    ResidentBatches,
+    epoch_permutation,
+    normalize_images,
+    zero_pixel,
+)
+from accelbench.data.datasets import DATASETS
+from accelbench.data.prepared import load_split
 from helpers import CPU
+
+MNIST = DATASETS["mnist"]
 
 
 def test_resident_source_yields_every_sample_once_in_a_seeded_order(prepared) -> None:
-    split = data.load_split(prepared, "train")
-    source = ResidentBatches(split, CPU, 100, seed=5)
+    split = load_split(prepared, "train")
+    source = ResidentBatches(split, MNIST, CPU, 100, seed=5)
     labels = torch.cat([y for _, y in source.epoch(0)])
     images = torch.cat([x for x, _ in source.epoch(0)])
     assert len(labels) == 512 and len(source) == 6
@@ -29,11 +40,11 @@ def test_resident_source_yields_every_sample_once_in_a_seeded_order(prepared) ->
 
 
 def test_dataloader_source_matches_resident_batches(prepared) -> None:
-    split = data.load_split(prepared, "train")
-    resident = ResidentBatches(split, CPU, 128, seed=1)
+    split = load_split(prepared, "train")
+    resident = ResidentBatches(split, MNIST, CPU, 128, seed=1)
     loader = LoaderBatches(
         prepared,
-        data.DATASETS["mnist"],
+        MNIST,
         512,
         CPU,
         128,
@@ -54,12 +65,19 @@ def test_shards_of_each_global_batch_cover_it_exactly(prepared) -> None:
     for k in range(n // global_batch):
         together = ranks[0][k * local : (k + 1) * local] + ranks[1][k * local : (k + 1) * local]
         assert sorted(together) == sorted(single[k * global_batch : (k + 1) * global_batch])
-    split = data.load_split(prepared, "train")
+    split = load_split(prepared, "train")
     cpu = torch.device("cpu")
-    whole = [y for _, y in ResidentBatches(split, cpu, 64, 3).epoch(0)]
+    whole = [y for _, y in ResidentBatches(split, MNIST, cpu, 64, 3).epoch(0)]
     halves = [
-        [y for _, y in ResidentBatches(split, cpu, 64, 3, rank=r, world_size=2).epoch(0)]
+        [y for _, y in ResidentBatches(split, MNIST, cpu, 64, 3, rank=r, world_size=2).epoch(0)]
         for r in range(2)
     ]
     for k, batch in enumerate(whole):
         assert torch.equal(torch.cat([halves[0][k], halves[1][k]]), batch)
+
+
+def test_a_black_pixel_normalizes_to_what_augmentation_pads_with() -> None:
+    for dataset in DATASETS.values():
+        black = np.zeros((1, *dataset.sample_shape), np.uint8)
+        padding = torch.full((1, *dataset.input_shape), zero_pixel(dataset))
+        torch.testing.assert_close(normalize_images(black, dataset, CPU), padding)

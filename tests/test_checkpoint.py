@@ -8,21 +8,26 @@ import pickle
 import pytest
 import torch
 
+from accelbench.core.results import EpochRecord
 from accelbench.training.checkpoint import Checkpointer
+from accelbench.training.engine import TrainingState
 
 
-def _state(epochs_done: int = 3) -> dict:
+def _state(epochs_done: int = 3) -> TrainingState:
     """engine.fit's training state, in miniature."""
-    return {
-        "epochs_done": epochs_done,
-        "model": {"conv.weight": torch.zeros(2, 2)},
-        "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
-        "scheduler": None,
-        "scaler": {},
-        "rng_cpu": torch.get_rng_state(),
-        "rng_cuda": None,
-        "records": [{"epoch": e + 1} for e in range(epochs_done)],
-    }
+    return TrainingState(
+        epochs_done=epochs_done,
+        model={"conv.weight": torch.zeros(2, 2)},
+        optimizer={"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+        scheduler=None,
+        scaler={},
+        rng_cpu=torch.get_rng_state(),
+        rng_cuda=None,
+        records=[
+            EpochRecord(e + 1, 0.5, 1.0, 0.0, 64, 64.0, 0.4, 0.9, 0, 1e-3, None)
+            for e in range(epochs_done)
+        ],
+    )
 
 
 def test_a_state_saved_under_other_params_is_not_resumed(tmp_path) -> None:
@@ -31,6 +36,7 @@ def test_a_state_saved_under_other_params_is_not_resumed(tmp_path) -> None:
     saved_under.saver("run-1")(_state())
     resumed = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu").load()
     assert resumed is not None and resumed.epochs_done == 3 and resumed.mlflow_run_id == "run-1"
+    assert resumed.state.records == _state().records
     assert Checkpointer(path, {"train": {"lr": 0.2}}, "cpu").load() is None
 
 
@@ -61,8 +67,15 @@ def _bad_files(tmp_path) -> dict[str, bytes]:
         "truncated": whole[: len(whole) // 2],
         "a list": _torch_bytes(tmp_path, [1, 2, 3]),
         "another dict": _torch_bytes(tmp_path, {"fingerprint": "x", "state": {"epochs_done": 1}}),
+        "a renamed epoch field": _torch_bytes(tmp_path, _renamed_field()),
         "pickled code": pickle.dumps(_RunsCode(str(marker))),
     }
+
+
+def _renamed_field() -> dict:
+    state = _state(1).to_dict()
+    state["records"][0]["test_acc"] = state["records"][0].pop("test_accuracy")
+    return {"fingerprint": "x", "mlflow_run_id": None, "state": state}
 
 
 def _torch_bytes(tmp_path, payload) -> bytes:
@@ -72,7 +85,16 @@ def _torch_bytes(tmp_path, payload) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "kind", ["garbage", "empty", "truncated", "a list", "another dict", "pickled code"]
+    "kind",
+    [
+        "garbage",
+        "empty",
+        "truncated",
+        "a list",
+        "another dict",
+        "a renamed epoch field",
+        "pickled code",
+    ],
 )
 def test_a_bad_checkpoint_is_moved_aside_with_one_warning(tmp_path, capsys, kind) -> None:
     path = tmp_path / "checkpoints" / "cpu.pt"

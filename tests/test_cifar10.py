@@ -3,6 +3,7 @@ official format (no network here reaches the real one)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 
@@ -13,8 +14,10 @@ import torch
 from accelbench.core.console import InputError
 from accelbench.core.params import LoaderParams
 from accelbench.data import cifar10
-from accelbench.data import mnist as data
 from accelbench.data.batches import normalize_images
+from accelbench.data.datasets import DATASETS
+from accelbench.data.download import DownloadError
+from accelbench.data.prepared import dataset_digest, load_split, prepared_dataset
 from accelbench.stages import download, prepare
 from accelbench.training import build
 from accelbench.training.models import LeNet
@@ -45,9 +48,7 @@ def test_download_refuses_an_archive_with_another_md5(tmp_path, monkeypatch) -> 
     write_fake_cifar10(tmp_path / "mirror")
     monkeypatch.delenv(cifar10.MIRROR_ENV, raising=False)
     mirror = (tmp_path / "mirror").as_uri()
-    with pytest.raises(
-        data.DownloadError, match=r"MD5 of the archive is .*ACCELBENCH_CIFAR10_MIRROR"
-    ):
+    with pytest.raises(DownloadError, match=r"MD5 of the archive is .*ACCELBENCH_CIFAR10_MIRROR"):
         download.run(_inputs(cifar10.ARCHIVE_MD5, [mirror]), tmp_path / "raw")
     assert not list((tmp_path / "raw").iterdir())  # nothing unverified left behind
 
@@ -56,26 +57,36 @@ def test_download_refuses_an_archive_with_another_md5(tmp_path, monkeypatch) -> 
 def cifar_prepared(tmp_path):
     md5 = write_fake_cifar10(tmp_path / "raw")
     out = tmp_path / "prepared"
-    prepare.run(tmp_path / "raw", out, prepare.PrepareInputs("cifar10", md5))
+    prepare.run(tmp_path / "raw", out, prepare.PrepareInputs(DATASETS["cifar10"], md5))
     return out
 
 
 def test_prepare_decodes_the_batches_into_channel_first_arrays(cifar_prepared) -> None:
-    train, test = data.load_split(cifar_prepared, "train"), data.load_split(cifar_prepared, "test")
+    train, test = load_split(cifar_prepared, "train"), load_split(cifar_prepared, "test")
     assert train.images.shape == (5 * 64, 3, 32, 32) and test.images.shape == (128, 3, 32, 32)
     assert train.images.dtype == np.uint8 and set(np.unique(test.labels)) <= set(range(10))
     # the archive's planes are R, G, B: the fake's green is half its red, blue the inverse
     assert np.array_equal(test.images[:, 1], test.images[:, 0] // 2)
     assert json.loads((cifar_prepared / "manifest.json").read_text())["dataset"] == "cifar10"
-    assert data.prepared_dataset(cifar_prepared).input_shape == (3, 32, 32)
-    normalized = normalize_images(test.images[:2], torch.device("cpu"))
+    assert prepared_dataset(cifar_prepared).input_shape == (3, 32, 32)
+    normalized = normalize_images(test.images[:2], DATASETS["cifar10"], torch.device("cpu"))
     assert normalized.shape == (2, 3, 32, 32) and normalized.min() >= -1 and normalized.max() <= 1
+
+
+def test_a_cifar10_split_is_identified_by_its_prepared_arrays(cifar_prepared) -> None:
+    manifest = json.loads((cifar_prepared / "manifest.json").read_text())["sha256"]
+    text = manifest["test_images.npy"] + manifest["test_labels.npy"]
+    expected = hashlib.sha256(f"{text}:0".encode()).hexdigest()[:16]
+    assert dataset_digest(cifar_prepared, "test") == expected
+    assert dataset_digest(cifar_prepared, "train") != expected
 
 
 def test_prepare_checks_the_archive_again(tmp_path) -> None:
     write_fake_cifar10(tmp_path / "raw")
     with pytest.raises(InputError, match="not the CIFAR-10 archive"):
-        prepare.run(tmp_path / "raw", tmp_path / "out", prepare.PrepareInputs("cifar10", "0" * 32))
+        prepare.run(
+            tmp_path / "raw", tmp_path / "out", prepare.PrepareInputs(DATASETS["cifar10"], "0" * 32)
+        )
 
 
 def test_a_batch_that_would_run_code_is_refused(tmp_path, capsys) -> None:
@@ -101,10 +112,11 @@ def test_a_batch_with_wrong_shapes_or_labels_is_refused(tmp_path) -> None:
 
 def test_the_dataset_decides_the_model_and_its_flops(cifar_prepared) -> None:
     train = small_params().train
-    model = build.fresh_model(train, small_params().variant("cpu"), torch.device("cpu"), "cifar10")
+    cifar = DATASETS["cifar10"]
+    model = build.fresh_model(cifar, train, small_params().variant("cpu"), torch.device("cpu"))
     assert isinstance(model, LeNet)
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
-    flops = build.flops_per_sample(train, "cifar10")
+    flops = build.flops_per_sample(cifar, model)
     # forward, 2 FLOPs a multiply-add: conv1, conv2, then the three Linear layers
     forward = 2 * (28 * 28 * 6 * 3 * 25 + 10 * 10 * 16 * 6 * 25 + 400 * 120 + 120 * 84 + 84 * 10)
     assert 2 * forward < flops < 3 * forward  # backward: no input gradient for conv1
@@ -117,11 +129,10 @@ def test_the_tutorials_dataloader_reads_the_prepared_cifar10(cifar_prepared) -> 
         .variant("cpu")
         .model_copy(update={"batches": "dataloader", "loader": LoaderParams(num_workers=0)})
     )
-    batches = build.train_batches(train, variant, cifar_prepared, torch.device("cpu"))
+    cifar, cpu = DATASETS["cifar10"], torch.device("cpu")
+    batches = build.train_batches(cifar, train, variant, cifar_prepared, cpu)
     images, labels = next(iter(batches.epoch(0)))
-    resident = normalize_images(
-        data.load_split(cifar_prepared, "train").images, torch.device("cpu")
-    )
+    resident = normalize_images(load_split(cifar_prepared, "train").images, cifar, cpu)
     assert images.shape == (32, 3, 32, 32) and labels.shape == (32,)
     # the same normalization as the resident batches: each loader image is one of them
     assert any(torch.allclose(images[0], r, atol=1e-6) for r in resident)

@@ -84,7 +84,7 @@ def _tamper(prepared, name: str, array=None) -> None:
 
     import numpy as np
 
-    from accelbench.data import mnist as data
+    from accelbench.data import prepared as prepared_data
 
     path = prepared / name
     if array is None:
@@ -93,9 +93,9 @@ def _tamper(prepared, name: str, array=None) -> None:
         path.write_bytes(bytes(content))
         return
     np.save(path, array)
-    manifest = json.loads((prepared / data.MANIFEST).read_text())
-    manifest["sha256"][name] = data._sha256_file(path)
-    (prepared / data.MANIFEST).write_text(json.dumps(manifest))
+    manifest = json.loads((prepared / prepared_data.MANIFEST).read_text())
+    manifest["sha256"][name] = prepared_data._sha256_file(path)
+    (prepared / prepared_data.MANIFEST).write_text(json.dumps(manifest))
 
 
 def _model_of_another_shape(path) -> None:

@@ -1,6 +1,10 @@
+"""download.py's verified, atomic downloads from mirrors, and MNIST's files: their download,
+IDX decoding and preparation."""
+
 from __future__ import annotations
 
 import gzip
+import hashlib
 import http.server
 import json
 import os
@@ -13,10 +17,35 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from accelbench.data import mnist as data
+from accelbench.core.console import InputError
+from accelbench.data import mnist
+from accelbench.data.datasets import DATASETS
+from accelbench.data.download import (
+    DownloadError,
+    download_file,
+    mirrors_with_override,
+    remove_leftovers,
+)
+from accelbench.data.prepared import MANIFEST, load_split, prepare
 from helpers import idx_bytes
 
 STEM = "train-labels-idx1-ubyte"
+NAME = f"{STEM}.gz"
+
+
+def _download(name: str, sha: str, out: Path, mirrors: list[str], **limits) -> Path:
+    """One MNIST file, checked as MNIST's download checks it."""
+
+    def check(path: Path) -> None:
+        mnist.check_gz(path, sha)
+
+    return download_file(name, check, out, mirrors, variable=mnist.MIRROR_ENV, **limits)
+
+
+def _prepare(raw: Path, out: Path, checksums: dict[str, str] | None = mnist.FILES) -> dict:
+    return prepare(
+        out, DATASETS["mnist"], lambda folder: mnist.prepare_into(raw, folder, checksums)
+    )
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -72,9 +101,7 @@ def server() -> Iterator[tuple[str, type[_Handler]]]:
 @pytest.fixture
 def payload() -> tuple[bytes, str]:
     labels = np.arange(100, dtype=np.uint8) % 10
-    raw = idx_bytes(labels, data.LABELS_MAGIC)
-    import hashlib
-
+    raw = idx_bytes(labels, mnist.LABELS_MAGIC)
     return raw, hashlib.sha256(raw).hexdigest()
 
 
@@ -87,7 +114,7 @@ def test_http_download_verifies_and_accepts_recompressed_copy(server, payload, t
     raw, sha = payload
     handler.files[f"good/{STEM}.gz"] = gzip.compress(raw, compresslevel=1)  # not the canonical .gz
     out = tmp_path / "raw"
-    path = data.download_file(STEM, sha, out, [f"{url}/good"], timeout_s=5, retries=0)
+    path = _download(NAME, sha, out, [f"{url}/good"], timeout_s=5, retries=0)
     assert path == out / f"{STEM}.gz"
     assert gzip.decompress(path.read_bytes()) == raw
     assert _only_final_file(out) == [f"{STEM}.gz"]
@@ -102,7 +129,7 @@ def test_corrupt_then_truncated_then_good_mirror(server, payload, tmp_path) -> N
     handler.files[f"truncated/{STEM}.gz"] = gzip.compress(raw)[:-12]
     handler.files[f"good/{STEM}.gz"] = gzip.compress(raw)
     mirrors = [f"{url}/corrupt", f"{url}/truncated", f"{url}/missing", f"{url}/good"]
-    path = data.download_file(STEM, sha, tmp_path, mirrors, timeout_s=5, retries=0)
+    path = _download(NAME, sha, tmp_path, mirrors, timeout_s=5, retries=0)
     assert gzip.decompress(path.read_bytes()) == raw
 
 
@@ -116,15 +143,15 @@ def test_all_mirrors_fail_leaves_nothing_and_names_each_mirror(server, payload, 
     local.mkdir()
     mirrors = [f"{url}/short", f"{url}/corrupt", f"{url}/missing", str(local)]
     out = tmp_path / "raw"
-    with pytest.raises(data.DownloadError) as info:
-        data.download_file(STEM, sha, out, mirrors, timeout_s=5, retries=0)
+    with pytest.raises(DownloadError) as info:
+        _download(NAME, sha, out, mirrors, timeout_s=5, retries=0)
     message = str(info.value)
     for mirror in mirrors:
         assert mirror in message
     assert "404" in message
     assert "not a complete gzip file" in message
     assert "does not exist" in message
-    assert data.MIRROR_ENV in message
+    assert mnist.MIRROR_ENV in message
     assert _only_final_file(out) == []  # no final file, no leftover temporary file
 
 
@@ -132,8 +159,8 @@ def test_existing_good_file_is_not_replaced_by_a_failed_download(server, payload
     url, handler = server
     raw, sha = payload
     handler.files[f"corrupt/{STEM}.gz"] = gzip.compress(raw[:-1])
-    with pytest.raises(data.DownloadError):
-        data.download_file(STEM, sha, tmp_path, [f"{url}/corrupt"], timeout_s=5, retries=0)
+    with pytest.raises(DownloadError):
+        _download(NAME, sha, tmp_path, [f"{url}/corrupt"], timeout_s=5, retries=0)
     assert not (tmp_path / f"{STEM}.gz").exists()
 
 
@@ -142,7 +169,7 @@ def test_local_folder_and_file_url_mirrors(fake_mnist, tmp_path) -> None:
     for spec in (str(mirror), mirror.as_uri()):
         out = tmp_path / "out" / spec[:4]
         stem = "t10k-labels-idx1-ubyte"
-        data.download_file(stem, checksums[stem], out, [spec])
+        _download(f"{stem}.gz", checksums[stem], out, [spec])
         assert (out / f"{stem}.gz").is_file()
 
 
@@ -153,25 +180,25 @@ def test_closed_port_fails_fast_with_reason(payload, tmp_path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, sha = payload
-    with pytest.raises(data.DownloadError, match="ConnectionError"):
-        data.download_file(
-            STEM, sha, tmp_path, [f"http://127.0.0.1:{port}/x"], timeout_s=2, retries=1
-        )
+    with pytest.raises(DownloadError, match="ConnectionError"):
+        _download(NAME, sha, tmp_path, [f"http://127.0.0.1:{port}/x"], timeout_s=2, retries=1)
 
 
 def test_environment_mirror_goes_first() -> None:
     mirrors = ["https://a/", "https://b/"]
-    assert data.mirrors_with_override(mirrors, {}) == mirrors
-    env = {data.MIRROR_ENV: "/srv/mnist"}
-    assert data.mirrors_with_override(mirrors, env) == ["/srv/mnist", *mirrors]
-    env = {data.MIRROR_ENV: "https://b/"}
-    assert data.mirrors_with_override(mirrors, env) == ["https://b/", "https://a/"]
+    variable = mnist.MIRROR_ENV
+    assert mirrors_with_override(mirrors, variable, {}) == mirrors
+    env = {variable: "/srv/mnist"}
+    assert mirrors_with_override(mirrors, variable, env) == ["/srv/mnist", *mirrors]
+    env = {variable: "https://b/"}
+    assert mirrors_with_override(mirrors, variable, env) == ["https://b/", "https://a/"]
+    assert mirrors_with_override(mirrors, "ACCELBENCH_CIFAR10_MIRROR", env) == mirrors
 
 
 def test_unsupported_scheme_is_reported(payload, tmp_path) -> None:
     _, sha = payload
-    with pytest.raises(data.DownloadError, match="unsupported mirror scheme 'ftp'"):
-        data.download_file(STEM, sha, tmp_path, ["ftp://example/mnist"])
+    with pytest.raises(DownloadError, match="unsupported mirror scheme 'ftp'"):
+        _download(NAME, sha, tmp_path, ["ftp://example/mnist"])
 
 
 def test_a_trickling_server_meets_the_deadline(server, payload, tmp_path) -> None:
@@ -181,8 +208,8 @@ def test_a_trickling_server_meets_the_deadline(server, payload, tmp_path) -> Non
     handler.files[f"slow/{STEM}.gz"] = gzip.compress(raw)
     handler.drip.add(f"slow/{STEM}.gz")
     started = time.monotonic()
-    with pytest.raises(data.DownloadError, match="deadline"):
-        data.download_file(STEM, sha, tmp_path, [f"{url}/slow"], timeout_s=5, deadline_s=1)
+    with pytest.raises(DownloadError, match="deadline"):
+        _download(NAME, sha, tmp_path, [f"{url}/slow"], timeout_s=5, deadline_s=1)
     assert time.monotonic() - started < 4
     assert _only_final_file(tmp_path) == []
 
@@ -194,7 +221,7 @@ def test_content_encoding_gzip_is_handled(server, payload, tmp_path, twice) -> N
     body = gzip.compress(raw)
     handler.files[f"enc/{STEM}.gz"] = gzip.compress(body) if twice else body
     handler.gzip_encoding.add(f"enc/{STEM}.gz")
-    path = data.download_file(STEM, sha, tmp_path, [f"{url}/enc"], timeout_s=5, retries=0)
+    path = _download(NAME, sha, tmp_path, [f"{url}/enc"], timeout_s=5, retries=0)
     assert gzip.decompress(path.read_bytes()) == raw
 
 
@@ -204,7 +231,7 @@ def test_the_log_names_the_mirrors_that_failed_before_one_served(
     url, handler = server
     raw, sha = payload
     handler.files[f"good/{STEM}.gz"] = gzip.compress(raw)
-    data.download_file(STEM, sha, tmp_path, [f"{url}/missing", f"{url}/good"], retries=0)
+    _download(NAME, sha, tmp_path, [f"{url}/missing", f"{url}/good"], retries=0)
     err = capsys.readouterr().err
     assert f"mirror {url}/missing failed (HTTPError: 404" in err
     assert f"{STEM}.gz from {url}/good, after 1 failed mirror(s)" in err
@@ -219,9 +246,9 @@ def test_downloads_follow_the_umask_and_leftovers_go(fake_mnist, tmp_path, umask
     leftover.write_bytes(b"half")
     previous = os.umask(umask)
     try:
-        data.remove_leftovers(out)
+        remove_leftovers(out, [f"{stem}.gz" for stem in mnist.FILES])
         stem = "t10k-labels-idx1-ubyte"
-        path = data.download_file(stem, checksums[stem], out, [str(mirror)])
+        path = _download(f"{stem}.gz", checksums[stem], out, [str(mirror)])
     finally:
         os.umask(previous)
     assert not leftover.exists()
@@ -230,38 +257,14 @@ def test_downloads_follow_the_umask_and_leftovers_go(fake_mnist, tmp_path, umask
 
 def test_prepare_refuses_a_gzip_that_is_not_mnist_and_writes_a_manifest(fake_mnist, tmp_path):
     mirror, checksums = fake_mnist
-    with pytest.raises(data.InputError, match=r"train-images-idx3-ubyte\.gz: not MNIST.s content"):
-        data.prepare(mirror, tmp_path / "p")  # the canonical checksums, fake files
+    with pytest.raises(InputError, match=r"train-images-idx3-ubyte\.gz: not MNIST.s content"):
+        _prepare(mirror, tmp_path / "p")  # the canonical checksums, fake files
     assert not (tmp_path / "p").exists()
-    data.prepare(mirror, tmp_path / "p", checksums)
-    manifest = json.loads((tmp_path / "p" / data.MANIFEST).read_text())["sha256"]
+    _prepare(mirror, tmp_path / "p", checksums)
+    manifest = json.loads((tmp_path / "p" / MANIFEST).read_text())["sha256"]
     assert {"train_images.npy", "test_labels.npy", "MNIST/raw/t10k-images-idx3-ubyte"} <= set(
         manifest
     )
-
-
-def test_prepare_replaces_the_folder_all_at_once(fake_mnist, tmp_path) -> None:
-    mirror, checksums = fake_mnist
-    out = tmp_path / "p"
-    data.prepare(mirror, out, checksums)
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    crash = tmp_path / ".p.prepare-abcd1234"  # a killed prepare's half-built folder
-    crash.mkdir()
-    (mirror / "t10k-labels-idx1-ubyte.gz").write_bytes(b"broken")
-    with pytest.raises(data.InputError):
-        data.prepare(mirror, out, checksums)
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # all old
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".p")) == []
-
-
-def test_prepared_data_is_checked_once_per_process(prepared, monkeypatch) -> None:
-    calls = []
-    original = data._sha256_file
-    monkeypatch.setattr(data, "_verified", set())
-    monkeypatch.setattr(data, "_sha256_file", lambda p: calls.append(p) or original(p))
-    data.load_split(prepared, "train")
-    data.load_split(prepared, "test")
-    assert len(calls) == len(json.loads((prepared / data.MANIFEST).read_text())["sha256"])
 
 
 # --- IDX --------------------------------------------------------------------------------
@@ -269,48 +272,48 @@ def test_prepared_data_is_checked_once_per_process(prepared, monkeypatch) -> Non
 
 def test_parse_good_images_and_labels() -> None:
     images = np.random.default_rng(0).integers(0, 256, size=(3, 28, 28)).astype(np.uint8)
-    decoded = data.parse_idx(idx_bytes(images, data.IMAGES_MAGIC), data.IMAGES_MAGIC)
+    decoded = mnist.parse_idx(idx_bytes(images, mnist.IMAGES_MAGIC), mnist.IMAGES_MAGIC)
     np.testing.assert_array_equal(decoded, images)
     labels = np.array([7, 2, 1], dtype=np.uint8)
     np.testing.assert_array_equal(
-        data.parse_idx(idx_bytes(labels, data.LABELS_MAGIC), data.LABELS_MAGIC), labels
+        mnist.parse_idx(idx_bytes(labels, mnist.LABELS_MAGIC), mnist.LABELS_MAGIC), labels
     )
 
 
 def test_bad_magic() -> None:
-    labels = idx_bytes(np.zeros(5, np.uint8), data.LABELS_MAGIC)
-    with pytest.raises(data.IdxFormatError, match="magic number 2049, expected 2051"):
-        data.parse_idx(labels, data.IMAGES_MAGIC, "x")
+    labels = idx_bytes(np.zeros(5, np.uint8), mnist.LABELS_MAGIC)
+    with pytest.raises(mnist.IdxFormatError, match="magic number 2049, expected 2051"):
+        mnist.parse_idx(labels, mnist.IMAGES_MAGIC, "x")
 
 
 @pytest.mark.parametrize("cut", [3, 10, 1])
 def test_truncated(cut: int) -> None:
-    buffer = idx_bytes(np.zeros((2, 28, 28), np.uint8), data.IMAGES_MAGIC)
-    with pytest.raises(data.IdxFormatError):
-        data.parse_idx(buffer[: len(buffer) - cut] if cut != 3 else buffer[:3], data.IMAGES_MAGIC)
+    buffer = idx_bytes(np.zeros((2, 28, 28), np.uint8), mnist.IMAGES_MAGIC)
+    with pytest.raises(mnist.IdxFormatError):
+        mnist.parse_idx(buffer[: len(buffer) - cut] if cut != 3 else buffer[:3], mnist.IMAGES_MAGIC)
 
 
 def test_size_mismatch_and_wrong_shape() -> None:
-    buffer = idx_bytes(np.zeros((2, 28, 28), np.uint8), data.IMAGES_MAGIC) + b"\0"
-    with pytest.raises(data.IdxFormatError, match="header's dimensions"):
-        data.parse_idx(buffer, data.IMAGES_MAGIC)
-    small = idx_bytes(np.zeros((2, 14, 14), np.uint8), data.IMAGES_MAGIC)
-    with pytest.raises(data.IdxFormatError, match="expected 28x28"):
-        data.parse_idx(small, data.IMAGES_MAGIC)
+    buffer = idx_bytes(np.zeros((2, 28, 28), np.uint8), mnist.IMAGES_MAGIC) + b"\0"
+    with pytest.raises(mnist.IdxFormatError, match="header's dimensions"):
+        mnist.parse_idx(buffer, mnist.IMAGES_MAGIC)
+    small = idx_bytes(np.zeros((2, 14, 14), np.uint8), mnist.IMAGES_MAGIC)
+    with pytest.raises(mnist.IdxFormatError, match="expected 28x28"):
+        mnist.parse_idx(small, mnist.IMAGES_MAGIC)
 
 
 def test_prepare_writes_arrays_and_torchvision_layout(prepared) -> None:
-    split = data.load_split(prepared, "train")
+    split = load_split(prepared, "train")
     assert split.images.shape == (512, 28, 28) and split.images.dtype == np.uint8
     assert split.labels.shape == (512,)
-    assert data.load_split(prepared, "test", limit=100).labels.shape == (100,)
+    assert load_split(prepared, "test", limit=100).labels.shape == (100,)
     assert (prepared / "MNIST" / "raw" / "train-images-idx3-ubyte").is_file()
 
 
 def test_prepare_rejects_mismatched_counts(fake_mnist, tmp_path) -> None:
     mirror, _ = fake_mnist
     (mirror / "t10k-labels-idx1-ubyte.gz").write_bytes(
-        gzip.compress(idx_bytes(np.zeros(3, np.uint8), data.LABELS_MAGIC))
+        gzip.compress(idx_bytes(np.zeros(3, np.uint8), mnist.LABELS_MAGIC))
     )
-    with pytest.raises(data.IdxFormatError, match="256 images but 3 labels"):
-        data.prepare(mirror, tmp_path / "p", checksums=None)
+    with pytest.raises(mnist.IdxFormatError, match="256 images but 3 labels"):
+        _prepare(mirror, tmp_path / "p", checksums=None)

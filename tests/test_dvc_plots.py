@@ -5,19 +5,22 @@ uses), checked in headless Chromium."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from accelbench.core.results import ClassScores
+from accelbench.core.results import ClassScores, EpochRecord
 from accelbench.report import dvc_plots
 from helpers import DVC, REPO, dvc_repo
+from test_report import epoch
 
 sys.path.insert(0, str(REPO / "tools"))
 import mlflow_ui
@@ -30,16 +33,8 @@ ACROSS_VARIANTS = [  # dvc.yaml's top-level plots of data, in its order
 ]
 
 
-def _epochs(seconds: list[float]) -> list[dict[str, float]]:
-    return [
-        {
-            "epoch": i + 1,
-            "train_time_s": s,
-            "test_accuracy": 0.9 + i / 100,
-            "train_loss": 1 / (i + 1),
-        }
-        for i, s in enumerate(seconds)
-    ]
+def _epochs(seconds: list[float]) -> list[EpochRecord]:
+    return [epoch(i + 1, s, 0.9 + i / 100, train_loss=1 / (i + 1)) for i, s in enumerate(seconds)]
 
 
 def _per_class(f1: float) -> dict[str, ClassScores]:
@@ -48,7 +43,7 @@ def _per_class(f1: float) -> dict[str, ClassScores]:
 
 def test_plot_data_is_long_form_one_row_per_variant_and_epoch(tmp_path) -> None:
     epochs = {"cpu": _epochs([12.0, 11.5]), "gpu": _epochs([0.9, 0.1]), "amp": []}
-    epochs["gpu"][1]["test_accuracy"] = float("nan")  # not measured: a blank cell
+    epochs["gpu"][1] = replace(epochs["gpu"][1], test_accuracy=math.nan)  # a blank cell
     paths = dvc_plots.write_plot_data(tmp_path, epochs, {"cpu": _per_class(0.98)})
 
     assert paths == [tmp_path / "epochs.csv", tmp_path / "per_class.csv"]

@@ -1,7 +1,9 @@
-"""engine.py: fit, evaluate, the train step, and the run-level summary."""
+"""engine.py: fit, evaluate, the train step, the training state, and the run-level summary."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import types
 
 import pytest
@@ -9,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from accelbench.core.params import TrainParams, VariantParams
+from accelbench.core.results import EpochRecord
+from accelbench.data.datasets import DATASETS
 from accelbench.training import engine
 from accelbench.training.models import SeedCNN
 from helpers import fit_small
@@ -43,16 +47,17 @@ def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
     readings = iter(range(0, 1000, 7))  # a cumulative counter, in joules
 
     train = TrainParams(epochs=2, batch_size=128)
-    _, records = fit_small(prepared, train, energy_j=lambda: float(next(readings)))
+    hooks = engine.FitHooks(gpu_energy_j=lambda: float(next(readings)))
+    _, records = fit_small(prepared, train, hooks=hooks)
     assert [r.gpu_energy_j for r in records] == [7.0, 7.0]
-    assert engine.summarize(records)["steady_gpu_energy_j_per_epoch"] == 7.0
+    assert engine.summarize(records).steady_gpu_energy_j_per_epoch == 7.0
     _, plain = _train(prepared, epochs=1)
     assert plain[0].gpu_energy_j is None
 
 
-def _epochs_reading(joules: list[float], epoch_s: float) -> list[engine.EpochRecord]:
+def _epochs_reading(joules: list[float], epoch_s: float) -> list[EpochRecord]:
     return [
-        engine.EpochRecord(
+        EpochRecord(
             epoch=i + 1, train_loss=0.1, train_time_s=epoch_s, data_wait_s=0.0, samples=60000,
             samples_per_s=1.0, test_loss=0.1, test_accuracy=0.99, nonfinite_steps=0, lr=1e-3,
             peak_gpu_mem_mib=None, gpu_energy_j=reading, cpu_energy_j=reading,
@@ -64,15 +69,42 @@ def _epochs_reading(joules: list[float], epoch_s: float) -> list[engine.EpochRec
 def test_steady_energy_is_the_mean_so_a_coarse_counter_averages_out() -> None:
     # An H200's 0.13 s epochs read 37 J or 83 J as the counter's steps fall (docs/results/h200-x2.md).
     records = _epochs_reading([2000.0, 37.0, 83.0, 37.0, 37.0, 83.0, 37.0], 0.13)
-    assert engine.summarize(records)["steady_gpu_energy_j_per_epoch"] == 314.0 / 6
+    assert engine.summarize(records).steady_gpu_energy_j_per_epoch == 314.0 / 6
 
 
 def test_epochs_too_short_for_the_counter_have_no_steady_energy_not_zero() -> None:
     # amp's 0.07 s epochs on an H200 all read 0 J: NVML's counter did not advance within any
     # (docs/results/h200-time-to-result-3.md); 0 J would be reported as a measurement.
     summary = engine.summarize(_epochs_reading([2808.8] + [0.0] * 9, 0.07))
-    assert summary["steady_gpu_energy_j_per_epoch"] is None
-    assert summary["steady_cpu_energy_j_per_epoch"] is None
+    assert summary.steady_gpu_energy_j_per_epoch is None
+    assert summary.steady_cpu_energy_j_per_epoch is None
+
+
+def test_a_fit_resumed_from_its_state_ends_with_the_uninterrupted_weights(prepared) -> None:
+    train = TrainParams(epochs=3, batch_size=128, shift_px=2, schedule="onecycle")  # dropout
+    states = []  # copies: a state holds the live weights, as torch.save would read them
+    hooks = engine.FitHooks(on_checkpoint=lambda state: states.append(copy.deepcopy(state)))
+    whole, records = fit_small(prepared, train, hooks=hooks)
+    assert [s.epochs_done for s in states] == [1, 2, 3]
+    resumed, again = fit_small(prepared, train, resume_from=states[0])
+    assert again[0] == records[0]  # restored with the state
+    figures = [(r.epoch, r.train_loss, r.test_loss, r.lr) for r in records]
+    assert [(r.epoch, r.train_loss, r.test_loss, r.lr) for r in again] == figures
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
+
+
+def test_the_parts_outside_the_timed_epochs_are_handed_to_the_hooks(prepared) -> None:
+    seen = []
+
+    def around(part: str):
+        return lambda: contextlib.nullcontext(seen.append(part))
+
+    hooks = engine.FitHooks(
+        around_step_setup=around("step setup"), around_evaluation=around("evaluation")
+    )
+    fit_small(prepared, TrainParams(epochs=2, batch_size=128), hooks=hooks)
+    assert seen == ["step setup", "evaluation", "evaluation"]
 
 
 def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:
@@ -88,12 +120,12 @@ def test_bf16_autocast_on_cpu_trains(prepared) -> None:
 
 def test_flops_per_sample_matches_the_architecture() -> None:
     forward = 2 * (26 * 26 * 32 * 9 + 24 * 24 * 64 * 32 * 9 + 9216 * 10)
-    flops = engine.train_flops_per_sample(SeedCNN())
+    flops = engine.train_flops_per_sample(SeedCNN(), (1, 28, 28))
     assert 2.9 * forward < flops < 3.1 * forward  # backward is about twice the forward pass
 
 
-def _record(epoch, time_s, acc) -> engine.EpochRecord:
-    return engine.EpochRecord(epoch, 1.0, time_s, 0.0, 100, 100 / time_s, 1.0, acc, 0, 1e-3, None)
+def _record(epoch, time_s, acc) -> EpochRecord:
+    return EpochRecord(epoch, 1.0, time_s, 0.0, 100, 100 / time_s, 1.0, acc, 0, 1e-3, None)
 
 
 def test_summarize_separates_first_epoch_from_the_steady_state() -> None:
@@ -104,11 +136,11 @@ def test_summarize_separates_first_epoch_from_the_steady_state() -> None:
         _record(4, 1.5, 0.99),
     ]
     summary = engine.summarize(records)
-    assert summary["first_epoch_s"] == 5.0
-    assert summary["steady_epoch_s"] == 1.5
-    assert summary["total_train_s"] == 9.5
-    assert summary["best_test_accuracy"] == 0.991
-    assert engine.summarize(records[:1])["steady_epoch_s"] is None
+    assert summary.first_epoch_s == 5.0
+    assert summary.steady_epoch_s == 1.5 and summary.steady_epochs_s == [1.0, 2.0, 1.5]
+    assert summary.total_train_s == 9.5
+    assert summary.best_test_accuracy == 0.991
+    assert engine.summarize(records[:1]).steady_epoch_s is None
 
 
 @pytest.mark.gpu
@@ -244,7 +276,7 @@ def test_gradscaler_skipped_steps_are_counted(prepared, monkeypatch) -> None:
     assert [r.scaler_skipped_steps for r in records] == [2, 0]
     assert [r.nonfinite_steps for r in records] == [2, 0]
     assert all(torch.isfinite(p).all() for p in model.parameters())  # never trained on inf
-    assert engine.summarize(records)["scaler_skipped_steps"] == 2
+    assert engine.summarize(records).scaler_skipped_steps == 2
 
 
 def test_deterministic_mode_gives_identical_weights(prepared) -> None:
@@ -325,23 +357,21 @@ def test_compile_cache_state_reads_torch_compiles_cache_counters(monkeypatch) ->
 
 
 def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> None:
-    from accelbench.stages.train import select
     from accelbench.training import build
-    from helpers import small_params
 
-    params = select(small_params(), "cpu").recipe
+    mnist, model = DATASETS["mnist"], SeedCNN()
     cache = tmp_path / "flops.json"
-    first = build.flops_per_sample(params, cache=cache)
-    assert first == build.flops_per_sample(params)  # the same count, uncached
+    first = build.flops_per_sample(mnist, model, cache=cache)
+    assert first == build.flops_per_sample(mnist, model)  # the same count, uncached
 
-    def must_not_count(model) -> int:
+    def must_not_count(model, input_shape) -> int:
         raise AssertionError("counted again despite the cache")
 
     monkeypatch.setattr(engine, "train_flops_per_sample", must_not_count)
-    assert build.flops_per_sample(params, cache=cache) == first
+    assert build.flops_per_sample(mnist, SeedCNN(), cache=cache) == first  # the same layers
     cache.write_text("{broken")
     monkeypatch.undo()
-    assert build.flops_per_sample(params, cache=cache) == first  # a broken cache: counted again
+    assert build.flops_per_sample(mnist, model, cache=cache) == first  # broken: counted again
 
 
 def test_a_compiled_variant_compiles_the_whole_loss_and_trains_like_the_eager_one(

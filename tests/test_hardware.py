@@ -72,13 +72,25 @@ def test_env_facts_and_the_doctor_share_one_probe(monkeypatch) -> None:
         bf16=True,
     )
     facts = hardware.cuda_facts(probe)
-    assert facts["gpu_count"] == 2 and facts["compute_capability"] == "9.0"
-    assert facts["nvidia_driver"] == "580.1" and facts["gpu_memory_gib"] == 139.8
+    assert facts.gpu.gpu_count == 2 and facts.gpu.compute_capability == "9.0"
+    assert facts.nvidia_driver == "580.1" and facts.gpu.gpu_memory_gib == 139.8
+    software = hardware.software_facts()
+    assert facts.to_json() == {  # env/cuda.json, flat, as ever
+        "torch_cuda_runtime": "13.0", "nvidia_driver": "580.1", "python": software.python,
+        "torch": software.torch, "torchvision": software.torchvision, "cuda_available": True,
+        "gpu_count": 2, "gpu_names": ["NVIDIA H200"] * 2, "compute_capability": "9.0",
+        "gpu_memory_gib": 139.8, "cudnn": 91900, "bf16_supported": True,
+    }  # fmt: skip
     monkeypatch.setattr(hardware, "_nvml", lambda: pytest.fail("the probe was asked again"))
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_90"])
     monkeypatch.setattr(torch, "arange", lambda *a, **k: pytest.fail("no kernel without a GPU"))
     cpu_only = hardware.GpuProbe("13.0", None, None, (), cuda_available=False)
-    assert hardware.cuda_facts(cpu_only)["reason"].startswith("no NVIDIA driver found")
+    without = hardware.cuda_facts(cpu_only)
+    assert without.gpu is None and without.reason.startswith("no NVIDIA driver found")
+    assert set(without.to_json()) == {
+        "torch_cuda_runtime", "nvidia_driver", "python", "torch", "torchvision",
+        "cuda_available", "reason",
+    }  # fmt: skip
     assert doctor.gather(cpu_only).driver is None
 
 

@@ -1,11 +1,16 @@
-"""models.py: the networks, and the seed CNN's first convolution as torch.compile sees it."""
+"""models.py: the networks, the one each dataset trains, and the seed CNN's first convolution
+as torch.compile sees it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import torch
 import torch.nn.functional as F
 
-from accelbench.training.models import SeedCNN, conv2d_one_channel
+from accelbench.data.datasets import DATASETS
+from accelbench.training.models import LeNet, SeedCNN, conv2d_one_channel, for_dataset
 
 
 def _conv_and_copies() -> tuple[torch.nn.Conv2d, torch.Tensor, torch.Tensor]:
@@ -58,3 +63,14 @@ def test_compiled_seed_cnn_runs_one_convolution_and_computes_what_the_eager_one_
         if node.op == "call_function" and node.target in (F.conv2d, torch.conv2d)
     ]
     assert len(convolutions) == 1  # conv2; conv1 became multiply-adds
+
+
+def test_each_dataset_trains_its_own_model_and_a_new_one_needs_one() -> None:
+    mnist, cifar10 = DATASETS["mnist"], DATASETS["cifar10"]
+    assert isinstance(for_dataset(mnist), SeedCNN) and isinstance(for_dataset(cifar10), LeNet)
+    assert for_dataset(mnist, dropout=0.1).features[5].p == 0.1
+    for dataset in (mnist, cifar10):
+        images = torch.zeros(2, *dataset.input_shape)
+        assert for_dataset(dataset)(images).shape == (2, 10)
+    with pytest.raises(ValueError, match="no model for dataset 'svhn'"):
+        for_dataset(replace(cifar10, name="svhn"))

@@ -17,15 +17,12 @@ def _oom_when_passes_exceed(limit: int, monkeypatch):
     real_fit = engine.fit
     tried = []
 
-    def fit(model, train_batches, test_batches, train, *args, accumulation_steps=1, **kwargs):
-        per_pass = train.batch_size // accumulation_steps
+    def fit(model, train_batches, test_batches, spec, *args, **kwargs):
+        per_pass = spec.recipe.batch_size // spec.accumulation_steps
         tried.append(per_pass)
         if per_pass > limit:  # what the allocator would say on a GPU that is too small
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_fit(
-            model, train_batches, test_batches, train, *args,
-            accumulation_steps=accumulation_steps, **kwargs,
-        )  # fmt: skip
+        return real_fit(model, train_batches, test_batches, spec, *args, **kwargs)
 
     monkeypatch.setattr(engine, "fit", fit)
     return tried

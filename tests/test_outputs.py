@@ -4,10 +4,12 @@ never half-written. Real files, links, processes and a full tmpfs."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,13 +25,15 @@ from accelbench.core.results import (
     write_epochs_csv,
     write_json,
 )
-from accelbench.data import mnist as data
+from accelbench.data import mnist
+from accelbench.data.datasets import DATASETS
+from accelbench.data.prepared import MANIFEST, prepare, verify_prepared
 from accelbench.stages import compare, quantize
 from accelbench.system import tracking
 from helpers import shared_mnist, small_params, trained_summary, write_params
 
 VARIANTS = {"cpu": {"device": "cpu"}}
-ENV = {**test_report.ENV, "cuda": {"cuda_available": False, "reason": "no GPU in the test"}}
+ENV = replace(test_report.ENV, cuda=test_report.NO_GPU)
 
 
 def _accelbench(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -78,15 +82,17 @@ def test_prepare_runs_again_over_its_own_folder_and_into_an_empty_one(
     prepared, fake_mnist, tmp_path
 ) -> None:
     mirror, checksums = fake_mnist
-    data.prepare(mirror, prepared, checksums)  # dvc repro's normal case, run by hand
-    data.verify_prepared(prepared)
+    mnist_data = DATASETS["mnist"]
+    write = functools.partial(mnist.prepare_into, mirror, checksums=checksums)
+    prepare(prepared, mnist_data, write)  # dvc repro's normal case, run by hand
+    verify_prepared(prepared)
     empty = tmp_path / "empty"
     empty.mkdir()
-    data.prepare(mirror, empty, checksums)
-    assert (empty / data.MANIFEST).is_file()
+    prepare(empty, mnist_data, write)
+    assert (empty / MANIFEST).is_file()
     (prepared / "added.npy").write_bytes(b"the user's")  # no longer only prepare's files
     with pytest.raises(InputError, match=r"it holds added\.npy, which prepare did not write"):
-        data.prepare(mirror, prepared, checksums)
+        prepare(prepared, mnist_data, write)
     assert (prepared / "added.npy").read_bytes() == b"the user's"
 
 
@@ -102,12 +108,12 @@ def test_download_writes_into_a_folder_and_replaces_only_its_verified_files(tmp_
     (out / f"{stem}.gz").write_bytes(b"the user's own file of that name")
     before = _snapshot(out)
     with pytest.raises(InputError, match=rf"{stem}\.gz: exists and is not MNIST's {stem}\.gz"):
-        data.download_mnist(out, [str(mirror)])
+        mnist.download(out, [str(mirror)])
     assert _snapshot(out) == before  # refused before the first download
     (out / f"{stem}.gz").unlink()
 
-    data.download_mnist(out, [str(mirror)])
-    data.download_mnist(out, [str(mirror)])  # again, over its own verified files
+    mnist.download(out, [str(mirror)])
+    mnist.download(out, [str(mirror)])  # again, over its own verified files
     assert (out / "notes.txt").read_text() == "mine" and (out / ".movie.mkv.part").exists()
     assert len(list(out.glob("*.gz"))) == 4
 
@@ -117,14 +123,11 @@ def test_download_writes_into_a_folder_and_replaces_only_its_verified_files(tmp_
 
 def _workspace(root: Path, steady_epoch_s: float = 1.0) -> compare.CompareInputs:
     """env/ and metrics/cpu/ as the stages write them (one trained CPU variant)."""
-    for device, facts in ENV.items():
+    for device, facts in ENV.files().items():
         write_json(root / "env" / f"{device}.json", facts)
     files = MetricsFiles(root / "metrics" / "cpu")
     write_json(files.train_json, trained_summary(steady_epoch_s, device="cpu").to_json())
-    epochs = [
-        {"epoch": e, "train_loss": 0.1 / e, "train_time_s": steady_epoch_s, "test_accuracy": 0.99}
-        for e in (1, 2, 3)
-    ]
+    epochs = [test_report.epoch(e, steady_epoch_s, 0.99) for e in (1, 2, 3)]
     write_epochs_csv(files.epochs_csv, epochs)
     scores = {str(d): ClassScores(0.99, 0.99, 0.99) for d in range(10)}
     write_json(files.eval_json, EvalSummary(0.99, 0.03, 0.99, 5000.0, scores).to_json())

@@ -116,3 +116,11 @@ def test_training_outside_the_timed_epochs_is_overhead_named_fit_setup() -> None
         {"imports": 5.0, "fit_setup": 8.0, "other": 13.0}
     )
     assert timing.overhead_s == pytest.approx(26.0)
+
+
+def test_the_legend_says_what_every_phase_covers_in_the_phases_order() -> None:
+    assert tuple(pipeline_time.PHASE_LEGEND) == phases.PHASES
+    pipeline = pipeline_time.collect([], _timing("compare", 1000.0, 3.0, by=None))
+    legend = "\n".join(pipeline_time.markdown(pipeline)).split("Phases: ")[1]
+    assert legend.startswith("*startup*: Python start and the CLI's own imports")
+    assert legend.index("*training*:") < legend.index("*launch*:")

@@ -4,30 +4,53 @@ import json
 from dataclasses import replace
 
 from accelbench.core.params import VariantParams
-from accelbench.core.results import Skipped
+from accelbench.core.results import (
+    CpuFacts,
+    CudaFacts,
+    EnvFacts,
+    EpochRecord,
+    GpuFacts,
+    Skipped,
+    SoftwareFacts,
+)
 from accelbench.report import markdown as report
 from helpers import trained_summary
 
-ENV = {
-    "cpu": {
-        "cpu_model": "Test CPU",
-        "logical_cpus": 2,
-        "torch_default_threads": 2,
-        "python": "3.11",
-        "torch": "2.x",
-        "torchvision": "0.x",
-    },
-    "cuda": {
-        "cuda_available": True,
-        "gpu_count": 2,
-        "gpu_names": ["NVIDIA H200"] * 2,
-        "gpu_memory_gib": 139.8,
-        "compute_capability": "9.0",
-        "nvidia_driver": "580",
-        "torch_cuda_runtime": "13.0",
-        "cudnn": 91900,
-    },
-}
+SOFTWARE = SoftwareFacts(python="3.11", torch="2.x", torchvision="0.x")
+ENV = EnvFacts(
+    CpuFacts(
+        cpu_model="Test CPU",
+        logical_cpus=2,
+        torch_default_threads=2,
+        machine="x86_64",
+        software=SOFTWARE,
+    ),
+    CudaFacts(
+        torch_cuda_runtime="13.0",
+        nvidia_driver="580",
+        software=SOFTWARE,
+        gpu=GpuFacts(
+            gpu_count=2,
+            gpu_names=["NVIDIA H200"] * 2,
+            compute_capability="9.0",
+            gpu_memory_gib=139.8,
+            cudnn=91900,
+            bf16_supported=True,
+        ),
+    ),
+)
+NO_GPU = CudaFacts(None, None, SOFTWARE, reason="no GPU in the test")
+
+
+def epoch(n: int, train_time_s: float, test_accuracy: float, **fields) -> EpochRecord:
+    """An epochs.csv record (energy: not measured unless given)."""
+    values = {
+        "epoch": n, "train_loss": 0.1 / n, "train_time_s": train_time_s, "data_wait_s": 0.0,
+        "samples": 60000, "samples_per_s": 60000 / train_time_s, "test_loss": 0.05,
+        "test_accuracy": test_accuracy, "nonfinite_steps": 0, "lr": 1e-3,
+        "peak_gpu_mem_mib": None,
+    }  # fmt: skip
+    return EpochRecord(**(values | fields))
 
 
 def _spec(**changes) -> report.ReportSpec:
@@ -78,7 +101,7 @@ def test_report_has_speedups_scaling_and_figures(tmp_path) -> None:
         assert f"]({figure})" in md and (tmp_path / figure).stat().st_size > 10_000
     headline = json.loads((tmp_path / "comparison.json").read_text())
     assert headline["gpu"]["speedup_vs_cpu"] == 50.0
-    assert result.headline["ddp.speedup_vs_cpu"] == 80.0
+    assert result.pipeline_metrics["ddp.speedup_vs_cpu"] == 80.0
 
 
 def test_baselines_come_from_params_not_from_variant_names(tmp_path) -> None:
@@ -94,32 +117,18 @@ def test_baselines_come_from_params_not_from_variant_names(tmp_path) -> None:
     result = report.write_report(tmp_path, rows, ENV, spec)
     md = (tmp_path / "comparison.md").read_text()
     assert "speedup vs fast" in md and "| ddp | 2 | 0.250 s | 2.0× | 100% | fast |" in md
-    assert result.headline["cpu.speedup_vs_fast"] == 0.05
+    assert result.pipeline_metrics["cpu.speedup_vs_fast"] == 0.05
 
 
 def test_time_to_target_is_read_from_the_epochs() -> None:
-    epochs = [
-        {"epoch": 1, "train_time_s": 5.0, "test_accuracy": 0.9},
-        {"epoch": 2, "train_time_s": 1.0, "test_accuracy": 0.985},
-        {"epoch": 3, "train_time_s": 2.0, "test_accuracy": 0.991},
-        {"epoch": 4, "train_time_s": 1.5, "test_accuracy": 0.99},
-    ]
+    epochs = [epoch(1, 5.0, 0.9), epoch(2, 1.0, 0.985), epoch(3, 2.0, 0.991), epoch(4, 1.5, 0.99)]
     assert report.time_to_target(epochs, 0.99) == (8.0, 3)
     assert report.time_to_target(epochs[:2], 0.99) is None
 
 
-def _epochs(*rows: tuple[float, float, float | None]) -> list[dict[str, float]]:
-    """epochs.csv rows: (train_time_s, test_accuracy, gpu_energy_j or None)."""
-    return [
-        {
-            "epoch": i,
-            "train_time_s": t,
-            "test_accuracy": a,
-            "train_loss": 0.1,
-            "gpu_energy_j": e or float("nan"),
-        }
-        for i, (t, a, e) in enumerate(rows, start=1)
-    ]
+def _epochs(*rows: tuple[float, float, float | None]) -> list[EpochRecord]:
+    """epochs.csv records: (train_time_s, test_accuracy, gpu_energy_j or None)."""
+    return [epoch(i, t, a, gpu_energy_j=e) for i, (t, a, e) in enumerate(rows, start=1)]
 
 
 def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> None:
@@ -147,33 +156,29 @@ def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> No
     headline = json.loads((tmp_path / "comparison.json").read_text())
     assert headline["cpu"]["cost_usd"] == headline["cpu"]["cost_to_target_usd"]
     assert headline["gpu"]["cost_to_target_usd"] is None
-    assert result.headline["gpu.energy_j"] == 36_000.0
+    assert result.pipeline_metrics["gpu.energy_j"] == 36_000.0
 
 
 def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -> None:
     from accelbench.core.params import CostParams
     from accelbench.report.costs import run_cost
 
-    epochs = [{"train_time_s": 3600.0, "gpu_energy_j": float("nan"), "cpu_energy_j": 7200.0}]
+    epochs = [epoch(1, 3600.0, 0.99, cpu_energy_j=7200.0)]  # no GPU counter read
     ddp = run_cost(epochs, "cuda", 2, CostParams())
     assert ddp.energy_source == "measured: CPU packages (RAPL)" and ddp.energy_j == 7200.0
     assert ddp.time_usd == 2 * CostParams().gpu_hour_usd
-    stated = run_cost([{"train_time_s": 3600.0}], "cuda", 2, CostParams(kwh_usd=1.0))
+    stated = run_cost([epoch(1, 3600.0, 0.99)], "cuda", 2, CostParams(kwh_usd=1.0))
     assert stated.energy_source == "stated: 2 × 450 W × time"
     assert stated.energy_usd == 0.9  # 900 W for an hour at $1/kWh
 
 
 def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
-    from accelbench.core.results import QuantizedSummary
-
-    def figures(accuracy, latency_ms, samples_per_s, size):
-        return {"method": "", "test_accuracy": accuracy, "latency_ms": latency_ms,
-                "samples_per_s": samples_per_s, "size_bytes": size}  # fmt: skip
+    from accelbench.core.results import InferenceFigures, QuantizedSummary
 
     quantized = QuantizedSummary(
         threads=2, batch_size=2048, latency_repeats=100,
-        methods={"fp32": figures(0.99, 1.0, 10_000, 400 * 1024),
-                 "dynamic_int8": figures(0.9899, 0.8, 12_500, 100 * 1024)},
+        methods={"fp32": InferenceFigures("fp32", 0.99, 1.0, 10_000, 400 * 1024),
+                 "dynamic_int8": InferenceFigures("dynamic_int8", 0.9899, 0.8, 12_500, 100 * 1024)},
         unsupported={"static_int8": "no x86 engine"},
     )  # fmt: skip
     row = report.Row("cpu", VariantParams(device="cpu"), trained_summary(10.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -12,11 +13,17 @@ import torch
 from accelbench.core.console import InputError
 from accelbench.core.results import (
     ClassScores,
+    CudaFacts,
     EvalSummary,
+    InferenceFigures,
     MetricsFiles,
     ModelFile,
+    QuantizedSummary,
     Skipped,
     eval_from_json,
+    read_env,
+    read_epoch_records,
+    read_quantized,
     read_train,
     scaling_efficiency,
     speedup,
@@ -26,6 +33,7 @@ from accelbench.core.results import (
     write_json,
 )
 from helpers import trained_summary
+from test_report import ENV, NO_GPU, epoch
 
 
 def test_train_results_round_trip_through_their_file(tmp_path) -> None:
@@ -137,7 +145,7 @@ def test_staged_outputs_replace_links_never_their_targets(tmp_path) -> None:
 
     with staged() as outputs:
         write_json(outputs(folder.train_json), Skipped("new").to_json())
-        write_epochs_csv(outputs(folder.epochs_csv), [{"epoch": 1, "train_loss": 0.5}])
+        write_epochs_csv(outputs(folder.epochs_csv), [epoch(1, 2.0, 0.9, train_loss=0.5)])
 
     assert {p: p.read_bytes() for p in before} == before
     assert read_train(folder.train_json) == Skipped("new")
@@ -168,3 +176,56 @@ def test_a_foreign_file_at_an_output_path_is_refused_and_nothing_is_renamed(tmp_
         "confusion.png",
         "eval.json",
     ]
+
+
+def test_env_facts_round_trip_through_their_files(tmp_path) -> None:
+    for facts in (ENV, replace(ENV, cuda=NO_GPU)):
+        for device, payload in facts.files().items():
+            write_json(tmp_path / f"{device}.json", payload)
+        assert read_env(tmp_path) == facts
+
+
+GPU_JSON, NO_GPU_JSON = ENV.cuda.to_json(), NO_GPU.to_json()
+CUDA_MISFITS = {
+    "a reason beside usable GPUs": GPU_JSON | {"reason": "why"},
+    "a GPU key renamed": {("gpu_name" if k == "gpu_names" else k): v for k, v in GPU_JSON.items()},
+    "cuda_available as text": GPU_JSON | {"cuda_available": "true"},
+    "no GPU and no reason": {k: v for k, v in NO_GPU_JSON.items() if k != "reason"},
+    "a GPU's facts though no GPU is usable": NO_GPU_JSON | {"gpu_count": 1},
+}
+
+
+@pytest.mark.parametrize("payload", CUDA_MISFITS.values(), ids=CUDA_MISFITS)
+def test_cuda_facts_that_do_not_fit_are_refused(payload) -> None:
+    with pytest.raises(InputError, match=r"^env/cuda\.json: not a"):
+        CudaFacts.from_json(payload, "env/cuda.json")
+
+
+def test_quantized_figures_round_trip_and_a_renamed_figure_is_refused(tmp_path) -> None:
+    summary = QuantizedSummary(
+        threads=2, batch_size=256, latency_repeats=10,
+        methods={"fp32": InferenceFigures("fp32", 0.99, 0.5, 1e4, 400_000)},
+        unsupported={"static_int8": "no x86 engine"},
+    )  # fmt: skip
+    path = tmp_path / "quantized.json"
+    write_json(path, summary.to_json())
+    assert read_quantized(path) == summary
+    assert summary.metrics()["quant_fp32_latency_ms"] == 0.5
+    renamed = summary.to_json()
+    renamed["methods"]["fp32"]["latency"] = renamed["methods"]["fp32"].pop("latency_ms")
+    write_json(path, renamed)
+    with pytest.raises(InputError, match=r"unknown keys: \['latency'\]"):
+        read_quantized(path)
+    write_json(path, summary.to_json() | {"methods": {"int4": {}}})
+    with pytest.raises(InputError, match=r"methods: \['int4', 'static_int8'\]"):
+        read_quantized(path)
+
+
+def test_a_renamed_energy_column_fails_instead_of_costing_the_stated_wattage(tmp_path) -> None:
+    path = tmp_path / "epochs.csv"
+    write_epochs_csv(path, [epoch(1, 2.0, 0.9, gpu_energy_j=300.0), epoch(2, 1.0, 0.95)])
+    records = read_epoch_records(path)
+    assert [r.gpu_energy_j for r in records] == [300.0, None]  # None: not measured
+    path.write_text(path.read_text().replace("gpu_energy_j", "gpu_energy"))
+    with pytest.raises(InputError, match="gpu_energy"):
+        read_epoch_records(path)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from accelbench.core.params import VariantParams
-from accelbench.training.engine import EpochRecord
+from accelbench.core.results import EpochRecord
 from accelbench.training.placement import Placement
 from accelbench.training.run_summary import summarize_run
 

@@ -61,7 +61,7 @@ def test_a_locked_store_is_one_warning_line_not_mlflows_tracebacks(tmp_path, pre
     store = tmp_path / "mlflow.db"
     uri = f"sqlite:///{store}"
     env = {**_own_store_env(), "MLFLOW_TRACKING_URI": uri}
-    _python(tmp_path, "from pathlib import Path; from accelbench import tracking; "
+    _python(tmp_path, "from pathlib import Path; from accelbench.system import tracking; "
             "tracking.setup(Path('.'))", env)  # fmt: skip
     holder = sqlite3.connect(store, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another program writing: readers pass, writers wait
@@ -113,14 +113,14 @@ def test_mlflow_errors_of_a_call_that_succeeds_are_still_shown(tmp_path, capsys)
 # pipeline run; compare logs the evaluation into it, records skipped variants, finishes.
 TRAIN = """
     from pathlib import Path
-    from accelbench import tracking
+    from accelbench.system import tracking
     with tracking.variant_run(Path('.'), 'cpu', {}, {'status': 'trained'}) as run_id:
         print('RUN', run_id)
 """
 COMPARE = """
     from pathlib import Path
-    from accelbench import tracking
-    from accelbench.results import EvalSummary
+    from accelbench.system import tracking
+    from accelbench.core.results import EvalSummary
     root = Path('.')
     tracking.record_skipped(root, 'gpu', {}, 'needs CUDA')
     tracking.log_evaluation(root, 'RUN_ID', EvalSummary(0.9, 0.1, 0.9, 1.0, per_class={}), [])
@@ -175,7 +175,7 @@ def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
     assert not (workspace / "mlflow.db").exists()  # reading creates no store
 
     _python(workspace, TRAIN)
-    _python(workspace, "from pathlib import Path; from accelbench import tracking; "
+    _python(workspace, "from pathlib import Path; from accelbench.system import tracking; "
             "tracking.finish_pipeline(Path('.'), [], {})")  # fmt: skip
     after = subprocess.run(runs, cwd=sub, env=_own_store_env(), capture_output=True, text=True)
     assert after.returncode == 0, after.stderr
@@ -226,7 +226,7 @@ def test_make_ui_refuses_a_busy_port_before_printing_a_link() -> None:
 SETUP = """
     import sys, time
     from pathlib import Path
-    from accelbench import tracking
+    from accelbench.system import tracking
     start = float(sys.argv[1])
     time.sleep(max(0.0, start - time.time()))  # every process at once
     print(tracking.setup(Path('.')))

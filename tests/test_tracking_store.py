@@ -12,6 +12,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from accelbench.core.spread import Figure
+from accelbench.report import answer
 from accelbench.system import tracking
 
 
@@ -230,12 +232,16 @@ def test_variant_figures_are_logged_without_reopening_the_runs(tmp_path, mlflow_
     assert amp.data.metrics["steady_epoch_s"] == 0.0834
     assert amp.data.metrics["steady_epoch_s_lo"] == 0.0811
     assert amp.data.tags["speedup"] == "148× (140–156×)"
-    assert amp.data.tags["steady_epoch"] == "0.0834 s (0.0811–0.0857 s)"
+    assert amp.data.tags["steady_epoch"] == "0.083 s (0.081–0.086 s)"
     assert amp.data.tags["speedup_vs_fp32"] == "1.87×"
-    assert amp.data.tags["time_to_target"] == "4.2 s"
+    assert amp.data.tags["time_to_target"] == "4.200 s"
+    # the tags read as the report writes the same figures
+    steady = Figure(0.0834, 0.0811, 0.0857)
+    assert amp.data.tags["steady_epoch"] == answer.fmt_time(steady)
+    assert amp.data.tags["speedup"] == answer.fmt_speedup(Figure(148.3, 140.1, 155.6))
     # None: no metric, no tag
     assert "time_to_target_s" not in cpu.data.metrics and "time_to_target" not in cpu.data.tags
-    assert cpu.data.tags["speedup"] == "1× (0.95–1.05×)"
+    assert cpu.data.tags["speedup"] == "1.00× (0.95–1.05×)"
     # nor one it has as a per-epoch series: the series keeps its shape
     history = client.get_metric_history(ids["amp"], "test_accuracy")
     assert sorted(m.step for m in history) == [1, 2, 3]
@@ -318,9 +324,9 @@ def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     assert [r.split(" | ")[0] for r in rows] == ["| amp", "| cpu", "| gpu"]  # fastest first
     cells = dict(zip(header.split("|"), rows[0].split("|"), strict=True))
     assert cells[" speedup vs cpu (95% interval) "] == " 148× (140–156×) "
-    assert cells[" steady epoch (95% interval) "] == " 0.0834 s (0.0811–0.0857 s) "
+    assert cells[" steady epoch (95% interval) "] == " 0.083 s (0.081–0.086 s) "
     assert cells[" test accuracy "] == " 93.00 % "  # the run's own: the last epoch's
-    assert cells[" time to target "] == " 4.2 s "
+    assert cells[" time to target "] == " 4.200 s "
     gpu = dict(zip(header.split("|"), rows[2].split("|"), strict=True))
     assert gpu[" result "] == " skipped " and gpu[" run status "] == " FINISHED "
     assert "- gpu: no CUDA device" in lines

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from accelbench.core import phases
 from accelbench.core.console import (
@@ -29,12 +30,25 @@ from accelbench.core.console import (
 from accelbench.core.params import load_params
 from accelbench.system import lifetime
 
+# The stages dvc.yaml runs, with the line `accelbench --help` shows for each. A stage's own
+# arguments are its module's `arguments(parser)`: only the stage being run is imported, so
+# editing one stage's command line re-runs no other stage.
+STAGES = {
+    "env": "record the machine's hardware and software facts",
+    "download": "fetch and verify the dataset's files",
+    "prepare": "decode and validate the raw files into arrays",
+    "train": "train one variant",
+    "evaluate": "evaluate one trained variant",
+    "quantize": "one trained variant on the CPU: fp32 next to int8 (dynamic, static)",
+    "compare": "write the comparison report",
+}
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelbench",
         description="The pipeline's stages (dvc.yaml calls them; run them all with `dvc repro`) "
-        "and tools: check, runs, doctor.",
+        "and tools: check, runs, doctor. `accelbench STAGE --help` lists a stage's arguments.",
         epilog="Exit codes: 0 done, 2 usage or input error (fix the argument or file named), "
         "1 failure (the input was fine: a mirror, the tracking server, memory, a bug), "
         "130 interrupted. Errors are one line; --debug (or ACCELBENCH_DEBUG=1) adds the "
@@ -52,51 +66,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit codes: 0 GPU ready, 3 CPU only (nothing required a GPU), 1 problems.",
     )
     doctor.add_argument("--require-gpu", action="store_true", help="a missing GPU is a problem")
-
-    env = sub.add_parser("env", help="record the machine's hardware and software facts")
-    env.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
-
-    download = sub.add_parser("download", help="fetch and verify the dataset's files")
-    download.add_argument("--out", type=Path, required=True)
-
-    prepare = sub.add_parser("prepare", help="decode and validate the raw files into arrays")
-    prepare.add_argument("--raw", type=Path, required=True)
-    prepare.add_argument("--out", type=Path, required=True)
-
-    train = sub.add_parser("train", help="train one variant")
-    train.add_argument("variant")
-    train.add_argument("--data", type=Path, required=True, help="prepared data folder")
-    train.add_argument("--model", type=Path, required=True, help="checkpoint to write")
-    train.add_argument("--metrics", type=Path, required=True, help="folder for metrics files")
-    train.add_argument(
-        "--checkpoint", type=Path, help="training state saved every epoch; resumed when present"
-    )
-    train.add_argument("--quiet", action="store_true", help="no progress output")
-    train.add_argument(
-        "--profile",
-        type=Path,
-        metavar="DIR",
-        help="record a torch.profiler trace of up to 20 full-batch steps of epoch 2 into DIR; "
-        "slows this run, so its times are not figures of record",
-    )
-
-    evaluate = sub.add_parser("evaluate", help="evaluate one trained variant")
-    evaluate.add_argument("--model", type=Path, required=True)
-    evaluate.add_argument("--data", type=Path, required=True)
-    evaluate.add_argument("--metrics", type=Path, required=True)
-
-    quantize = sub.add_parser(
-        "quantize", help="one trained variant on the CPU: fp32 next to int8 (dynamic, static)"
-    )
-    quantize.add_argument("--model", type=Path, required=True)
-    quantize.add_argument("--data", type=Path, required=True)
-    quantize.add_argument("--metrics", type=Path, required=True)
-
-    compare = sub.add_parser("compare", help="write the comparison report")
-    compare.add_argument("--env", type=Path, required=True)
-    compare.add_argument("--metrics", type=Path, required=True)
-    compare.add_argument("--out", type=Path, required=True)
+    for name, help_line in STAGES.items():
+        # Its arguments, --help included, are left to the stage's own parser.
+        sub.add_parser(name, help=help_line, add_help=False)
     return parser
+
+
+def _stage_arguments(name: str, stage_args: list[str], into: argparse.Namespace) -> Any:
+    """Import the stage's module and parse its arguments with its own parser."""
+    with phases.phase("imports"):
+        module = importlib.import_module(f"accelbench.stages.{name}")
+    parser = argparse.ArgumentParser(prog=f"accelbench {name}", description=STAGES[name])
+    module.arguments(parser)
+    parser.parse_args(stage_args, namespace=into)
+    return module
 
 
 def _interrupt_on_sigterm() -> None:
@@ -119,9 +102,6 @@ def _persistent_compile_cache(root: Path) -> None:
     cache = root / COMPILE_CACHE
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-
-
-STAGES = ("env", "download", "prepare", "train", "evaluate", "quantize", "compare")
 
 
 # OS errors that mean "this path is not what it must be": the user fixes the input.
@@ -165,7 +145,10 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, stage_args = parser.parse_known_args(argv)
+    if stage_args and args.stage not in STAGES:
+        parser.error(f"unrecognized arguments: {' '.join(stage_args)}")
     _interrupt_on_sigterm()
     if args.stage in STAGES:  # no stage outlives the `dvc repro` that started it
         lifetime.end_with_launcher()
@@ -182,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     recorder.stage = args.stage
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a DDP stage re-runs itself
     try:
+        # Imported by name: a stage's code is its own module's imports, no other stage's
+        # (dvc.yaml's deps list exactly them).
+        stage = _stage_arguments(args.stage, stage_args, args) if args.stage in STAGES else None
         with phases.phase("params"):
             params = load_params(args.params)
         if args.stage == "check":
@@ -190,10 +176,6 @@ def main(argv: list[str] | None = None) -> int:
             tracking = importlib.import_module("accelbench.system.tracking")
             print(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
         else:
-            # Imported by name: a stage's code is its own module's imports, no other stage's
-            # (dvc.yaml's deps list exactly them).
-            with phases.phase("imports"):
-                stage = importlib.import_module(f"accelbench.stages.{args.stage}")
             stage.main(args, params, root)
     except KeyboardInterrupt as exc:
         print(f"accelbench {args.stage}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)

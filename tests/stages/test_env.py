@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from accelbench.core.console import StageError
+from accelbench.core.results import read_env
 from accelbench.stages import env
 from helpers import small_params
 
@@ -15,8 +16,9 @@ from helpers import small_params
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_env_records_facts_and_refuses_cuda_variants_under_require_gpu(tmp_path) -> None:
     facts = env.run(env.select(small_params()), tmp_path / "env")
-    assert facts["cuda"]["cuda_available"] is False and facts["cuda"]["reason"]
+    assert not facts.cuda.cuda_available and facts.cuda.reason
     assert json.loads((tmp_path / "env" / "cpu.json").read_text())["cpu_model"]
+    assert read_env(tmp_path / "env") == facts  # what compare reads back
     with pytest.raises(
         StageError, match=r"train.require_gpu is true, but variant 'gpu' needs CUDA"
     ):

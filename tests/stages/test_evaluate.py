@@ -16,9 +16,7 @@ def test_a_skipped_variant_is_recorded_as_skipped(tmp_path, prepared) -> None:
     ModelFile("gpu", "skipped", None, reason="no GPU here").save(tmp_path / "gpu.pt")
     files = MetricsFiles(tmp_path / "metrics")
     inputs = evaluate.select(small_params())
-    assert evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files) == Skipped(
-        "no GPU here"
-    )
+    assert evaluate.run(inputs, tmp_path / "gpu.pt", prepared, files) == Skipped("no GPU here")
     assert read_eval(files.eval_json) == Skipped("no GPU here")
     assert files.confusion_csv.read_text() == "actual,predicted\n"
     assert files.confusion_png.stat().st_size > 1000
@@ -30,7 +28,7 @@ def test_a_model_trained_on_cuda_is_refused_without_cuda(tmp_path, prepared) -> 
     ModelFile("gpu", "trained", None, params, {}).save(tmp_path / "gpu.pt")
     inputs = evaluate.select(small_params())
     with pytest.raises(StageError, match="the model was trained on CUDA"):
-        evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, MetricsFiles(tmp_path))
+        evaluate.run(inputs, tmp_path / "gpu.pt", prepared, MetricsFiles(tmp_path))
 
 
 def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypatch) -> None:
@@ -42,7 +40,7 @@ def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypa
     ModelFile("gpu", "skipped", None, reason="no GPU here").save(tmp_path / "gpu.pt")
     files = MetricsFiles(tmp_path / "metrics")
     inputs = evaluate.select(small_params())
-    evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files)
+    evaluate.run(inputs, tmp_path / "gpu.pt", prepared, files)
     outputs = (files.eval_json, files.confusion_csv, files.confusion_png, files.run_json)
     outputs += (files.per_class_csv,)
     before = {p: p.read_bytes() for p in outputs}
@@ -53,6 +51,6 @@ def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypa
 
     monkeypatch.setattr(confusion, "placeholder_figure", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        evaluate.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files)
+        evaluate.run(inputs, tmp_path / "gpu.pt", prepared, files)
     assert {p: p.read_bytes() for p in before} == before
     assert sorted(p.name for p in files.folder.iterdir()) == sorted(p.name for p in before)

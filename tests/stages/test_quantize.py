@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from accelbench.core.results import (
+    QUANT_METHODS,
     MetricsFiles,
     ModelFile,
     QuantizedSummary,
@@ -39,12 +40,12 @@ def test_a_trained_model_gets_fp32_and_int8_figures(tmp_path, prepared) -> None:
     assert isinstance(result, QuantizedSummary)
     assert read_quantized(out.metrics.quantized_json) == result
     fp32, dynamic = result.methods["fp32"], result.methods["dynamic_int8"]
-    assert set(result.methods) | set(result.unsupported) == {"fp32", "dynamic_int8", "static_int8"}
-    assert fp32["size_bytes"] > 2 * dynamic["size_bytes"]  # the Linear holds 99% of the weights
+    assert set(result.methods) | set(result.unsupported) == set(QUANT_METHODS)
+    assert fp32.size_bytes > 2 * dynamic.size_bytes  # the Linear holds 99% of the weights
     train_json = json.loads(out.metrics.train_json.read_text())
-    assert fp32["test_accuracy"] == train_json["final_test_accuracy"]
-    assert abs(dynamic["test_accuracy"] - fp32["test_accuracy"]) < 0.05
-    assert result.metrics()["quant_dynamic_int8_latency_ms"] == dynamic["latency_ms"]
+    assert fp32.test_accuracy == train_json["final_test_accuracy"]
+    assert abs(dynamic.test_accuracy - fp32.test_accuracy) < 0.05
+    assert result.metrics()["quant_dynamic_int8_latency_ms"] == dynamic.latency_ms
 
 
 def test_a_build_without_static_int8_gets_a_stated_reason(tmp_path, prepared, monkeypatch) -> None:

@@ -10,7 +10,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from accelbench.core.results import MetricsFiles
-from accelbench.data import mnist as data
+from accelbench.data.prepared import dataset_digest
 from accelbench.stages import train
 from accelbench.system import tracking
 from helpers import run_all_stages, small_params
@@ -76,7 +76,7 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert accuracy.value == pytest.approx(eval_json["test_accuracy"])
     assert (accuracy.dataset_name, accuracy.dataset_digest) == (
         "mnist-test",
-        data.dataset_digest("test", 0),
+        dataset_digest(prepared, "test"),
     )
     per_class = (tmp_path / "metrics" / "cpu" / "per_class.csv").read_text().splitlines()
     assert per_class[0] == "digit,precision,recall,f1" and len(per_class) == 11
@@ -94,8 +94,8 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
         for d in client.get_run(cpu.info.run_id).inputs.dataset_inputs
     }
     assert inputs == {
-        "mnist-train": data.dataset_digest("train", 0),
-        "mnist-test": data.dataset_digest("test", 0),
+        "mnist-train": dataset_digest(prepared, "train"),
+        "mnist-test": dataset_digest(prepared, "test"),
     }
     system = [k for k in cpu.data.metrics if k.startswith("system/")]
     assert "system/cpu_utilization_percentage" in system

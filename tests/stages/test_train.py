@@ -162,3 +162,23 @@ def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlfl
     experiment = client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id
     run = client.search_runs([experiment], order_by=["attributes.start_time DESC"])[0]
     assert len(client.get_metric_history(run.info.run_id, "train_time_s")) == 3
+
+
+def test_the_stage_records_its_phases_around_the_fit(tmp_path, prepared, mlflow_store) -> None:
+    """The engine records nothing itself: the stage and loop.py time the parts of a fit
+    outside its epochs (step set-up, evaluation, checkpoints) under the same phase names."""
+    from accelbench.core import phases
+
+    recorder = phases.Recorder()
+    inputs = train_stage.select(small_params(epochs=2), "cpu")
+    out = train_stage.TrainOutputs(
+        tmp_path / "model.pt", MetricsFiles(tmp_path / "metrics"), tmp_path / "checkpoint.pt"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(phases, "RECORDER", recorder)
+        patch.setattr(phases, "phase", recorder.phase)
+        train_stage.run(tmp_path, "cpu", inputs, prepared, out, quiet=True)
+    recorded = set(recorder.seconds)
+    assert recorded >= {"imports", "device", "model", "data", "checkpoint", "mlflow"}
+    assert recorded >= {"training", "step_setup", "evaluation", "outputs"}
+    assert recorder.training_s > 0

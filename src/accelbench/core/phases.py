@@ -19,27 +19,25 @@ from pathlib import Path
 
 TIMINGS_DIR = Path(".accelbench") / "timings"
 
-# Every phase, in the report's order, with what it covers (the report's legend). A stage
+# Every phase, in the report's order (report/pipeline_time.py says what each covers). A stage
 # records all of them but those in DERIVED, which the timing works out from the others.
-PHASES = {
-    "startup": "Python start and the CLI's own imports, before the stage's code",
-    "imports": "importing the stage's modules (torch, MLflow, ...)",
-    "params": "reading and validating params.yaml",
-    "mlflow": "MLflow: store set-up, starting, logging to and ending runs",
-    "device": "finding the GPUs (NVML, then torch), CUDA start, backend set-up",
-    "data": "reading the prepared arrays and moving them to the device",
-    "model": "building the model, counting its FLOPs",
-    "training": "the timed epochs (compilation, autotuning and graph capture in the first)",
-    "step_setup": "building the step before the first epoch: torch.compile's import and "
-    "wrapper, the optimizer, DDP",
-    "fit_setup": "in training, outside the timed epochs and every other phase (per-epoch "
-    "bookkeeping, the rest)",
-    "evaluation": "evaluating on the test set (after every epoch, untimed; the evaluate stage)",
-    "checkpoint": "saving the per-epoch training state",
-    "outputs": "writing the stage's files and figures",
-    "model_logging": "logging the model to MLflow",
-    "launch": "waiting for torchrun's processes (a distributed stage)",
-}
+PHASES = (
+    "startup",
+    "imports",
+    "params",
+    "mlflow",
+    "device",
+    "data",
+    "model",
+    "training",
+    "step_setup",
+    "fit_setup",
+    "evaluation",
+    "checkpoint",
+    "outputs",
+    "model_logging",
+    "launch",
+)
 DERIVED = ("fit_setup",)  # training minus the timed epochs (`StageTiming.overhead_phases`)
 
 

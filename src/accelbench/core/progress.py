@@ -1,14 +1,41 @@
-"""What a training stage prints while it runs: a bar per epoch on a terminal, a line in logs."""
+"""How figures read to a person, and what a training stage prints while it runs.
+
+The formatters are shared by the report, the MLflow tags and `accelbench runs`, so a figure
+reads the same in each: seconds ("0.129 s"), speedups ("12.3×") and 95% intervals
+("0.129 s (0.127–0.131 s)"). The progress is a bar per epoch on a terminal, a line in logs.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 
 def fmt_seconds(value: float | None) -> str:
+    """A duration: 0.129 s, 12.3 s; "n/a" for None."""
     if value is None:
         return "n/a"
     return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+def fmt_ratio(value: float) -> str:
+    """How many times faster: 148×, 12.3×, 1.87×."""
+    return f"{value:,.0f}×" if value >= 100 else f"{value:.1f}×" if value >= 10 else f"{value:.2f}×"
+
+
+def fmt_interval(
+    value: float, lo: float | None, hi: float | None, fmt: Callable[[float], str]
+) -> str:
+    """`fmt(value)` and, where both ends are given, its 95% interval with the unit written
+    once: "0.129 s (0.127–0.131 s)", "12.3× (11.0–13.5×)"."""
+    text = fmt(value)
+    if lo is None or hi is None:
+        return text
+    low, high = fmt(lo), fmt(hi)
+    unit = high.lstrip("0123456789.,+-")  # " s", "×"
+    if unit and low.endswith(unit):
+        low = low[: -len(unit)]
+    return f"{text} ({low}–{high})"
 
 
 class EpochProgress:

@@ -1,9 +1,10 @@
 """What the stages hand each other: typed results with to/from JSON, and their file names.
 
-train@V writes a `TrainSummary` (or `Skipped`) to `train.json` and a `ModelFile`;
-evaluate@V an `EvalSummary` (or `Skipped`) to `eval.json`; compare, tracking and the
-benchmarks read them back through these types, so a renamed field fails loudly where it is
-read instead of becoming an "n/a" in the report.
+env writes an `EnvFacts` to `env/<device>.json`; train@V a `TrainSummary` (or `Skipped`) to
+`train.json`, its epochs to `epochs.csv` and a `ModelFile`; evaluate@V an `EvalSummary` (or
+`Skipped`) to `eval.json`; quantize@V a `QuantizedSummary` (or `Skipped`) to
+`quantized.json`. Compare, tracking and the benchmarks read them back through these types, so
+a renamed field fails loudly where it is read instead of becoming an "n/a" in the report.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -460,16 +461,30 @@ def read_eval(path: Path) -> EvalResult:
     return eval_from_json(_read_json(path), str(path))
 
 
+QUANT_METHODS = ("fp32", "dynamic_int8", "static_int8")  # the quantize stage's, in order
+
+
+@dataclass(frozen=True)
+class InferenceFigures:
+    """One model (fp32 or quantized) on the CPU: accuracy, speed and size."""
+
+    method: str  # one of QUANT_METHODS
+    test_accuracy: float
+    latency_ms: float  # batch 1: median over the repetitions
+    samples_per_s: float  # over the test set at the eval batch size
+    size_bytes: int
+
+
 @dataclass(frozen=True)
 class QuantizedSummary:
     """`quantized.json`: the trained model on the CPU in fp32 and quantized to int8, each
-    method's figures keyed by its name (`quantization.METHODS`); a method this torch build
-    cannot run is in `unsupported` with the reason."""
+    method's figures keyed by its name (QUANT_METHODS); a method this torch build cannot run
+    is in `unsupported` with the reason."""
 
     threads: int  # CPU threads the figures were measured with
     batch_size: int  # throughput's batch; latency is at batch 1
     latency_repeats: int
-    methods: dict[str, dict[str, Any]]  # method -> InferenceFigures.to_json()
+    methods: dict[str, InferenceFigures]
     unsupported: dict[str, str]  # method -> why not
     status: str = "trained"
 
@@ -481,7 +496,7 @@ class QuantizedSummary:
         return {
             f"quant_{method}_{key}": value
             for method, figures in self.methods.items()
-            for key, value in figures.items()
+            for key, value in asdict(figures).items()
             if isinstance(value, int | float)
         }
 
@@ -490,10 +505,144 @@ QuantizedResult = QuantizedSummary | Skipped
 
 
 def read_quantized(path: Path) -> QuantizedResult:
-    payload = _read_json(path)
+    payload, source = _read_json(path), str(path)
     if payload.get("status") != "trained":
-        return _strict(Skipped, payload, str(path))
-    return _strict(QuantizedSummary, payload, str(path))
+        return _strict(Skipped, payload, source)
+    summary = _strict(QuantizedSummary, payload, source)
+    named = [*summary.methods, *summary.unsupported] if isinstance(summary.methods, dict) else []
+    if not named or not set(named) <= set(QUANT_METHODS):
+        raise InputError(
+            f"{source}: not a QuantizedSummary (methods: {named}, expected some of "
+            f"{list(QUANT_METHODS)}); re-run the stage that writes it"
+        )
+    methods = {
+        method: _strict(InferenceFigures, figures, f"{source} ({method})")
+        for method, figures in summary.methods.items()
+    }
+    return replace(summary, methods=methods)
+
+
+# --- env/<device>.json: the machine's stable facts (the env stage writes, compare reads) ---
+
+
+@dataclass(frozen=True)
+class SoftwareFacts:
+    """The software stack, in both env files."""
+
+    python: str
+    torch: str
+    torchvision: str | None  # None: not installed
+
+
+def _split(cls: type, payload: Mapping[str, Any], source: str) -> tuple[Any, dict[str, Any]]:
+    """The keys of `cls` in a flat payload as a `cls` (strictly), and the other keys."""
+    names = {f.name for f in fields(cls)}
+    part = _strict(cls, {k: v for k, v in payload.items() if k in names}, source)
+    return part, {k: v for k, v in payload.items() if k not in names}
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """`env/cpu.json`: the CPU and the software stack (flat in the file)."""
+
+    cpu_model: str
+    logical_cpus: int | None  # os.cpu_count(); None where it cannot tell
+    torch_default_threads: int
+    machine: str  # platform.machine(): x86_64, aarch64
+    software: SoftwareFacts
+
+    def to_json(self) -> dict[str, Any]:
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "software"}
+        return own | asdict(self.software)
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any], source: str) -> CpuFacts:
+        software, own = _split(SoftwareFacts, payload, source)
+        return _strict(cls, own | {"software": software}, source)
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """The GPUs torch can use, as `env/cuda.json` records them (capability, memory: GPU 0's)."""
+
+    gpu_count: int
+    gpu_names: list[str]
+    compute_capability: str  # "9.0"
+    gpu_memory_gib: float
+    cudnn: int | None
+    bf16_supported: bool
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """`env/cuda.json`: torch's CUDA build, the driver and the software stack, then either the
+    GPUs torch can use (`gpu`) or why it can use none (`reason`); flat in the file, with
+    `cuda_available` saying which."""
+
+    torch_cuda_runtime: str | None  # None: a CPU-only torch build
+    nvidia_driver: str | None  # None: no driver found
+    software: SoftwareFacts
+    gpu: GpuFacts | None = None
+    reason: str | None = None  # where `gpu` is None
+
+    def __post_init__(self) -> None:
+        if (self.gpu is None) == (self.reason is None):
+            raise ValueError("CudaFacts: exactly one of the GPUs (gpu) and why none (reason)")
+
+    @property
+    def cuda_available(self) -> bool:
+        return self.gpu is not None
+
+    def to_json(self) -> dict[str, Any]:
+        facts = {
+            "torch_cuda_runtime": self.torch_cuda_runtime,
+            "nvidia_driver": self.nvidia_driver,
+            **asdict(self.software),
+            "cuda_available": self.cuda_available,
+        }
+        return facts | (asdict(self.gpu) if self.gpu else {"reason": self.reason})
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any], source: str) -> CudaFacts:
+        available = payload.get("cuda_available")
+        if not isinstance(available, bool):
+            raise InputError(
+                f"{source}: not a CudaFacts (cuda_available = {available!r}, expected true or "
+                "false); re-run the stage that writes it"
+            )
+        rest = {k: v for k, v in payload.items() if k != "cuda_available"}
+        software, rest = _split(SoftwareFacts, rest, source)
+        gpu = None
+        if available:
+            gpu, rest = _split(GpuFacts, rest, source)
+        if (rest.get("reason") is not None) == available:
+            raise InputError(
+                f"{source}: not a CudaFacts (cuda_available is {str(available).lower()}: "
+                f"expected {'no reason' if available else 'the reason'}); re-run the stage "
+                "that writes it"
+            )
+        return _strict(cls, rest | {"software": software, "gpu": gpu}, source)
+
+
+@dataclass(frozen=True)
+class EnvFacts:
+    """The machine the variants ran on: `env/<device>.json` for each of ENV_DEVICES."""
+
+    cpu: CpuFacts
+    cuda: CudaFacts
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        """Each file's JSON, by its device."""
+        return {"cpu": self.cpu.to_json(), "cuda": self.cuda.to_json()}
+
+
+def read_env(folder: Path) -> EnvFacts:
+    """`env/`'s files, as the env stage wrote them."""
+    cpu, cuda = env_json(folder, "cpu"), env_json(folder, "cuda")
+    return EnvFacts(
+        CpuFacts.from_json(_read_json(cpu), str(cpu)),
+        CudaFacts.from_json(_read_json(cuda), str(cuda)),
+    )
 
 
 @dataclass(frozen=True)
@@ -574,17 +723,65 @@ def atomic_torch_save(payload: Any, path: Path) -> None:
         torch.save(payload, tmp)
 
 
-def write_epochs_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """One row per epoch (DVC plots it: x epoch, y test_accuracy)."""
+@dataclass(frozen=True)
+class EpochRecord:
+    """One trained epoch: a row of `epochs.csv` (its columns, in this order), a step of the
+    variant's MLflow metrics, and part of the checkpointed training state."""
+
+    epoch: int  # 1-based
+    train_loss: float
+    train_time_s: float
+    data_wait_s: float
+    samples: int
+    samples_per_s: float
+    test_loss: float
+    test_accuracy: float
+    nonfinite_steps: int
+    lr: float
+    peak_gpu_mem_mib: float | None
+    gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
+    cpu_energy_j: float | None = None  # CPU packages' energy in the same window, from RAPL
+    scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = EPOCHS_CSV) -> EpochRecord:
+        """From `as_dict`'s output (a checkpoint's) or an epochs.csv row (text, empty for
+        None); an InputError names `source` and what does not fit."""
+        record = _strict(cls, values, source)
+        converted = {}
+        for f in fields(cls):
+            value = getattr(record, f.name)
+            optional = "None" in f.type
+            if optional and value in (None, "", "None"):
+                converted[f.name] = None
+                continue
+            number = int if f.type.startswith("int") else float
+            try:
+                if isinstance(value, bool) or not isinstance(value, int | float | str):
+                    raise TypeError
+                converted[f.name] = number(value)
+            except (TypeError, ValueError):
+                what = "an integer" if number is int else "a number"
+                raise InputError(
+                    f"{source}: epoch field {f.name} = {value!r} is not {what}; re-run train"
+                ) from None
+        return cls(**converted)
+
+
+def write_epochs_csv(path: Path, records: Sequence[EpochRecord]) -> None:
+    """One row per epoch (DVC plots it: x epoch, y test_accuracy); a skipped variant's file
+    has the header `epoch` alone."""
+    columns = [f.name for f in fields(EpochRecord)] if records else ["epoch"]
     with atomic_path(path) as tmp, tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["epoch"])
+        writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(record.as_dict() for record in records)
 
 
-def read_epochs_csv(path: Path) -> list[dict[str, float]]:
+def read_epoch_records(path: Path) -> list[EpochRecord]:
+    """`write_epochs_csv`'s records back."""
     with path.open() as handle:
-        return [
-            {k: float(v) if v not in ("", "None") else float("nan") for k, v in row.items()}
-            for row in csv.DictReader(handle)
-        ]
+        return [EpochRecord.from_dict(row, str(path)) for row in csv.DictReader(handle)]

@@ -104,16 +104,3 @@ def total_after(first: float, measured: Sequence[float]) -> Figure:
     draws = _draws(measured, SEED)
     lo, hi = _bounds(first + draws.sum(axis=1))
     return Figure(value, lo, hi, len(measured))
-
-
-def fmt_times(figure: Figure | None, fmt) -> str:
-    """`fmt(value)` with ` (lo–hi)` where the figure has an interval; 'n/a' for None."""
-    if figure is None:
-        return "n/a"
-    if not figure.has_interval:
-        return fmt(figure.value)
-    lo, hi = fmt(figure.lo), fmt(figure.hi)
-    unit = hi.rpartition(" ")[2] if " " in hi else ""
-    if unit and lo.endswith(" " + unit):  # 0.070 s (0.068–0.071 s)
-        lo = lo[: -len(unit) - 1]
-    return f"{fmt(figure.value)} ({lo}–{hi})"

@@ -1,4 +1,10 @@
-"""The one place that reads clocks. CUDA work is asynchronous: synchronize before reading."""
+"""The device clock: every training and evaluation time on a device is read through it.
+
+CUDA work is asynchronous: a host clock read while kernels are queued measures their launch,
+not their run, so `DeviceClock` synchronizes before it reads. Intervals that involve the
+host alone (the wait for the next batch, CPU-only inference, the stage's phases, download
+deadlines) read `time` where they are measured.
+"""
 
 from __future__ import annotations
 

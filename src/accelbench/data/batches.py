@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -16,13 +17,22 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from accelbench.core.params import LoaderParams
-from accelbench.data.datasets import DATASETS, Dataset, Split
+from accelbench.data.datasets import Dataset, Split
 
-# The tutorials' normalization (training-set mean/std of pixels in [0, 1]).
-MNIST_MEAN = DATASETS["mnist"].mean
-MNIST_STD = DATASETS["mnist"].std
+Batch = tuple[torch.Tensor, torch.Tensor]  # images [n, channels, height, width], labels [n]
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+
+class Batches(Protocol):
+    """A source of batches, epoch by epoch: `ResidentBatches` or `LoaderBatches`."""
+
+    dataset: Dataset  # its images are normalized with this dataset's mean and std
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def __len__(self) -> int: ...  # batches per epoch
+
+    def epoch(self, epoch: int) -> Iterator[Batch]: ...
 
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
@@ -31,26 +41,18 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
-def spec_of(images: np.ndarray | torch.Tensor) -> Dataset:
-    """The dataset whose prepared images have this shape (uint8 [n, *sample_shape])."""
-    for spec in DATASETS.values():
-        if tuple(images.shape[1:]) == spec.sample_shape:
-            return spec
-    raise ValueError(f"no dataset has images of shape {tuple(images.shape[1:])}")
-
-
-def normalize_images(images: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """uint8 [n, 28, 28] (MNIST) or [n, 3, 32, 32] (CIFAR-10) -> normalized float32
+def normalize_images(
+    images: np.ndarray | torch.Tensor, dataset: Dataset, device: torch.device
+) -> torch.Tensor:
+    """`dataset`'s prepared images (uint8 [n, *sample_shape]) -> normalized float32
     [n, channels, height, width] on `device`, with the dataset's mean and std."""
-    spec = spec_of(images)
     tensor = torch.as_tensor(images).to(device)
-    return ((tensor.float() / 255.0 - spec.mean) / spec.std).reshape(-1, *spec.input_shape)
+    return ((tensor.float() / 255.0 - dataset.mean) / dataset.std).reshape(-1, *dataset.input_shape)
 
 
-def zero_pixel(channels: int) -> float:
-    """A black pixel, normalized (what an image shifted by augmentation is padded with)."""
-    spec = next(s for s in DATASETS.values() if s.channels == channels)
-    return -spec.mean / spec.std
+def zero_pixel(dataset: Dataset) -> float:
+    """A black pixel of `dataset`, normalized (what augmentation pads a shifted image with)."""
+    return -dataset.mean / dataset.std
 
 
 class ResidentBatches:
@@ -59,6 +61,7 @@ class ResidentBatches:
     def __init__(
         self,
         split: Split,
+        dataset: Dataset,
         device: torch.device,
         batch_size: int,
         seed: int,
@@ -68,7 +71,8 @@ class ResidentBatches:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.images = normalize_images(split.images, device)
+        self.dataset = dataset
+        self.images = normalize_images(split.images, dataset, device)
         if channels_last:
             self.images = self.images.contiguous(memory_format=torch.channels_last)
         self.labels = torch.as_tensor(split.labels).to(device).long()
@@ -118,11 +122,11 @@ class EpochSampler(DistributedSampler):
         return iter(order[self.rank : self.total_size : self.num_replicas].tolist())
 
 
-def _torchvision_dataset(root: Path, spec: Dataset, transform: object) -> object:
-    """torchvision's training set of `spec` over the prepared folder (its layout is there)."""
+def _torchvision_dataset(root: Path, dataset: Dataset, transform: object) -> object:
+    """torchvision's training set of `dataset` over the prepared folder (its layout is there)."""
     from torchvision import datasets
 
-    if spec.name == "mnist":
+    if dataset.name == "mnist":
         return datasets.MNIST(str(root), train=True, download=False, transform=transform)
 
     class PreparedCIFAR10(datasets.CIFAR10):
@@ -145,7 +149,7 @@ class LoaderBatches:
     def __init__(
         self,
         torchvision_root: Path,
-        spec: Dataset,
+        dataset: Dataset,
         num_samples: int,
         device: torch.device,
         batch_size: int,
@@ -158,15 +162,16 @@ class LoaderBatches:
     ) -> None:
         from torchvision import transforms  # import cost only for this source
 
-        channels = spec.channels
-        normalize = transforms.Normalize((spec.mean,) * channels, (spec.std,) * channels)
-        dataset = _torchvision_dataset(
-            torchvision_root, spec, transforms.Compose([transforms.ToTensor(), normalize])
+        channels = dataset.channels
+        normalize = transforms.Normalize((dataset.mean,) * channels, (dataset.std,) * channels)
+        samples = _torchvision_dataset(
+            torchvision_root, dataset, transforms.Compose([transforms.ToTensor(), normalize])
         )
-        self.sampler = EpochSampler(min(num_samples, len(dataset)), seed, rank, world_size)
+        self.dataset = dataset
+        self.sampler = EpochSampler(min(num_samples, len(samples)), seed, rank, world_size)
         workers = loader.num_workers
         self.loader = DataLoader(
-            dataset,
+            samples,
             batch_size=batch_size // world_size,
             sampler=self.sampler,
             num_workers=workers,

@@ -1,11 +1,12 @@
-"""CIFAR-10: the official python archive, verified, and its pickled batches decoded safely.
+"""CIFAR-10: the official python archive, downloaded and verified, and its pickled batches
+decoded safely into arrays.
 
 The archive (`cifar-10-python.tar.gz`, 163 MB) is accepted by the MD5 the dataset's page and
 torchvision publish for it: the bytes as served, so a re-compressed copy is refused (unlike
-MNIST's files, whose decompressed content is checked). Its batches are Python pickles; they
-are read with an unpickler that can build only dicts, lists, strings and NumPy arrays, so an
-archive someone else made (with `data.cifar10_md5` changed) can hold wrong data but never run
-code.
+MNIST's files, whose decompressed content is checked); the mirrors, retries and atomic
+writes are `download.py`'s. Its batches are Python pickles; they are read with an unpickler
+that can build only dicts, lists, strings, bytes and NumPy arrays, so an archive someone
+else made (with `data.cifar10_md5` changed) can hold wrong data but never run code.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import numpy as np
 
 from accelbench.core.console import InputError
 from accelbench.data.datasets import Split
-from accelbench.data.mnist import ChecksumError
+from accelbench.data.download import (
+    ChecksumError,
+    download_file,
+    output_folder,
+    refuse_foreign_download,
+    remove_leftovers,
+)
 
 ARCHIVE = "cifar-10-python.tar.gz"
 FOLDER = "cifar-10-batches-py"  # inside the archive; torchvision's CIFAR10 reads this folder
@@ -42,7 +49,7 @@ def md5_file(path: Path) -> str:
 
 
 def check_archive(path: Path, expected_md5: str) -> None:
-    """The archive's MD5 is `expected_md5` (raises ChecksumError, as data.verify does)."""
+    """The archive's MD5 is `expected_md5` (raises ChecksumError)."""
     actual = md5_file(path)
     if actual != expected_md5:
         raise ChecksumError(f"MD5 of the archive is {actual[:12]}…, expected {expected_md5[:12]}…")
@@ -57,26 +64,17 @@ def download(
     retries: int = 2,
     deadline_s: float = 600.0,
 ) -> list[Path]:
-    from accelbench.data import mnist as data
+    """The archive in `out_dir`, from the first mirror whose copy has MD5 `md5`. A file of
+    the same name that does not verify is refused before the download."""
 
-    data.output_folder(out_dir)
-    data.refuse_foreign_download(
-        out_dir / ARCHIVE, lambda tmp: check_archive(tmp, md5), f"the verified {ARCHIVE}"
-    )
-    data.remove_leftovers(out_dir, [ARCHIVE])
-    path = data.download_file(
-        ARCHIVE,
-        "",
-        out_dir,
-        mirrors,
-        timeout_s=timeout_s,
-        retries=retries,
-        deadline_s=deadline_s,
-        filename=ARCHIVE,
-        check=lambda tmp: check_archive(tmp, md5),
-        variable=MIRROR_ENV,
-    )
-    return [path]
+    def check(path: Path) -> None:
+        check_archive(path, md5)
+
+    output_folder(out_dir)
+    refuse_foreign_download(out_dir / ARCHIVE, check, f"the verified {ARCHIVE}")
+    remove_leftovers(out_dir, [ARCHIVE])
+    limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
+    return [download_file(ARCHIVE, check, out_dir, mirrors, variable=MIRROR_ENV, **limits)]
 
 
 # What a CIFAR-10 batch pickle may build: NumPy arrays (their reconstructor, type and dtype;

@@ -2,13 +2,14 @@
 
 `params.data.dataset` names one; `by_name` turns the name into its `Dataset`, once, at the
 stage; every layer below takes the `Dataset`, never a name with a default. Adding a dataset
-is an entry here, its download and prepare code in this package, and its model in
-`training.models`.
+is an entry here, its module in this package (download and decode; the download and prepare
+stages' tables name its functions), and its model in `training.models`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,12 +24,16 @@ class Split:
 
 @dataclass(frozen=True)
 class Dataset:
-    """What the stages need to know of a dataset: its samples' shape and normalization."""
+    """What the stages need to know of a dataset: its samples' shape, their normalization,
+    and which prepared files identify each split."""
 
     name: str
     sample_shape: tuple[int, ...]  # one image as prepared (uint8): (28, 28) or (3, 32, 32)
     mean: float  # per channel, of pixels in [0, 1] (one value: the same for every channel)
     std: float
+    # Per split, the prepared files whose SHA-256 (from the manifest) identify it: its digest
+    # in MLflow. MNIST's are its decompressed IDX files, whose SHA-256 are the official ones.
+    digest_files: Mapping[str, tuple[str, ...]] = field(compare=False)
 
     @property
     def channels(self) -> int:
@@ -42,9 +47,26 @@ class Dataset:
 
 DATASETS = {
     # the tutorials' normalization: the training set's pixel mean and std
-    "mnist": Dataset("mnist", (28, 28), 0.1307, 0.3081),
+    "mnist": Dataset(
+        "mnist",
+        (28, 28),
+        0.1307,
+        0.3081,
+        digest_files={
+            "train": ("MNIST/raw/train-images-idx3-ubyte", "MNIST/raw/train-labels-idx1-ubyte"),
+            "test": ("MNIST/raw/t10k-images-idx3-ubyte", "MNIST/raw/t10k-labels-idx1-ubyte"),
+        },
+    ),
     # the DDP/AMP tutorial's: Normalize((0.5,)*3, (0.5,)*3)
-    "cifar10": Dataset("cifar10", (3, 32, 32), 0.5, 0.5),
+    "cifar10": Dataset(
+        "cifar10",
+        (3, 32, 32),
+        0.5,
+        0.5,
+        digest_files={
+            split: (f"{split}_images.npy", f"{split}_labels.npy") for split in ("train", "test")
+        },
+    ),
 }
 
 

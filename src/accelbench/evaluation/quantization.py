@@ -21,13 +21,13 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
+from accelbench.core.results import InferenceFigures
+
 STATIC_ENGINE = "x86"
-METHODS = ("fp32", "dynamic_int8", "static_int8")
 
 
 @contextmanager
@@ -87,20 +87,6 @@ def size_bytes(model: nn.Module) -> int:
     with _quiet_deprecation():
         torch.save(model.state_dict(), buffer)
     return buffer.getbuffer().nbytes
-
-
-@dataclass(frozen=True)
-class InferenceFigures:
-    """One model (fp32 or quantized) on the CPU: accuracy, speed and size."""
-
-    method: str  # fp32 | dynamic_int8 | static_int8
-    test_accuracy: float
-    latency_ms: float  # batch 1: median over the repetitions
-    samples_per_s: float  # over the test set at the eval batch size
-    size_bytes: int
-
-    def to_json(self) -> dict[str, float | int | str]:
-        return asdict(self)
 
 
 @torch.no_grad()

@@ -6,14 +6,15 @@ Pure: typed results in, figures and text out (`spread` draws the intervals).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from accelbench.core import spread
 from accelbench.core.params import VariantParams
-from accelbench.core.progress import fmt_seconds
+from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
 from accelbench.core.results import (
+    EnvFacts,
+    EpochRecord,
     EvalResult,
     EvalSummary,
     QuantizedResult,
@@ -31,7 +32,7 @@ class Row:
     variant: VariantParams
     train: TrainResult
     eval: EvalResult | None = None
-    epochs: list[dict[str, float]] = field(default_factory=list)
+    epochs: list[EpochRecord] = field(default_factory=list)
     quantized: QuantizedResult | None = None
 
     @property
@@ -53,19 +54,19 @@ class Row:
         if self.train.steady_epochs_s is not None:
             return list(self.train.steady_epochs_s)
         if self.epochs:
-            return [e["train_time_s"] for e in self.epochs[1:]]
+            return [e.train_time_s for e in self.epochs[1:]]
         steady = self.train.steady_epoch_s  # a file with the median alone: one sample
         return [steady] if steady else []
 
 
-def time_to_target(epochs: list[dict[str, float]], target: float) -> tuple[float, int] | None:
+def time_to_target(epochs: list[EpochRecord], target: float) -> tuple[float, int] | None:
     """Training seconds until the first epoch whose test accuracy reached `target`, and that
     epoch; None if none did."""
     elapsed = 0.0
     for epoch in epochs:
-        elapsed += epoch["train_time_s"]
-        if epoch["test_accuracy"] >= target:
-            return elapsed, int(epoch["epoch"])
+        elapsed += epoch.train_time_s
+        if epoch.test_accuracy >= target:
+            return elapsed, epoch.epoch
     return None
 
 
@@ -81,16 +82,21 @@ class VariantFigures:
     to_target: Figure | None  # training time to the target accuracy, first epoch included
     target_epoch: int | None
 
-    def metrics(self, baseline: str | None) -> dict[str, float | None]:
-        """Flat figures with `_lo`/`_hi` ends: comparison.json, DVC's metrics, MLflow."""
-        out = {
-            **self.steady_epoch.fields("steady_epoch_s"),
-            **self.samples_per_s.fields("steady_samples_per_s"),
-        }
+    def compared(self, baseline: str | None) -> dict[str, float | None]:
+        """The figures a user compares across variants (DVC's metrics): the steady epoch and
+        every speedup with their `_lo`/`_hi` ends, the time to target without."""
+        out = self.steady_epoch.fields("steady_epoch_s")
         if self.speedup is not None:
             out |= self.speedup.fields(f"speedup_vs_{baseline}")
         if self.over_fp32 is not None:
             out |= self.over_fp32.fields("speedup_vs_fp32")
+        if self.to_target is not None:
+            out["time_to_target_s"] = self.to_target.value
+        return out
+
+    def metrics(self, baseline: str | None) -> dict[str, float | None]:
+        """Every figure with its `_lo`/`_hi` ends: comparison.json, MLflow."""
+        out = self.compared(baseline) | self.samples_per_s.fields("steady_samples_per_s")
         if self.to_target is not None:
             out |= self.to_target.fields("time_to_target_s")
         return out
@@ -130,7 +136,7 @@ def variant_figures(
         reached = time_to_target(row.epochs, target)
         to_target = None
         if reached:
-            epochs = [e["train_time_s"] for e in row.epochs[: reached[1]]]
+            epochs = [e.train_time_s for e in row.epochs[: reached[1]]]
             to_target = spread.total_after(epochs[0], epochs[1:])
         out[row.name] = VariantFigures(
             steady_epoch=steady,
@@ -146,25 +152,23 @@ def variant_figures(
     return out
 
 
-def times(value: float) -> str:
-    """A speedup: 148×, 12.3×, 1.87×."""
-    return f"{value:,.0f}×" if value >= 100 else f"{value:.1f}×" if value >= 10 else f"{value:.2f}×"
+def _fmt_figure(figure: Figure | None, fmt: Callable[[float], str]) -> str:
+    if figure is None:
+        return "n/a"
+    return fmt_interval(figure.value, figure.lo, figure.hi, fmt)
 
 
 def fmt_speedup(figure: Figure | None) -> str:
-    if figure is None:
-        return "n/a"
-    if not figure.has_interval:
-        return times(figure.value)
-    lo, hi = times(figure.lo).rstrip("×"), times(figure.hi)
-    return f"{times(figure.value)} ({lo}–{hi})"
+    """A speedup with its interval: 12.3× (11.0–13.5×); "n/a" for None."""
+    return _fmt_figure(figure, fmt_ratio)
 
 
 def fmt_time(figure: Figure | None) -> str:
-    return spread.fmt_times(figure, fmt_seconds)
+    """A duration with its interval: 0.129 s (0.127–0.131 s); "n/a" for None."""
+    return _fmt_figure(figure, fmt_seconds)
 
 
-def _precision(variant: VariantParams) -> str:
+def _precision_threads(variant: VariantParams) -> str:
     if variant.device == "cpu":
         return f"{variant.precision}, {variant.threads} threads" if variant.threads else "fp32"
     return variant.precision
@@ -173,17 +177,17 @@ def _precision(variant: VariantParams) -> str:
 def headline(
     rows: list[Row],
     figures: Mapping[str, VariantFigures],
-    env: Mapping[str, Mapping[str, Any]],
+    env: EnvFacts,
     baseline: str | None,
     target: float,
 ) -> list[str]:
     """Two to four sentences: who is fastest and by how much, what mixed precision alone
     buys, who reaches the target first, and what was skipped."""
-    cpu, gpu = env["cpu"], env["cuda"]
-    machine = f"{cpu['cpu_model']} ({cpu['torch_default_threads']} threads)"
-    if gpu.get("cuda_available"):
-        machine = f"{gpu['gpu_names'][0]} and {machine}"
-    stack = f"torch {cpu['torch']}"
+    cpu, gpu = env.cpu, env.cuda.gpu
+    machine = f"{cpu.cpu_model} ({cpu.torch_default_threads} threads)"
+    if gpu is not None:
+        machine = f"{gpu.gpu_names[0]} and {machine}"
+    stack = f"torch {cpu.software.torch}"
     skipped = [r.name for r in rows if not r.trained]
     if not figures:
         return [f"On {machine}, {stack}: no variant trained for two epochs or more, so there "
@@ -193,7 +197,7 @@ def headline(
     best = figures[fastest]
     sentence = (
         f"On {machine}, {stack}: **{fastest}** ({by_name[fastest].variant.device}, "
-        f"{_precision(by_name[fastest].variant)}) "
+        f"{_precision_threads(by_name[fastest].variant)}) "
         + ("trains fastest, " if len(figures) > 1 else "is the only variant trained here, ")
         + f"{fmt_time(best.steady_epoch)} a steady epoch"
     )

@@ -3,17 +3,18 @@ price per machine hour (tutorial B's cost analysis, for the user's own prices).
 
 Energy is measured where the machine lets us: the GPU boards' counters (NVML) and the CPU
 packages' (RAPL), read around every epoch's timed training. Where neither was read, it is
-the stated system wattage times the training time. Pure: epoch rows and prices in, figures
-out.
+the stated system wattage times the training time. Pure: epoch records and prices in,
+figures out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accelbench.core.params import CostParams
+from accelbench.core.results import EpochRecord
 
 J_PER_KWH = 3.6e6
 
@@ -33,22 +34,22 @@ class RunCost:
         return self.energy_usd + self.time_usd
 
 
-def _measured(epochs: Sequence[Mapping[str, float]], key: str) -> float | None:
-    """The sum of a per-epoch counter over `epochs`; None unless every epoch has a reading."""
-    values = [e.get(key, math.nan) for e in epochs]
-    if not values or any(v is None or math.isnan(v) for v in values):
+def _measured(readings: Sequence[float | None]) -> float | None:
+    """The sum of a counter's per-epoch readings; None (not measured) unless every epoch has
+    one."""
+    if not readings or any(r is None or math.isnan(r) for r in readings):
         return None
-    return float(sum(values))
+    return float(sum(readings))
 
 
 def run_cost(
-    epochs: Sequence[Mapping[str, float]], device: str, processes: int, prices: CostParams
+    epochs: Sequence[EpochRecord], device: str, processes: int, prices: CostParams
 ) -> RunCost:
-    """The cost of `epochs` (epochs.csv rows) of a variant on `device` with `processes`
+    """The cost of `epochs` (epochs.csv's records) of a variant on `device` with `processes`
     processes (GPUs, for a DDP variant: each GPU's system wattage and hour are counted)."""
-    train_s = float(sum(e["train_time_s"] for e in epochs))
-    gpu_j = _measured(epochs, "gpu_energy_j") if device == "cuda" else None
-    cpu_j = _measured(epochs, "cpu_energy_j")
+    train_s = float(sum(e.train_time_s for e in epochs))
+    gpu_j = _measured([e.gpu_energy_j for e in epochs]) if device == "cuda" else None
+    cpu_j = _measured([e.cpu_energy_j for e in epochs])
     parts = []
     if gpu_j is not None:
         parts.append("GPU boards (NVML)" if processes > 1 else "GPU board (NVML)")

@@ -20,12 +20,20 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from accelbench.core.results import ClassScores, Kind, StagedOutputs, staged, text_kind, write_text
+from accelbench.core.results import (
+    ClassScores,
+    EpochRecord,
+    Kind,
+    StagedOutputs,
+    staged,
+    text_kind,
+    write_text,
+)
 
 PLOTS_DIR = "plots"  # reports/plots/: dvc.yaml's top-level plots read these files
 EPOCHS_CSV = "epochs.csv"  # variant, epoch, then EPOCH_FIELDS
 PER_CLASS_CSV = "per_class.csv"  # variant, digit, then CLASS_FIELDS
-EPOCH_FIELDS = ("train_time_s", "test_accuracy", "train_loss")
+EPOCH_FIELDS = ("train_time_s", "test_accuracy", "train_loss")  # EpochRecord's, as named there
 CLASS_FIELDS = ("precision", "recall", "f1")
 
 # DVC's plot templates are Vega-Lite 5 specs ("$schema": ".../vega-lite/v5.json").
@@ -34,11 +42,11 @@ VEGA_LITE_MAJOR = "5"
 
 def write_plot_data(
     out_dir: Path,
-    epochs: Mapping[str, Sequence[Mapping[str, float]]],
+    epochs: Mapping[str, Sequence[EpochRecord]],
     per_class: Mapping[str, Mapping[str, ClassScores]] | None = None,
     outputs: StagedOutputs | None = None,
 ) -> list[Path]:
-    """Write `out_dir/epochs.csv` (from each variant's epoch rows, as read from its
+    """Write `out_dir/epochs.csv` (from each variant's epoch records, as read from its
     epochs.csv) and `out_dir/per_class.csv` (from each variant's scores keyed by digit), in the
     variants' order; returns the two paths. A variant with no rows (skipped) adds none.
     Written through `outputs` (by default, its own `staged()`): all new or all old."""
@@ -51,9 +59,9 @@ def write_plot_data(
         outputs(epochs_csv, _kind(epochs_header)),
         epochs_header,
         (
-            [name, int(row["epoch"]), *(_number(row.get(key)) for key in EPOCH_FIELDS)]
-            for name, rows in epochs.items()
-            for row in rows
+            [name, record.epoch, *(_number(getattr(record, key)) for key in EPOCH_FIELDS)]
+            for name, records in epochs.items()
+            for record in records
         ),
     )
     per_class_header = ["variant", "digit", *CLASS_FIELDS]

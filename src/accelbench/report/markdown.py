@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ from accelbench.core.params import CostParams, VariantParams
 from accelbench.core.progress import fmt_seconds
 from accelbench.core.results import (
     FIGURE,
+    QUANT_METHODS,
+    EnvFacts,
     EvalSummary,
     Kind,
     QuantizedSummary,
@@ -44,13 +46,22 @@ from accelbench.report.answer import (
 from accelbench.report.costs import RunCost, run_cost
 from accelbench.report.pipeline_time import PipelineTime
 
+
+@dataclass(frozen=True)
+class TutorialFigure:
+    source: str
+    hardware: str
+    epoch_s: float
+    accuracy: float
+
+
 # Published figures of the tutorials this project grew from (seed CNN, batch 512).
-TUTORIAL_FIGURES = [
-    {"source": "tutorial A", "hardware": "CPU (unnamed)", "epoch_s": 82.3, "accuracy": 0.9785},
-    {"source": "tutorial A", "hardware": "GTX 1080 Ti", "epoch_s": 3.9, "accuracy": 0.980},
-    {"source": "tutorial B", "hardware": "i7-12700K", "epoch_s": 58.7, "accuracy": 0.982},
-    {"source": "tutorial B", "hardware": "RTX 4090", "epoch_s": 5.2, "accuracy": 0.984},
-]
+TUTORIAL_FIGURES = (
+    TutorialFigure("tutorial A", "CPU (unnamed)", epoch_s=82.3, accuracy=0.9785),
+    TutorialFigure("tutorial A", "GTX 1080 Ti", epoch_s=3.9, accuracy=0.980),
+    TutorialFigure("tutorial B", "i7-12700K", epoch_s=58.7, accuracy=0.982),
+    TutorialFigure("tutorial B", "RTX 4090", epoch_s=5.2, accuracy=0.984),
+)
 
 
 DATASET_TITLES = {
@@ -102,7 +113,7 @@ PIPELINE_TIME_JSON = json_kind(
 
 def write_variant_metrics(
     folder: Path,
-    headline: Mapping[str, Mapping[str, Any]],
+    metrics: Mapping[str, Mapping[str, Any]],
     outputs: StagedOutputs | None = None,
 ) -> None:
     """One small file per variant with the figures a user compares, numbers only, the same
@@ -112,22 +123,67 @@ def write_variant_metrics(
     (by default, its own `staged()`): all new or all old."""
     if outputs is None:
         with staged() as outputs:
-            return write_variant_metrics(folder, headline, outputs)
+            return write_variant_metrics(folder, metrics, outputs)
     for stale in sorted(folder.glob("*.json")):  # a variant since removed from params.yaml
-        if stale.stem not in headline and stale.is_file() and _variant_metrics_file(stale):
+        if stale.stem not in metrics and stale.is_file() and _variant_metrics_file(stale):
             outputs.remove(stale, VARIANT_METRICS)  # one of ours; any other file stays
-    for name, values in headline.items():
+    for name, values in metrics.items():
         numbers = {k: v for k, v in values.items() if isinstance(v, int | float)}
         outputs(folder / f"{name}.json", VARIANT_METRICS).write_text(
             json.dumps(numbers, indent=2, sort_keys=True) + "\n"
         )
 
 
+@dataclass(frozen=True)
+class CostFigures:
+    """A trained variant's cost at `cost:`'s prices (comparison.json, MLflow)."""
+
+    cost_usd: float  # the whole run's training
+    energy_j: float
+    cost_to_target_usd: float | None  # up to the epoch that reached the target; None: none did
+
+
+@dataclass(frozen=True)
+class ComparisonEntry:
+    """One variant in comparison.json: its status and, as far as it got, its figures (with
+    their 95% intervals where the figures have them)."""
+
+    status: str  # trained | skipped
+    speedup_baseline: str | None  # names the speedup figure
+    figures: VariantFigures | None = None  # trained, with a steady epoch
+    first_epoch_s: float | None = None  # trained
+    repeats: int | None = None  # trained
+    test_accuracy: float | None = None  # evaluated
+    cost: CostFigures | None = None  # trained, with prices
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status}
+        if self.figures is not None:
+            out |= self.figures.metrics(self.speedup_baseline)
+            out["steady_epoch_samples"] = self.figures.steady_epoch.samples
+        if self.first_epoch_s is not None:
+            out["first_epoch_s"] = self.first_epoch_s
+        if self.repeats is not None:
+            out["repeats"] = self.repeats
+        if self.test_accuracy is not None:
+            out["test_accuracy"] = self.test_accuracy
+        if self.cost is not None:
+            out |= asdict(self.cost)
+        return out
+
+    def dvc_metrics(self) -> dict[str, float]:
+        """DVC's metrics (`dvc metrics show`): the figures a user compares across variants,
+        numbers only (a skipped variant's: none)."""
+        out = self.figures.compared(self.speedup_baseline) if self.figures is not None else {}
+        out["test_accuracy"] = self.test_accuracy
+        return {k: v for k, v in out.items() if v is not None}
+
+
 @dataclass
 class ReportResult:
     files: list[Path]
-    headline: dict[str, Any]  # the pipeline run's metrics: `<variant>.<figure>`
-    variants: dict[str, dict[str, Any]]  # each variant's figures (comparison.json's)
+    pipeline_metrics: dict[str, float]  # the pipeline run's: `<variant>.<figure>`
+    comparison: dict[str, ComparisonEntry]  # comparison.json, by variant
 
 
 def _speedups(figures: Mapping[str, VariantFigures]) -> dict[str, float | None]:
@@ -149,7 +205,7 @@ def _cell(value: Any, kind: str) -> str:
     }[kind]
 
 
-def _precision(variant: VariantParams) -> str:
+def _precision_mode(variant: VariantParams) -> str:
     if variant.precision == "fp32" and variant.device == "cuda":
         return "fp32 (TF32 matmul)" if variant.tf32 else "fp32 (strict)"
     return variant.precision
@@ -199,7 +255,7 @@ def _answer_table(
             + " | ".join(
                 [
                     f"**{row.name}**",
-                    f"{t.device_name}, {_precision(row.variant)}",
+                    f"{t.device_name}, {_precision_mode(row.variant)}",
                     fmt_time(f.steady_epoch),
                     "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup),
                     to_target,
@@ -265,7 +321,7 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
                 row.name,
                 "trained",
                 t.device_name,
-                _precision(row.variant),
+                _precision_mode(row.variant),
                 row.variant.batches,
                 str(t.epochs),
                 _cell(t.first_epoch_s, "s")
@@ -330,7 +386,7 @@ def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
     ]
 
 
-QUANT_LABELS = {
+QUANT_LABELS = {  # each of QUANT_METHODS, as the table names it
     "fp32": "fp32",
     "dynamic_int8": "dynamic int8 (Linear layers)",
     "static_int8": "static int8 (x86 backend)",
@@ -352,7 +408,8 @@ def _quantized_lines(rows: list[Row]) -> list[str]:
     for row in measured:
         q = row.quantized
         base = q.methods["fp32"]
-        for method, label in QUANT_LABELS.items():
+        for method in QUANT_METHODS:
+            label = QUANT_LABELS[method]
             if method in q.unsupported:
                 lines.append(f"| {row.name} | {label} | not supported: {q.unsupported[method]} |")
                 continue
@@ -360,11 +417,11 @@ def _quantized_lines(rows: list[Row]) -> list[str]:
                 continue
             m = q.methods[method]
             lines.append(
-                f"| {row.name} | {label} | {m['test_accuracy']:.2%} | "
-                f"{100 * (m['test_accuracy'] - base['test_accuracy']):+.2f} pt | "
-                f"{m['latency_ms']:.3f} ms | {base['latency_ms'] / m['latency_ms']:.2f}× | "
-                f"{m['samples_per_s']:,.0f} | {m['samples_per_s'] / base['samples_per_s']:.2f}× | "
-                f"{m['size_bytes'] / 1024:,.0f} KiB | {m['size_bytes'] / base['size_bytes']:.2f}× |"
+                f"| {row.name} | {label} | {m.test_accuracy:.2%} | "
+                f"{100 * (m.test_accuracy - base.test_accuracy):+.2f} pt | "
+                f"{m.latency_ms:.3f} ms | {base.latency_ms / m.latency_ms:.2f}× | "
+                f"{m.samples_per_s:,.0f} | {m.samples_per_s / base.samples_per_s:.2f}× | "
+                f"{m.size_bytes / 1024:,.0f} KiB | {m.size_bytes / base.size_bytes:.2f}× |"
             )
     q = measured[0].quantized
     return [
@@ -431,20 +488,16 @@ def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
     ]
 
 
-def _cost_headline(rows: list[Row], spec: ReportSpec) -> dict[str, dict[str, float | None]]:
-    """Per trained variant: the run's cost and the cost to the target (comparison.json, MLflow)."""
-    if spec.cost is None:
-        return {}
-    out = {}
-    for row in rows:
-        if row.trained and row.epochs:
-            whole, upto = _costs(row, spec.cost, spec.target_accuracy)
-            out[row.name] = {
-                "cost_usd": whole.total_usd,
-                "energy_j": whole.energy_j,
-                "cost_to_target_usd": upto.total_usd if upto else None,
-            }
-    return out
+def _cost_figures(row: Row, spec: ReportSpec) -> CostFigures | None:
+    """A trained variant's run cost and cost to the target (None: no prices, or no epochs)."""
+    if spec.cost is None or not (row.trained and row.epochs):
+        return None
+    whole, upto = _costs(row, spec.cost, spec.target_accuracy)
+    return CostFigures(
+        cost_usd=whole.total_usd,
+        energy_j=whole.energy_j,
+        cost_to_target_usd=upto.total_usd if upto else None,
+    )
 
 
 def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]:
@@ -458,11 +511,9 @@ def _curves_figure(path: Path, rows: list[Row], target: float) -> None:
     for row in rows:
         if not row.trained or not row.epochs:
             continue
-        epochs = [e["epoch"] for e in row.epochs]
-        loss_ax.plot(epochs, [e["train_loss"] for e in row.epochs], marker="o", label=row.name)
-        acc_ax.plot(
-            epochs, [100 * e["test_accuracy"] for e in row.epochs], marker="o", label=row.name
-        )
+        epochs = [e.epoch for e in row.epochs]
+        loss_ax.plot(epochs, [e.train_loss for e in row.epochs], marker="o", label=row.name)
+        acc_ax.plot(epochs, [100 * e.test_accuracy for e in row.epochs], marker="o", label=row.name)
     acc_ax.axhline(
         100 * target, color="grey", linestyle="--", linewidth=1, label=f"{target:.0%} target"
     )
@@ -504,10 +555,10 @@ def _epoch_times_figure(
                 fontsize=8,
             )
         for ref in TUTORIAL_FIGURES[1::2] if references else ():
-            ax.axhline(ref["epoch_s"], linestyle=":", color="#d62728", linewidth=1)
+            ax.axhline(ref.epoch_s, linestyle=":", color="#d62728", linewidth=1)
             ax.annotate(
-                f"tutorial: {ref['hardware']} {ref['epoch_s']} s",
-                (len(trained) - 0.5, ref["epoch_s"]),
+                f"tutorial: {ref.hardware} {ref.epoch_s} s",
+                (len(trained) - 0.5, ref.epoch_s),
                 ha="right",
                 va="bottom",
                 fontsize=7,
@@ -581,28 +632,30 @@ def _summary_figure(
     plt.close(fig)
 
 
-def _env_lines(env: dict[str, dict[str, Any]]) -> list[str]:
-    cpu, gpu = env["cpu"], env["cuda"]
+def _env_lines(env: EnvFacts) -> list[str]:
+    cpu, cuda, gpu = env.cpu, env.cuda, env.cuda.gpu
+    software = cpu.software
     lines = [
-        f"- CPU: {cpu['cpu_model']}, {cpu['logical_cpus']} logical CPUs "
-        f"(torch uses {cpu['torch_default_threads']} threads by default)",
-        f"- Software: Python {cpu['python']}, torch {cpu['torch']}, torchvision {cpu['torchvision']}",
+        f"- CPU: {cpu.cpu_model}, {cpu.logical_cpus} logical CPUs "
+        f"(torch uses {cpu.torch_default_threads} threads by default)",
+        f"- Software: Python {software.python}, torch {software.torch}, "
+        f"torchvision {software.torchvision}",
     ]
-    if gpu.get("cuda_available"):
+    if gpu is not None:
         lines.append(
-            f"- GPU: {gpu['gpu_count']} × {gpu['gpu_names'][0]} ({gpu['gpu_memory_gib']} GiB, "
-            f"compute capability {gpu['compute_capability']}), NVIDIA driver {gpu['nvidia_driver']}, "
-            f"CUDA runtime {gpu['torch_cuda_runtime']}, cuDNN {gpu['cudnn']}"
+            f"- GPU: {gpu.gpu_count} × {gpu.gpu_names[0]} ({gpu.gpu_memory_gib} GiB, "
+            f"compute capability {gpu.compute_capability}), NVIDIA driver {cuda.nvidia_driver}, "
+            f"CUDA runtime {cuda.torch_cuda_runtime}, cuDNN {gpu.cudnn}"
         )
     else:
-        lines.append(f"- GPU: none usable ({gpu.get('reason')})")
+        lines.append(f"- GPU: none usable ({cuda.reason})")
     return lines
 
 
 def write_report(
     out_dir: Path,
     rows: list[Row],
-    env: dict[str, dict[str, Any]],
+    env: EnvFacts,
     spec: ReportSpec,
     pipeline: PipelineTime | None = None,
     outputs: StagedOutputs | None = None,
@@ -618,7 +671,7 @@ def write_report(
     summary = out_dir / "summary.png"
     _curves_figure(outputs(curves, FIGURE), rows, spec.target_accuracy)
     _epoch_times_figure(outputs(times, FIGURE), rows, speedups, references=spec.dataset == "mnist")
-    gpu = env["cuda"]["gpu_names"][0] if env["cuda"].get("cuda_available") else ""
+    gpu = env.cuda.gpu.gpu_names[0] if env.cuda.gpu is not None else ""
     _summary_figure(outputs(summary, FIGURE), rows, figures, spec.speedup_baseline, gpu)
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
     md = [
@@ -666,7 +719,7 @@ def write_report(
             "| source | hardware | epoch | test accuracy |",
             "|---|---|---|---|",
             *[
-                f"| {f['source']} | {f['hardware']} | {f['epoch_s']} s | {f['accuracy']:.2%} |"
+                f"| {f.source} | {f.hardware} | {f.epoch_s} s | {f.accuracy:.2%} |"
                 for f in TUTORIAL_FIGURES
             ],
             "",
@@ -675,18 +728,13 @@ def write_report(
         else []
     )
     outputs(out_dir / "comparison.md", COMPARISON_MD).write_text("\n".join(md))
-    variants = _variant_headline(rows, figures, spec)
-    # DVC's metrics: the figures a user compares, with their intervals; cost is in the rest.
+    comparison = {row.name: _comparison_entry(row, figures.get(row.name), spec) for row in rows}
     write_variant_metrics(
-        out_dir / METRICS_DIR,
-        {n: {k: v for k, v in f.items() if k in DVC_METRICS or _is_speedup(k)}
-         for n, f in variants.items()},
-        outputs,
-    )  # fmt: skip
-    for name, figures_ in _cost_headline(rows, spec).items():
-        variants[name].update(figures_)
+        out_dir / METRICS_DIR, {n: e.dvc_metrics() for n, e in comparison.items()}, outputs
+    )
+    entries = {name: entry.to_json() for name, entry in comparison.items()}
     outputs(out_dir / "comparison.json", COMPARISON_JSON).write_text(
-        json.dumps(variants, indent=2, sort_keys=True) + "\n"
+        json.dumps(entries, indent=2, sort_keys=True) + "\n"
     )
     files = [out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"]
     if pipeline is not None:
@@ -694,44 +742,26 @@ def write_report(
         outputs(files[-1], PIPELINE_TIME_JSON).write_text(
             json.dumps(pipeline.to_json(), indent=2) + "\n"
         )
-    flat = {
+    pipeline_metrics = {
         f"{name}.{key}": value
-        for name, values in variants.items()
+        for name, values in entries.items()
         for key, value in values.items()
         if isinstance(value, int | float)
     }
-    return ReportResult(files=files, headline=flat, variants=variants)
+    return ReportResult(files, pipeline_metrics, comparison)
 
 
-# The per-variant figures in DVC's metrics (`dvc metrics show`), besides every speedup's
-DVC_METRICS = (
-    "steady_epoch_s",
-    "steady_epoch_s_lo",
-    "steady_epoch_s_hi",
-    "time_to_target_s",
-    "test_accuracy",
-)
-
-
-def _is_speedup(key: str) -> bool:
-    return key.startswith("speedup_vs_")
-
-
-def _variant_headline(
-    rows: list[Row], figures: Mapping[str, VariantFigures], spec: ReportSpec
-) -> dict[str, dict[str, Any]]:
-    """Per variant: its status and figures with their intervals (None where there is none)."""
-    out: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        f = figures.get(row.name)
-        values: dict[str, Any] = {"status": row.train.status}
-        if f is not None:
-            values |= f.metrics(spec.speedup_baseline)
-            values["steady_epoch_samples"] = f.steady_epoch.samples
-        if row.trained:
-            values["first_epoch_s"] = row.train.first_epoch_s
-            values["repeats"] = row.train.repeats
-        if isinstance(row.eval, EvalSummary):
-            values["test_accuracy"] = row.eval.test_accuracy
-        out[row.name] = values
-    return out
+def _comparison_entry(
+    row: Row, figures: VariantFigures | None, spec: ReportSpec
+) -> ComparisonEntry:
+    """A variant's status and figures with their intervals, as far as it got."""
+    trained = row.train if isinstance(row.train, TrainSummary) else None
+    return ComparisonEntry(
+        status=row.train.status,
+        speedup_baseline=spec.speedup_baseline,
+        figures=figures,
+        first_epoch_s=trained.first_epoch_s if trained else None,
+        repeats=trained.repeats if trained else None,
+        test_accuracy=row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
+        cost=_cost_figures(row, spec),
+    )

@@ -9,6 +9,27 @@ from typing import Any
 
 from accelbench.core.phases import PHASES, StageTiming
 
+# What each phase covers: the report's legend, in `PHASES`' order.
+PHASE_LEGEND = {
+    "startup": "Python start and the CLI's own imports, before the stage's code",
+    "imports": "importing the stage's modules (torch, MLflow, ...)",
+    "params": "reading and validating params.yaml",
+    "mlflow": "MLflow: store set-up, starting, logging to and ending runs",
+    "device": "finding the GPUs (NVML, then torch), CUDA start, backend set-up",
+    "data": "reading the prepared arrays and moving them to the device",
+    "model": "building the model, counting its FLOPs",
+    "training": "the timed epochs (compilation, autotuning and graph capture in the first)",
+    "step_setup": "building the step before the first epoch: torch.compile's import and "
+    "wrapper, the optimizer, DDP",
+    "fit_setup": "in training, outside the timed epochs and every other phase (per-epoch "
+    "bookkeeping, the rest)",
+    "evaluation": "evaluating on the test set (after every epoch, untimed; the evaluate stage)",
+    "checkpoint": "saving the per-epoch training state",
+    "outputs": "writing the stage's files and figures",
+    "model_logging": "logging the model to MLflow",
+    "launch": "waiting for torchrun's processes (a distributed stage)",
+}
+
 # dvc.yaml's order; a stage of another name (a variant) sorts by its prefix.
 ORDER = ("env", "download", "prepare", "train", "evaluate", "quantize", "compare")
 
@@ -126,5 +147,6 @@ def markdown(pipeline: PipelineTime) -> list[str]:
         + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in ranked if seconds >= 0.05)
         + "."
     )
-    lines += ["", "Phases: " + "; ".join(f"*{k}*: {v}" for k, v in PHASES.items()) + ".", ""]
+    legend = "; ".join(f"*{name}*: {PHASE_LEGEND[name]}" for name in PHASES)
+    lines += ["", f"Phases: {legend}.", ""]
     return lines

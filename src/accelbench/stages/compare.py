@@ -4,7 +4,6 @@ pipeline's MLflow run."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from accelbench.core.results import (
     QuantizedSummary,
     RunRecord,
     env_json,
-    read_epochs_csv,
+    read_env,
+    read_epoch_records,
     read_eval,
     read_quantized,
     read_run_record,
@@ -61,23 +61,18 @@ def select(params: Params) -> CompareInputs:
 
 def run(
     root: Path, inputs: CompareInputs, env_dir: Path, metrics_dir: Path, out_dir: Path
-) -> dict[str, Any]:
+) -> dict[str, float]:
+    """The report in `out_dir`, logged to MLflow; returns the pipeline run's metrics."""
     refuse_foreign_folder(out_dir)
-    env = {d: _env_facts(env_json(env_dir, d)) for d in ENV_DEVICES}
+    _require_inputs(inputs, env_dir, metrics_dir)  # every one, before any is read
+    env = read_env(env_dir)
     rows, tracked = [], []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
-        quantized = name in inputs.quantized
-        needed = [files.train_json, files.eval_json, files.epochs_csv, files.run_json]
-        for path in needed + ([files.quantized_json] if quantized else []):
-            if not path.is_file():
-                raise InputError(
-                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}`, "
-                    "`accelbench evaluate` and `accelbench quantize`) before compare"
-                )
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
-        row = Row(name, variant, train, evaluated, read_epochs_csv(files.epochs_csv))
-        row.quantized = read_quantized(files.quantized_json) if quantized else None
+        row = Row(name, variant, train, evaluated, read_epoch_records(files.epochs_csv))
+        if name in inputs.quantized:
+            row.quantized = read_quantized(files.quantized_json)
         rows.append(row)
         tracked.append((read_run_record(files.run_json), row, files))
     with phases.phase("outputs"), staged() as outputs:  # all new or all old, never in place
@@ -89,18 +84,34 @@ def run(
             {row.name: row.eval.per_class for row in rows if isinstance(row.eval, EvalSummary)},
             outputs,
         )
-    _track_variants(root, tracked, result.variants)
-    run_id = tracking.finish_pipeline(root, result.files, result.headline)
+    _track_variants(root, tracked, result.comparison)
+    run_id = tracking.finish_pipeline(root, result.files, result.pipeline_metrics)
     if run_id:
         log(f"compare: report logged to MLflow pipeline run {run_id}")
     log(f"compare: wrote {out_dir / 'comparison.md'}")
-    return result.headline
+    return result.pipeline_metrics
+
+
+def _require_inputs(inputs: CompareInputs, env_dir: Path, metrics_dir: Path) -> None:
+    """An InputError naming the first input that is missing and the stage that writes it."""
+    for device in ENV_DEVICES:
+        if not (path := env_json(env_dir, device)).is_file():
+            raise InputError(f"{path}: missing; run `accelbench env --out {env_dir}`")
+    for name in inputs.variants:
+        files = MetricsFiles(metrics_dir / name)
+        needed = [files.train_json, files.eval_json, files.epochs_csv, files.run_json]
+        for path in needed + ([files.quantized_json] if name in inputs.quantized else []):
+            if not path.is_file():
+                raise InputError(
+                    f"{path}: missing; run `dvc repro` (or `accelbench train {name}`, "
+                    "`accelbench evaluate` and `accelbench quantize`) before compare"
+                )
 
 
 def _track_variants(
     root: Path,
     tracked: list[tuple[RunRecord, Row, MetricsFiles]],
-    figures: Mapping[str, Mapping[str, Any]],
+    comparison: Mapping[str, markdown.ComparisonEntry],
 ) -> None:
     """Each variant's evaluation and figures in the run that trained it (logged without
     re-opening it, so its duration stays its training's), and each skipped variant as a run
@@ -114,7 +125,7 @@ def _track_variants(
                 artifacts.append(files.quantized_json)
                 more = row.quantized.metrics()
             tracking.log_evaluation(root, record.mlflow_run_id, row.eval, artifacts, more)
-            by_run[record.mlflow_run_id] = figures.get(record.variant, {})
+            by_run[record.mlflow_run_id] = comparison[row.name].to_json()
         elif record.status == "skipped":
             tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
@@ -122,16 +133,10 @@ def _track_variants(
     tracking.log_variant_figures(root, by_run)
 
 
-def _env_facts(path: Path) -> dict[str, Any]:
-    try:
-        facts = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: missing; run `accelbench env --out {path.parent}`") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc}); run `accelbench env` again") from None
-    if not isinstance(facts, dict):
-        raise InputError(f"{path}: not an env facts file; run `accelbench env` again")
-    return facts
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", type=Path, required=True, help="the env stage's folder")
+    parser.add_argument("--metrics", type=Path, required=True, help="the variants' metrics")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the report")
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

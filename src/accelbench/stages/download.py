@@ -1,39 +1,65 @@
-"""download: fetch and verify the dataset's files (MNIST's four, or CIFAR-10's archive),
+"""download: fetch and verify the dataset's raw files (MNIST's four, or CIFAR-10's archive),
 mirror by mirror."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from accelbench.core.console import log
 from accelbench.core.params import DataParams, Params
-from accelbench.data import mnist as data
+from accelbench.data import cifar10, mnist
+from accelbench.data.datasets import by_name
+from accelbench.data.download import mirrors_with_override
 
 
 def select(params: Params) -> DataParams:
     return params.data
 
 
-def run(inputs: DataParams, out_dir: Path) -> list[Path]:
-    limits = {
-        "timeout_s": inputs.timeout_s,
-        "retries": inputs.retries,
-        "deadline_s": inputs.deadline_s,
-    }
-    if inputs.dataset == "cifar10":
-        from accelbench.data import cifar10
+def _mnist(inputs: DataParams, out_dir: Path) -> list[Path]:
+    mirrors = mirrors_with_override(inputs.mirrors, mnist.MIRROR_ENV)
+    log(f"download: mirrors in order: {', '.join(mirrors)}")
+    return mnist.download(
+        out_dir,
+        mirrors,
+        timeout_s=inputs.timeout_s,
+        retries=inputs.retries,
+        deadline_s=inputs.deadline_s,
+    )
 
-        mirrors = data.mirrors_with_override(inputs.cifar10_mirrors, variable=cifar10.MIRROR_ENV)
-        log(f"download: CIFAR-10 mirrors in order: {', '.join(mirrors)}")
-        paths = cifar10.download(out_dir, mirrors, inputs.cifar10_md5, **limits)
-    else:
-        mirrors = data.mirrors_with_override(inputs.mirrors)
-        log(f"download: mirrors in order: {', '.join(mirrors)}")
-        paths = data.download_mnist(out_dir, mirrors, **limits)
+
+def _cifar10(inputs: DataParams, out_dir: Path) -> list[Path]:
+    mirrors = mirrors_with_override(inputs.cifar10_mirrors, cifar10.MIRROR_ENV)
+    log(f"download: CIFAR-10 mirrors in order: {', '.join(mirrors)}")
+    return cifar10.download(
+        out_dir,
+        mirrors,
+        inputs.cifar10_md5,
+        timeout_s=inputs.timeout_s,
+        retries=inputs.retries,
+        deadline_s=inputs.deadline_s,
+    )
+
+
+# Each dataset's download (datasets.DATASETS names them): its mirrors and checksum from
+# params.data, its module's code.
+DOWNLOADS: dict[str, Callable[[DataParams, Path], list[Path]]] = {
+    "mnist": _mnist,
+    "cifar10": _cifar10,
+}
+
+
+def run(inputs: DataParams, out_dir: Path) -> list[Path]:
+    paths = DOWNLOADS[by_name(inputs.dataset).name](inputs, out_dir)
     for path in paths:
         log(f"download: {path.name} verified")
     return paths
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="folder for the raw files")
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

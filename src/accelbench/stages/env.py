@@ -11,13 +11,13 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from accelbench.core import phases
 from accelbench.core.console import StageError, log
 from accelbench.core.params import Params, VariantParams
 from accelbench.core.results import (
     ENV_FACTS,
+    EnvFacts,
     env_json,
     refuse_foreign,
     refuse_foreign_folder,
@@ -39,32 +39,37 @@ def select(params: Params) -> EnvInputs:
     return EnvInputs(params.train.require_gpu, params.variants)
 
 
-def run(inputs: EnvInputs, out_dir: Path) -> dict[str, dict[str, Any]]:
+def run(inputs: EnvInputs, out_dir: Path) -> EnvFacts:
     with phases.phase("imports"):  # the facts come from torch
         import torch  # noqa: F401
     refuse_foreign_folder(out_dir)
     for device, kind in ENV_FACTS.items():  # before any work: a user's file is never replaced
         refuse_foreign(env_json(out_dir, device), kind)
     probe = hardware.probe_gpus()  # once: the facts below and the doctor's share it
-    facts = {"cpu": hardware.cpu_facts(), "cuda": hardware.cuda_facts(probe)}
-    remove_leftovers(*(env_json(out_dir, device) for device in facts))
+    facts = EnvFacts(hardware.cpu_facts(), hardware.cuda_facts(probe))
+    files = facts.files()
+    remove_leftovers(*(env_json(out_dir, device) for device in files))
     with staged() as outputs:  # both new or both old
-        for device, payload in facts.items():
+        for device, payload in files.items():
             write_json(outputs(env_json(out_dir, device), ENV_FACTS[device]), payload)
     for problem in doctor.diagnose(doctor.gather(probe)).problems:
         log(f"env: WARNING: {problem}")
-    cpu, gpu = facts["cpu"], facts["cuda"]
-    log(f"env: CPU {cpu['cpu_model']} ({cpu['logical_cpus']} logical CPUs)")
-    if gpu["cuda_available"]:
-        log(f"env: GPU {', '.join(gpu['gpu_names'])}, driver {gpu['nvidia_driver']}")
+    cpu, gpu = facts.cpu, facts.cuda.gpu
+    log(f"env: CPU {cpu.cpu_model} ({cpu.logical_cpus} logical CPUs)")
+    if gpu is not None:
+        log(f"env: GPU {', '.join(gpu.gpu_names)}, driver {facts.cuda.nvidia_driver}")
     else:
-        log(f"env: no usable GPU: {gpu['reason']}")
+        log(f"env: no usable GPU: {facts.cuda.reason}")
     refused = placement.refusals(inputs.variants, placement.Visible.of(probe))
     if inputs.require_gpu and refused:
         raise StageError(
             "train.require_gpu is true, but " + "; ".join(refused) + f". {placement.REFUSAL_ADVICE}"
         )
     return facts
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="folder for cpu.json and cuda.json")
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,23 +31,30 @@ from accelbench.core.results import (
     write_json,
     write_per_class_csv,
 )
+from accelbench.data.datasets import Dataset, by_name
 from accelbench.training.placement import (
     evaluation_device,  # imports torch, which reads every model file
 )
 
+if TYPE_CHECKING:
+    from accelbench.training.engine import EvalPass
+
 
 @dataclass(frozen=True)
 class EvalInputs:
+    dataset: Dataset
     batch_size: int
     test_subset: int
 
 
 def select(params: Params) -> EvalInputs:
-    return EvalInputs(params.train.eval_batch_size, params.train.test_subset)
+    return EvalInputs(
+        by_name(params.data.dataset), params.train.eval_batch_size, params.train.test_subset
+    )
 
 
 def run(
-    root: Path, inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
+    inputs: EvalInputs, model_path: Path, prepared_dir: Path, files: MetricsFiles
 ) -> EvalResult:
     finals = (
         files.eval_json,
@@ -66,7 +74,6 @@ def run(
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
     with phases.phase("imports"):  # torch is in already (the model file); matplotlib is not
-        from accelbench.data import mnist as data
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
@@ -74,11 +81,14 @@ def run(
         device = evaluation_device(name, variant)
         engine.configure_backends(variant)
         engine.start_device(device)
+    dataset = inputs.dataset
     with phases.phase("model"):
-        dataset = data.prepared_dataset(prepared_dir).name
-        model = build.trained_model(model_file.state_dict, str(model_path), dataset).to(device)
+        build.check_prepared(dataset, prepared_dir)
+        model = build.trained_model(dataset, model_file.state_dict, str(model_path)).to(device)
     with phases.phase("data"):
-        batches = build.eval_batches(prepared_dir, device, inputs.batch_size, inputs.test_subset)
+        batches = build.eval_batches(
+            dataset, prepared_dir, device, inputs.batch_size, inputs.test_subset
+        )
     with phases.phase("evaluation"):
         # Warm-up: on a GPU every batch shape (cuDNN autotunes each); on a CPU one batch.
         warmup = None if device.type == "cuda" else 1
@@ -129,7 +139,7 @@ def class_scores(counts: np.ndarray) -> dict[str, ClassScores]:
     return scores
 
 
-def _summary(result, counts: np.ndarray) -> EvalSummary:
+def _summary(result: EvalPass, counts: np.ndarray) -> EvalSummary:
     per_class = class_scores(counts)
     return EvalSummary(
         test_accuracy=result.accuracy,
@@ -158,5 +168,11 @@ def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
     return skipped
 
 
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--metrics", type=Path, required=True)
+
+
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:
-    run(root, select(params), args.model, args.data, MetricsFiles(args.metrics))
+    run(select(params), args.model, args.data, MetricsFiles(args.metrics))

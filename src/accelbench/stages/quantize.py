@@ -73,21 +73,20 @@ def run(
         figures = quantization.measure(
             models, lambda: test.epoch(0), test.images[:1], inputs.latency_repeats
         )
-    methods = {method: f.to_json() for method, f in figures.items()}
     summary = QuantizedSummary(
         threads=torch.get_num_threads(),
         batch_size=inputs.batch_size,
         latency_repeats=inputs.latency_repeats,
-        methods=methods,
+        methods=figures,
         unsupported=unsupported,
     )
     with phases.phase("outputs"), staged() as outputs:
         write_json(outputs(files.quantized_json), summary.to_json())
-    for method, row in methods.items():
+    for method, f in figures.items():
         log(
-            f"quantize {name}: {method}: accuracy {row['test_accuracy']:.2%}, "
-            f"batch-1 latency {row['latency_ms']:.3f} ms, "
-            f"{row['samples_per_s']:,.0f} samples/s, {row['size_bytes'] / 1024:,.0f} KiB"
+            f"quantize {name}: {method}: accuracy {f.test_accuracy:.2%}, "
+            f"batch-1 latency {f.latency_ms:.3f} ms, "
+            f"{f.samples_per_s:,.0f} samples/s, {f.size_bytes / 1024:,.0f} KiB"
         )
     return summary
 
@@ -103,17 +102,19 @@ def _models(
     the others) and the test batches."""
     import torch
 
-    from accelbench.data import mnist as data
+    from accelbench.data import prepared
     from accelbench.data.batches import normalize_images
     from accelbench.evaluation import quantization
     from accelbench.training import build
 
     cpu = torch.device("cpu")
-    dataset = data.prepared_dataset(prepared_dir).name
-    model = build.trained_model(model_file.state_dict, str(model_path), dataset)
-    test = build.eval_batches(prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
+    dataset = prepared.prepared_dataset(prepared_dir)
+    model = build.trained_model(dataset, model_file.state_dict, str(model_path))
+    test = build.eval_batches(dataset, prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
     calibration = normalize_images(
-        data.load_split(prepared_dir, "train", inputs.calibration_samples).images, cpu
+        prepared.load_split(prepared_dir, "train", inputs.calibration_samples).images,
+        dataset,
+        cpu,
     ).split(inputs.batch_size)
     models = {"fp32": model, "dynamic_int8": quantization.dynamic_int8(model)}
     unsupported = {}
@@ -124,6 +125,12 @@ def _models(
         unsupported["static_int8"] = reason
         log(f"quantize {name}: static int8 not supported: {reason}")
     return models, unsupported, test
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, required=True, help="the trained model file")
+    parser.add_argument("--data", type=Path, required=True, help="prepared data folder")
+    parser.add_argument("--metrics", type=Path, required=True, help="folder for metrics files")
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

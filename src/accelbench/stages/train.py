@@ -2,8 +2,10 @@
 
 Where it runs is `placement.place`'s call: here, skipped, or re-launched under torchrun,
 whose children each train their share of every batch while rank 0 alone writes the
-outputs and the MLflow run. Training itself is `training.loop.train` (imported only to train:
-a skipped variant's stage imports neither MLflow nor the model code, and returns at once).
+outputs and the MLflow run. Training itself is `training.loop.train`, handed one `TrainJob`
+(the dataset params.data.dataset names, checked against the prepared folder's manifest);
+it is imported only to train: a skipped variant's stage imports neither MLflow nor the
+model code, and returns at once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from accelbench.core import phases
 from accelbench.core.console import log
@@ -30,10 +31,10 @@ from accelbench.core.results import (
     write_epochs_csv,
     write_json,
 )
-from accelbench.data import mnist as data
+from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import lifetime
-from accelbench.training import torchrun
-from accelbench.training.placement import place
+from accelbench.training import placement, torchrun
+from accelbench.training.job import TrainJob, TrainOutputs, run_params
 
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
@@ -44,6 +45,7 @@ CHECKS = ("train.require_gpu",)
 class TrainInputs:
     recipe: TrainRecipe
     variant: VariantParams
+    dataset: Dataset
     require_gpu: bool
 
 
@@ -52,16 +54,9 @@ def select(params: Params, name: str) -> TrainInputs:
     return TrainInputs(
         recipe=TrainRecipe(**{key: getattr(train, key) for key in TrainRecipe.model_fields}),
         variant=params.variant(name),
+        dataset=by_name(params.data.dataset),
         require_gpu=train.require_gpu,
     )
-
-
-@dataclass(frozen=True)
-class TrainOutputs:
-    model: Path
-    metrics: MetricsFiles
-    checkpoint: Path | None = None  # per-epoch training state, for resuming after a kill
-    profile: Path | None = None  # folder for a torch.profiler trace of steady-state steps
 
 
 def run(
@@ -79,10 +74,12 @@ def run(
     file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too."""
     claim(out.model, out.metrics.train_json, out.metrics.epochs_csv)  # before any work
     with phases.phase("device"):  # NVML alone where it settles a skip
-        placement = place(name, inputs.variant, require_gpu=inputs.require_gpu)
-    if placement.skip_reason is not None:
-        return record_skip(root, name, inputs, placement.skip_reason, out)
-    if placement.launch:
+        where = placement.place(
+            name, inputs.variant, require_gpu=inputs.require_gpu, here=_gpus_here(inputs.variant)
+        )
+    if where.skip_reason is not None:
+        return record_skip(name, inputs, where.skip_reason, out)
+    if where.launch:
         cfg = inputs.variant.distributed
         with phases.phase("launch"):
             torchrun.launch(name, cfg, argv or [], keep_fds=locks)
@@ -94,48 +91,69 @@ def run(
             phases.RECORDER.training_s = summary.total_train_s
         return summary
     with phases.phase("imports"):  # MLflow and the model code: only to train
+        from accelbench.training import build
         from accelbench.training.loop import train
 
-    dataset = data.prepared_dataset(prepared_dir).name  # the data decides the model
-    run_params = _run_params(name, inputs.recipe, inputs.variant, dataset)
-    with torchrun.process_group(placement):
-        return train(
-            root,
-            name,
-            run_params,
-            dataset,
-            inputs.recipe,
-            inputs.variant,
-            placement,
-            prepared_dir,
-            out,
-            quiet,
-        )
+    build.check_prepared(inputs.dataset, prepared_dir)
+    job = TrainJob(
+        name,
+        inputs.recipe,
+        inputs.variant,
+        inputs.dataset,
+        prepared_dir,
+        where,
+        out,
+        root,
+        quiet,
+    )
+    with torchrun.process_group(where):
+        return train(job)
 
 
-def record_skip(
-    root: Path, name: str, inputs: TrainInputs, reason: str, out: TrainOutputs
-) -> Skipped:
+def _gpus_here(variant: VariantParams) -> placement.Visible | None:
+    """The GPUs `variant` can use here, for `placement.place`: NVML's count alone where it
+    settles a skip (torch is never imported), else torch's; None where it needs none (or
+    this is a torchrun worker: its launcher checked). torch's import counts as an import."""
+    needed = 0 if placement.torchrun_child(variant) else placement.gpus_needed(variant)
+    settled = placement.nvml_visible(needed) if needed else None
+    if settled is not None:
+        return settled
+    with phases.phase("imports"):
+        import torch  # noqa: F401  (placement and training need it)
+    return placement.torch_visible() if needed else None
+
+
+def record_skip(name: str, inputs: TrainInputs, reason: str, out: TrainOutputs) -> Skipped:
     """A variant this machine cannot run: its outputs say so, and why (compare records it in
     MLflow, with the params in its model file)."""
     log(f"train {name}: skipped: {reason}")
     remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
-    run_params = _run_params(name, inputs.recipe, inputs.variant)
+    params = run_params(name, inputs.recipe, inputs.variant, dataset=None)  # read no data
     skipped = Skipped(reason, inputs.variant.device)
     with phases.phase("outputs"), staged() as outputs:
         write_json(outputs(out.metrics.train_json), skipped.to_json())
         write_epochs_csv(outputs(out.metrics.epochs_csv), [])
-        model_file = ModelFile(name, "skipped", None, params=run_params, reason=reason)
+        model_file = ModelFile(name, "skipped", None, params=params, reason=reason)
         model_file.save(outputs(out.model))
     return skipped
 
 
-def _run_params(
-    name: str, recipe: TrainRecipe, variant: VariantParams, dataset: str | None = None
-) -> dict[str, Any]:
-    """What produced the run: logged to MLflow, kept in the model file, fingerprinted."""
-    run = {"variant": {"name": name, **variant.model_dump()}, "train": recipe.model_dump()}
-    return run | ({"data": {"dataset": dataset}} if dataset else {})
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("variant")
+    parser.add_argument("--data", type=Path, required=True, help="prepared data folder")
+    parser.add_argument("--model", type=Path, required=True, help="checkpoint to write")
+    parser.add_argument("--metrics", type=Path, required=True, help="folder for metrics files")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="training state saved every epoch; resumed when present"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="record a torch.profiler trace of up to 20 full-batch steps of epoch 2 into DIR; "
+        "slows this run, so its times are not figures of record",
+    )
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:

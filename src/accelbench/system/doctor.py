@@ -10,8 +10,7 @@ for a GPU; 1 something is wrong (each problem is printed with what to do).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from accelbench.system.hardware import GpuProbe, probe_gpus
 
@@ -141,27 +140,32 @@ def gather(probe: GpuProbe | None = None) -> Facts:
     import torch
 
     probe = probe if probe is not None else probe_gpus()
-    facts: dict[str, Any] = {
-        "torch_version": torch.__version__,
-        "torch_cuda": probe.torch_cuda,
-        "cudnn": probe.cudnn,
-        "arch_list": tuple(torch.cuda.get_arch_list()) if probe.torch_cuda else (),
-        "driver": probe.driver,
-        "driver_cuda": probe.driver_cuda,
-        "nvml_gpus": probe.nvml_gpus,
-        "cuda_available": probe.cuda_available,
-    }
-    if probe.cuda_available:
-        facts |= {"torch_gpus": probe.torch_gpus, "capability": probe.capability}
-        facts["bf16"] = probe.bf16
-        try:
-            x = torch.arange(1024, device="cuda", dtype=torch.float32)
-            facts["kernel_ok"] = float((x * 2).sum().item()) == float(1023 * 1024)
-            if not facts["kernel_ok"]:
-                facts["kernel_error"] = "wrong result from a sum on the GPU"
-        except RuntimeError as exc:
-            facts["kernel_ok"], facts["kernel_error"] = False, str(exc).splitlines()[0]
-    return Facts(**facts)
+    facts = Facts(
+        torch_version=torch.__version__,
+        torch_cuda=probe.torch_cuda,
+        cudnn=probe.cudnn,
+        arch_list=tuple(torch.cuda.get_arch_list()) if probe.torch_cuda else (),
+        driver=probe.driver,
+        driver_cuda=probe.driver_cuda,
+        nvml_gpus=probe.nvml_gpus,
+        cuda_available=probe.cuda_available,
+    )
+    if not probe.cuda_available:
+        return facts
+    try:
+        x = torch.arange(1024, device="cuda", dtype=torch.float32)
+        kernel_ok = float((x * 2).sum().item()) == float(1023 * 1024)
+        kernel_error = None if kernel_ok else "wrong result from a sum on the GPU"
+    except RuntimeError as exc:
+        kernel_ok, kernel_error = False, str(exc).splitlines()[0]
+    return replace(
+        facts,
+        torch_gpus=probe.torch_gpus,
+        capability=probe.capability,
+        bf16=probe.bf16,
+        kernel_ok=kernel_ok,
+        kernel_error=kernel_error,
+    )
 
 
 def render(report: Report) -> str:

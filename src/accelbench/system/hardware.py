@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from accelbench.core.results import CpuFacts, CudaFacts, GpuFacts, SoftwareFacts
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -33,26 +35,27 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def software_facts() -> dict[str, Any]:
+def software_facts() -> SoftwareFacts:
     import torch
 
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": _version("torchvision"),
-    }
+    return SoftwareFacts(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        torchvision=_version("torchvision"),
+    )
 
 
-def cpu_facts() -> dict[str, Any]:
+def cpu_facts() -> CpuFacts:
+    """env/cpu.json: the CPU and the software stack."""
     import torch
 
-    return {
-        "cpu_model": cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "torch_default_threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        **software_facts(),
-    }
+    return CpuFacts(
+        cpu_model=cpu_model(),
+        logical_cpus=os.cpu_count(),
+        torch_default_threads=torch.get_num_threads(),
+        machine=platform.machine(),
+        software=software_facts(),
+    )
 
 
 NO_DRIVER = "no NVIDIA driver found (NVML could not start): no GPU on this machine"
@@ -163,25 +166,26 @@ def probe_gpus() -> GpuProbe:
     )
 
 
-def cuda_facts(probe: GpuProbe) -> dict[str, Any]:
+def cuda_facts(probe: GpuProbe) -> CudaFacts:
     """env/cuda.json: the probe's stable facts."""
-    facts: dict[str, Any] = {
-        "torch_cuda_runtime": probe.torch_cuda,
-        "nvidia_driver": probe.driver,
-        **software_facts(),
-    }
-    if not probe.cuda_available:
-        return facts | {"cuda_available": False, "reason": probe.unavailable_reason}
-    major, minor = probe.capability or (0, 0)
-    return facts | {
-        "cuda_available": True,
-        "gpu_count": len(probe.torch_gpus),
-        "gpu_names": list(probe.torch_gpus),
-        "compute_capability": f"{major}.{minor}",
-        "gpu_memory_gib": probe.memory_gib,
-        "cudnn": probe.cudnn,
-        "bf16_supported": probe.bf16,
-    }
+    gpu = None
+    if probe.cuda_available:
+        major, minor = probe.capability or (0, 0)
+        gpu = GpuFacts(
+            gpu_count=len(probe.torch_gpus),
+            gpu_names=list(probe.torch_gpus),
+            compute_capability=f"{major}.{minor}",
+            gpu_memory_gib=probe.memory_gib,
+            cudnn=probe.cudnn,
+            bf16_supported=probe.bf16,
+        )
+    return CudaFacts(
+        torch_cuda_runtime=probe.torch_cuda,
+        nvidia_driver=probe.driver,
+        software=software_facts(),
+        gpu=gpu,
+        reason=None if gpu else probe.unavailable_reason,
+    )
 
 
 # Dense peak rates (TFLOP/s) from the vendors' datasheets, SXM parts; leads, not measurements.

@@ -53,6 +53,7 @@ from mlflow.utils.time import get_current_time_millis
 
 from accelbench.core import phases
 from accelbench.core.console import AccelbenchError, clip, log
+from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
 from accelbench.core.results import EvalSummary, TrainSummary
 
 T = TypeVar("T")
@@ -711,31 +712,25 @@ def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: 
         pass
 
 
-# The headline figures a variant run also carries as text, for the runs table:
-# tag -> (figure, unit). A figure's 95% interval is `<figure>_lo` .. `<figure>_hi`.
-FIGURE_TAGS = {
-    "speedup": ("speedup_vs_cpu", "×"),
-    "steady_epoch": ("steady_epoch_s", " s"),
-    "time_to_target": ("time_to_target_s", " s"),
-    "speedup_vs_fp32": ("speedup_vs_fp32", "×"),
+# The headline figures a variant run also carries as text, for the runs table, written as
+# the report writes them: tag -> (figure in comparison.json, its formatter). A figure's 95%
+# interval is `<figure>_lo` .. `<figure>_hi`.
+FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "speedup": ("speedup_vs_cpu", fmt_ratio),
+    "steady_epoch": ("steady_epoch_s", fmt_seconds),
+    "time_to_target": ("time_to_target_s", fmt_seconds),
+    "speedup_vs_fp32": ("speedup_vs_fp32", fmt_ratio),
 }
 
 
-def _number_text(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def figure_text(figures: Mapping[str, float], name: str, unit: str) -> str | None:
-    """`figures[name]` with its unit and, where both ends are there, its 95% interval:
-    "148× (140–155×)", "0.0834 s (0.0811–0.0857 s)"; None without the figure."""
+def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], str]) -> str | None:
+    """`figures[name]` and, where both ends are there, its 95% interval: "148× (140–156×)",
+    "0.083 s (0.081–0.086 s)"; None where the variant has no such figure (skipped, a single
+    epoch, the target not reached, no fp32 twin)."""
     value = figures.get(name)
     if value is None:
         return None
-    text = _number_text(value) + unit
-    lo, hi = figures.get(f"{name}_lo"), figures.get(f"{name}_hi")
-    if lo is not None and hi is not None:
-        text += f" ({_number_text(lo)}–{_number_text(hi)}{unit})"
-    return text
+    return fmt_interval(value, figures.get(f"{name}_lo"), figures.get(f"{name}_hi"), fmt)
 
 
 @tolerant
@@ -983,10 +978,10 @@ def _summary_row(run: Any) -> str:
     accuracy = metrics.get("test_accuracy")
     cells = [
         run.info.run_name,
-        figure_text(metrics, "speedup_vs_cpu", "×"),
-        figure_text(metrics, "steady_epoch_s", " s"),
+        figure_text(metrics, *FIGURE_TAGS["speedup"]),
+        figure_text(metrics, *FIGURE_TAGS["steady_epoch"]),
         f"{100 * accuracy:.2f} %" if accuracy is not None else None,
-        figure_text(metrics, "time_to_target_s", " s"),
+        figure_text(metrics, *FIGURE_TAGS["time_to_target"]),
         tags.get("status", ""),
         tags.get("device_name", tags.get("device", "")),
         run.info.status,

@@ -1,4 +1,5 @@
-"""How the pipeline builds a variant's model and batches; the benchmarks build them the same way."""
+"""How the pipeline builds a variant's model and batches from a dataset and its prepared
+folder; the benchmarks build them the same way."""
 
 from __future__ import annotations
 
@@ -11,23 +12,35 @@ import torch
 
 from accelbench.core.console import InputError
 from accelbench.core.params import LoaderParams, TrainRecipe, VariantParams
-from accelbench.data import mnist as data
-from accelbench.data.batches import LoaderBatches, ResidentBatches
+from accelbench.data import prepared
+from accelbench.data.batches import Batches, LoaderBatches, ResidentBatches
+from accelbench.data.datasets import Dataset
 from accelbench.training import engine
 from accelbench.training.models import for_dataset
 
 
+def check_prepared(dataset: Dataset, prepared_dir: Path) -> None:
+    """The prepared folder holds `dataset` (params.data.dataset), as its manifest says; a
+    folder prepared from another is an InputError saying what to run."""
+    found = prepared.prepared_dataset(prepared_dir)
+    if found.name != dataset.name:
+        raise InputError(
+            f"{prepared_dir}: holds {found.name}, but params.data.dataset is {dataset.name}; "
+            "run `accelbench prepare` (or `dvc repro prepare`) again"
+        )
+
+
 def fresh_model(
-    train: TrainRecipe, variant: VariantParams, device: torch.device, dataset: str = "mnist"
+    dataset: Dataset, recipe: TrainRecipe, variant: VariantParams, device: torch.device
 ) -> torch.nn.Module:
     """The dataset's seeded initial model, on its device: the same weights for every variant."""
-    engine.seed_everything(train.seed)
+    engine.seed_everything(recipe.seed)
     memory_format = torch.channels_last if variant.channels_last else torch.preserve_format
-    return for_dataset(dataset, train.dropout).to(device, memory_format=memory_format)
+    return for_dataset(dataset, recipe.dropout).to(device, memory_format=memory_format)
 
 
 def trained_model(
-    state_dict: dict[str, torch.Tensor], source: str = "model file", dataset: str = "mnist"
+    dataset: Dataset, state_dict: dict[str, torch.Tensor], source: str = "model file"
 ) -> torch.nn.Module:
     """The dataset's trained model on the CPU, in eval mode (where dropout is inactive);
     weights of another model or shape are an InputError naming `source`."""
@@ -42,12 +55,12 @@ def trained_model(
     return model.eval()
 
 
-def flops_per_sample(train: TrainRecipe, dataset: str = "mnist", cache: Path | None = None) -> int:
-    """Training FLOPs per sample, counted once per model and torch version: the first count
-    in a process imports much of torch's tracing machinery (2-3 s), so the pipeline's train
-    stages share one count through `cache` (a JSON file keyed by the model's layers)."""
-    model = for_dataset(dataset, train.dropout)
-    shape = data.DATASETS[dataset].input_shape
+def flops_per_sample(dataset: Dataset, model: torch.nn.Module, cache: Path | None = None) -> int:
+    """Training FLOPs per sample of `model` (the dataset's), counted once per model and torch
+    version: the first count in a process imports much of torch's tracing machinery (2-3 s),
+    so the pipeline's train stages share one count through `cache` (a JSON file keyed by the
+    model's layers)."""
+    shape = dataset.input_shape
     key = f"{torch.__version__}\n{model!r}\n{tuple(shape)}"
     key = hashlib.sha256(key.encode()).hexdigest()[:16]
     known: dict[str, int] = {}
@@ -67,33 +80,35 @@ def flops_per_sample(train: TrainRecipe, dataset: str = "mnist", cache: Path | N
 
 
 def train_batches(
-    train: TrainRecipe,
+    dataset: Dataset,
+    recipe: TrainRecipe,
     variant: VariantParams,
     prepared_dir: Path,
     device: torch.device,
     *,
     rank: int = 0,
     world_size: int = 1,
-) -> engine.BatchSource:
+) -> Batches:
     """The variant's training batches: this process's share of every global batch."""
-    split = data.load_split(prepared_dir, "train", train.train_subset)
+    split = prepared.load_split(prepared_dir, "train", recipe.train_subset)
     if variant.batches == "resident":
         return ResidentBatches(
             split,
+            dataset,
             device,
-            train.batch_size,
-            train.seed,
+            recipe.batch_size,
+            recipe.seed,
             channels_last=variant.channels_last,
             rank=rank,
             world_size=world_size,
         )
     return LoaderBatches(
         prepared_dir,
-        data.prepared_dataset(prepared_dir),
+        dataset,
         len(split.labels),
         device,
-        train.batch_size,
-        train.seed,
+        recipe.batch_size,
+        recipe.seed,
         variant.loader or LoaderParams(),
         channels_last=variant.channels_last,
         rank=rank,
@@ -102,6 +117,7 @@ def train_batches(
 
 
 def eval_batches(
+    dataset: Dataset,
     prepared_dir: Path,
     device: torch.device,
     batch_size: int,
@@ -110,7 +126,7 @@ def eval_batches(
     channels_last: bool = False,
 ) -> ResidentBatches:
     """The test set, resident on `device`, in file order."""
-    split = data.load_split(prepared_dir, "test", subset)
+    split = prepared.load_split(prepared_dir, "test", subset)
     return ResidentBatches(
-        split, device, batch_size, seed=0, shuffle=False, channels_last=channels_last
+        split, dataset, device, batch_size, seed=0, shuffle=False, channels_last=channels_last
     )

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,19 @@ import torch
 
 from accelbench.core.console import log
 from accelbench.core.results import atomic_torch_save
+from accelbench.training.engine import TrainingState
 
 
 @dataclass(frozen=True)
 class Resume:
     """A saved state to continue from, and the MLflow run it belongs to."""
 
-    state: dict[str, Any]  # engine.fit's training state
+    state: TrainingState
     mlflow_run_id: str | None
 
     @property
     def epochs_done(self) -> int:
-        return self.state["epochs_done"]
+        return self.state.epochs_done
 
 
 class Checkpointer:
@@ -58,34 +60,36 @@ class Checkpointer:
             with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
                 warnings.simplefilter("ignore")
                 saved = torch.load(self.path, map_location="cpu", weights_only=True)
-            problem = _problem(saved)
         except Exception as exc:  # unpickling raises many types; none of them is ours
             # The first sentence only: torch's weights-only refusal goes on for a page.
             first = " ".join(str(exc).split()).split(". ")[0][:120]
-            problem = f"unreadable ({type(exc).__name__}: {first})"
-        if problem:
-            aside = self.path.with_name(self.path.name + ".bad")
-            os.replace(self.path, aside)
-            log(
-                f"train {self.name}: warning: {self.path} is not a usable checkpoint ({problem}); "
-                f"moved it to {aside} and starting from epoch 1"
-            )
-            return None
-        if saved["fingerprint"] != self.fingerprint:
+            return self._set_aside(f"unreadable ({type(exc).__name__}: {first})")
+        try:
+            fingerprint, resume = _read(saved)
+        except ValueError as exc:
+            return self._set_aside(str(exc))
+        if fingerprint != self.fingerprint:
             log(f"train {self.name}: {self.path} is from other params; starting from epoch 1")
             return None
-        resume = Resume(saved["state"], saved["mlflow_run_id"])
         log(f"train {self.name}: resuming after epoch {resume.epochs_done} from {self.path}")
         return resume
 
-    def saver(self, mlflow_run_id: str | None):
+    def _set_aside(self, problem: str) -> None:
+        aside = self.path.with_name(self.path.name + ".bad")
+        os.replace(self.path, aside)
+        log(
+            f"train {self.name}: warning: {self.path} is not a usable checkpoint ({problem}); "
+            f"moved it to {aside} and starting from epoch 1"
+        )
+
+    def saver(self, mlflow_run_id: str | None) -> Callable[[TrainingState], None] | None:
         """engine.fit's `on_checkpoint` (None when there is nowhere to save)."""
         if self.path is None:
             return None
 
-        def save(state: dict[str, Any]) -> None:
+        def save(state: TrainingState) -> None:
             payload = {"fingerprint": self.fingerprint, "mlflow_run_id": mlflow_run_id}
-            atomic_torch_save(payload | {"state": state}, self.path)
+            atomic_torch_save(payload | {"state": state.to_dict()}, self.path)
 
         return save
 
@@ -95,33 +99,15 @@ class Checkpointer:
             self.path.unlink(missing_ok=True)
 
 
-# What engine.fit's training state holds, and the types a resume relies on.
-_STATE_KEYS = {
-    "epochs_done": int,
-    "model": dict,
-    "optimizer": dict,
-    "scaler": dict,
-    "rng_cpu": torch.Tensor,
-    "records": list,
-}
-
-
-def _problem(saved: Any) -> str | None:
-    """Why `saved` is not one of our checkpoints (None: it is)."""
+def _read(saved: Any) -> tuple[str, Resume]:
+    """The params fingerprint and the state of one of our checkpoints; a ValueError says why
+    `saved` is not one."""
     if not isinstance(saved, dict):
-        return f"holds a {type(saved).__name__}, not a checkpoint"
+        raise ValueError(f"holds a {type(saved).__name__}, not a checkpoint")
     if not isinstance(saved.get("fingerprint"), str):
-        return "no params fingerprint"
+        raise ValueError("no params fingerprint")
     if not isinstance(saved.get("mlflow_run_id"), str | None):
-        return "mlflow_run_id is not a string"
-    state = saved.get("state")
-    if not isinstance(state, dict):
-        return "no training state"
-    for key, kind in _STATE_KEYS.items():
-        if not isinstance(state.get(key), kind):
-            return f"state.{key} is missing or not a {kind.__name__}"
-    if state["epochs_done"] < 1 or len(state["records"]) != state["epochs_done"]:
-        return f"state.epochs_done {state['epochs_done']} does not match its epoch records"
-    if not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
-        return "state.model holds something other than tensors"
-    return None
+        raise ValueError("mlflow_run_id is not a string")
+    return saved["fingerprint"], Resume(
+        TrainingState.from_dict(saved.get("state")), saved["mlflow_run_id"]
+    )

@@ -1,8 +1,10 @@
-"""Train and evaluate: pure functions that return numbers. No logging, no files, no MLflow.
+"""Train and evaluate, returning numbers: no logging, no files, no MLflow, no phases.
 
 Honest timing rules, kept here: no host synchronization inside the step loop (losses and
 non-finite counts accumulate on the device); the clock is read, after a synchronize, only
-at epoch boundaries; evaluation runs outside the timed training region.
+at epoch boundaries; evaluation runs outside the timed training region. What a caller
+wants to know or time along the way (steps, epochs, the parts outside the timed epochs),
+`fit` hands to its `FitHooks`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,48 +25,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from accelbench.core import phases
 from accelbench.core.console import AccelbenchError
 from accelbench.core.params import TrainRecipe, VariantParams
+from accelbench.core.results import EpochRecord
 from accelbench.core.timing import DeviceClock
-from accelbench.data.batches import zero_pixel
-
-Batch = tuple[torch.Tensor, torch.Tensor]
+from accelbench.data.batches import Batch, Batches, zero_pixel
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class BatchSource(Protocol):
-    num_samples: int
-
-    def __len__(self) -> int: ...
-
-    def epoch(self, epoch: int) -> Iterator[Batch]: ...
-
-
 @dataclass(frozen=True)
-class EpochRecord:
-    epoch: int  # 1-based
-    train_loss: float
-    train_time_s: float
-    data_wait_s: float
-    samples: int
-    samples_per_s: float
-    test_loss: float
-    test_accuracy: float
-    nonfinite_steps: int
-    lr: float
-    peak_gpu_mem_mib: float | None
-    gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
-    cpu_energy_j: float | None = None  # CPU packages' energy in the same window, from RAPL
-    scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
+class EvalPass:
+    """One pass of a model over test batches: the loss, the accuracy, every prediction."""
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class EvalResult:
     loss: float
     accuracy: float
     predictions: torch.Tensor  # int64 CPU
@@ -82,13 +55,15 @@ def autocast(variant: VariantParams, device: torch.device) -> contextlib.Abstrac
     return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[variant.precision])
 
 
-def train_flops_per_sample(model: nn.Module, sample_shape: tuple[int, ...] = (1, 28, 28)) -> int:
-    """FLOPs of one forward + backward pass for one sample, counted by PyTorch's FlopCounter."""
+def train_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """FLOPs of one forward + backward pass for one sample of `input_shape` (channels, height,
+    width), counted by PyTorch's FlopCounter on a copy of `model`; the random generators are
+    left as they were (the probe's dropout draws from them)."""
     probe = copy.deepcopy(model).to("cpu").float().train()
-    x = torch.zeros((2, *sample_shape))
+    x = torch.zeros((2, *input_shape))
     from torch.utils.flop_counter import FlopCounterMode  # once per model (build's cache)
 
-    with FlopCounterMode(display=False) as counter:
+    with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False) as counter:
         F.cross_entropy(probe(x), torch.zeros(2, dtype=torch.long)).backward()
     return counter.get_total_flops() // 2
 
@@ -148,25 +123,27 @@ def request_determinism(environ: dict[str, str]) -> None:
 
 
 def make_optimizer(
-    model: nn.Module, train: TrainRecipe, variant: VariantParams, device: torch.device
-):
+    model: nn.Module, recipe: TrainRecipe, variant: VariantParams, device: torch.device
+) -> torch.optim.Optimizer:
     fused = True if variant.fused_optimizer else None
     if variant.cuda_graph:
         # Captured in a graph: the step count and the learning rate must live on the device,
         # so the schedule can change the rate between replays.
-        lr = torch.tensor(train.lr, device=device)
+        lr = torch.tensor(recipe.lr, device=device)
         return torch.optim.Adam(model.parameters(), lr=lr, fused=fused, capturable=True)
-    return torch.optim.Adam(model.parameters(), lr=train.lr, fused=fused)
+    return torch.optim.Adam(model.parameters(), lr=recipe.lr, fused=fused)
 
 
-def make_scheduler(optimizer, train: TrainRecipe, steps_per_epoch: int):
-    if train.schedule == "constant":
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, recipe: TrainRecipe, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.OneCycleLR | None:
+    if recipe.schedule == "constant":
         return None
     return torch.optim.lr_scheduler.OneCycleLR(
         optimizer,
-        max_lr=train.lr * train.onecycle_max_lr_factor,
-        total_steps=train.epochs * steps_per_epoch + 1,  # +1: the last step must not wrap
-        pct_start=train.onecycle_pct_start,
+        max_lr=recipe.lr * recipe.onecycle_max_lr_factor,
+        total_steps=recipe.epochs * steps_per_epoch + 1,  # +1: the last step must not wrap
+        pct_start=recipe.onecycle_pct_start,
         anneal_strategy="cos",
         # Adam's betas stay fixed: cycling them changes the recipe, and a captured CUDA graph
         # bakes Python-float hyperparameters in at capture time (the rate is a device tensor).
@@ -177,11 +154,11 @@ def make_scheduler(optimizer, train: TrainRecipe, steps_per_epoch: int):
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    batches: BatchSource,
+    batches: Batches,
     variant: VariantParams,
     device: torch.device,
     max_batches: int | None = None,
-) -> EvalResult:
+) -> EvalPass:
     """Test loss (summed, then divided by the sample count), accuracy and predictions (of the
     first `max_batches` batches only, when given: a warm-up)."""
     clock = DeviceClock(device)
@@ -201,7 +178,7 @@ def evaluate(
     predicted = torch.cat(predictions).cpu()
     target = torch.cat(targets).cpu()
     n = len(target)
-    return EvalResult(
+    return EvalPass(
         loss=loss_sum.item() / n,
         accuracy=(predicted == target).double().mean().item(),
         predictions=predicted,
@@ -274,11 +251,15 @@ class TrainStep:
         optimizer: torch.optim.Optimizer,
         variant: VariantParams,
         device: torch.device,
-        shift_px: int = 0,
+        *,
+        shift_px: int,
+        fill: float,
         accumulation_steps: int = 1,
         warmup_steps: int = CAPTURE_WARMUP_STEPS,
     ) -> None:
-        self.model, self.shift_px = model, shift_px
+        # `fill`: the augmentation's padding, a normalized black pixel (a constant to
+        # torch.compile)
+        self.model, self.shift_px, self.fill = model, shift_px, fill
         self.warmup_steps = warmup_steps
         self.ddp = isinstance(model, DistributedDataParallel)
         self.accumulation_steps = accumulation_steps
@@ -286,7 +267,6 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=variant.precision == "fp16")
         self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
         self.full_shape: torch.Size | None = None
-        self.fill: float | None = None  # augmentation's padding: set by the first call
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.full_batch_loss = self._loss  # the full batches' loss, compiled if asked
@@ -379,8 +359,6 @@ class TrainStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.full_shape is None:
             self.full_shape = images.shape
-            # looked up here, not in the (compiled) loss: a constant to torch.compile
-            self.fill = zero_pixel(images.shape[1])
         if images.shape != self.full_shape:
             self.optimizer.zero_grad(set_to_none=True)  # never add into a graph's gradients
             return self._run(images, labels, self._loss)  # eager: a partial batch
@@ -425,43 +403,61 @@ def check_nonfinite(finite: torch.Tensor, epoch: int, limit: int, variant: Varia
             )
 
 
-EpochCallback = Callable[[EpochRecord], None]
-StepCallback = Callable[[int], None]
+@dataclass(frozen=True)
+class FitSpec:
+    """What `fit` trains with: the part of a training job the engine reads."""
+
+    recipe: TrainRecipe
+    variant: VariantParams
+    device: torch.device
+    # every batch in this many forward/backward passes (the same update, less memory)
+    accumulation_steps: int = 1
+    # under DistributedDataParallel, in the process group this process has joined
+    distributed: bool = False
+
+
+def _untimed() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class FitHooks:
+    """What `fit` calls out to, all optional.
+
+    The energy counters are cumulative (joules), read at the same synchronized epoch
+    boundaries as the clock. `around_step_setup` and `around_evaluation` wrap the parts of
+    a fit outside its timed epochs (building the step; each epoch's evaluation), so that a
+    caller can time them: loop.py records them as phases.
+    """
+
+    on_step: Callable[[int], None] | None = None  # after each step, with its samples
+    on_epoch: Callable[[EpochRecord], None] | None = None
+    on_checkpoint: Callable[[TrainingState], None] | None = None  # after each epoch
+    gpu_energy_j: Callable[[], float] | None = None  # the GPU board's counter (NVML)
+    cpu_energy_j: Callable[[], float] | None = None  # the CPU packages' counter (RAPL)
+    around_step_setup: Callable[[], contextlib.AbstractContextManager[None]] = _untimed
+    around_evaluation: Callable[[], contextlib.AbstractContextManager[None]] = _untimed
 
 
 def fit(
     model: nn.Module,
-    train_batches: BatchSource,
-    test_batches: BatchSource,
-    train: TrainRecipe,
-    variant: VariantParams,
-    device: torch.device,
-    *,
-    accumulation_steps: int = 1,
-    distributed: bool = False,
-    on_epoch: EpochCallback | None = None,
-    on_step: StepCallback | None = None,
-    energy_j: Callable[[], float] | None = None,
-    cpu_energy_j: Callable[[], float] | None = None,
-    resume_from: dict[str, Any] | None = None,
-    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    train_batches: Batches,
+    test_batches: Batches,
+    spec: FitSpec,
+    hooks: FitHooks = FitHooks(),
+    resume_from: TrainingState | None = None,
 ) -> list[EpochRecord]:
-    """Train for `train.epochs` epochs; evaluate on the test set after each (untimed).
+    """Train for `spec.recipe.epochs` epochs; evaluate on the test set after each (untimed).
 
-    `accumulation_steps` splits every batch into that many forward/backward passes (same
-    update); `distributed` trains under DistributedDataParallel in the process group this
-    process has joined, and sums each epoch's figures over its processes. `energy_j`, if
-    given, reads a cumulative energy counter (joules) at the same synchronized epoch
-    boundaries as the clock; `cpu_energy_j` likewise, the CPU packages' (RAPL).
-    `on_checkpoint` receives the complete training state after every epoch; `resume_from`
-    (such a state) continues from it, so that an interrupted and resumed run ends with the
-    same weights as an uninterrupted one.
+    Under `spec.distributed`, each epoch's figures are summed over the processes.
+    `hooks.on_checkpoint` receives the complete training state after every epoch;
+    `resume_from` (such a state) continues from it, so that an interrupted and resumed run
+    ends with the same weights as an uninterrupted one.
     """
+    recipe, variant, device = spec.recipe, spec.variant, spec.device
     clock = DeviceClock(device)
-    with phases.phase("step_setup"):
-        step, optimizer, scheduler = _make_step(
-            model, train, variant, device, len(train_batches), accumulation_steps, distributed
-        )
+    with hooks.around_step_setup():
+        step, optimizer, scheduler = _make_step(model, spec, train_batches)
     records: list[EpochRecord] = []
     first_epoch = 0
     if resume_from is not None:
@@ -472,7 +468,7 @@ def fit(
     # Per-step losses stay on the device (one copy kernel a step, no host sync); the host
     # reads them once per epoch to sum them and to check for non-finite values.
     losses = torch.empty(len(train_batches), device=device)
-    for epoch in range(first_epoch, train.epochs):
+    for epoch in range(first_epoch, recipe.epochs):
         model.train()
         totals = _train_epoch(
             step,
@@ -480,53 +476,48 @@ def fit(
             train_batches.epoch(epoch),
             losses,
             clock,
-            (energy_j, cpu_energy_j),
-            on_step,
+            (hooks.gpu_energy_j, hooks.cpu_energy_j),
+            hooks.on_step,
         )
-        check_nonfinite(totals.finite, epoch + 1, train.max_nonfinite_steps, variant)
-        if distributed:
+        check_nonfinite(totals.finite, epoch + 1, recipe.max_nonfinite_steps, variant)
+        if spec.distributed:
             totals = _summed_over_processes(totals, device)
         # Eagerly: evaluation is not what is benchmarked, and compiling it
         # would recompile for eval mode and the test batch shapes.
-        with phases.phase("evaluation"):
+        with hooks.around_evaluation():
             result = evaluate(model, test_batches, variant, device)
         record = totals.record(epoch + 1, result, device)
         records.append(record)
-        if on_epoch is not None:
-            on_epoch(record)
-        if on_checkpoint is not None:
-            with phases.phase("checkpoint"):
-                on_checkpoint(
-                    _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
-                )
+        if hooks.on_epoch is not None:
+            hooks.on_epoch(record)
+        if hooks.on_checkpoint is not None:
+            hooks.on_checkpoint(
+                _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
+            )
     return records
 
 
 def _make_step(
-    model: nn.Module,
-    train: TrainRecipe,
-    variant: VariantParams,
-    device: torch.device,
-    steps_per_epoch: int,
-    accumulation_steps: int,
-    distributed: bool,
-) -> tuple[TrainStep, torch.optim.Optimizer, Any]:
-    """The step (DDP-wrapped as the variant says; TrainStep compiles), its optimizer and
+    model: nn.Module, spec: FitSpec, batches: Batches
+) -> tuple[TrainStep, torch.optim.Optimizer, torch.optim.lr_scheduler.OneCycleLR | None]:
+    """The step (DDP-wrapped as the spec says; TrainStep compiles), its optimizer and
     schedule."""
+    recipe, variant, device = spec.recipe, spec.variant, spec.device
     trained = model
-    if distributed:
+    if spec.distributed:
         # Gradients are averaged across processes in backward; every step must go through it.
         trained = wrap_ddp(model, device, graphed=variant.cuda_graph)
-    optimizer = make_optimizer(model, train, variant, device)
-    scheduler = make_scheduler(optimizer, train, steps_per_epoch)
+    optimizer = make_optimizer(model, recipe, variant, device)
+    scheduler = make_scheduler(optimizer, recipe, len(batches))
     step = TrainStep(
         trained,
         optimizer,
         variant,
         device,
-        train.shift_px,
-        accumulation_steps,
-        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if distributed else CAPTURE_WARMUP_STEPS,
+        shift_px=recipe.shift_px,
+        fill=zero_pixel(batches.dataset),
+        accumulation_steps=spec.accumulation_steps,
+        warmup_steps=DDP_CAPTURE_WARMUP_STEPS if spec.distributed else CAPTURE_WARMUP_STEPS,
     )
     return step, optimizer, scheduler
 
@@ -546,7 +537,7 @@ class _EpochTotals:
     scaler_skipped: int | None
     cpu_energy_j: float | None = None
 
-    def record(self, epoch: int, result: EvalResult, device: torch.device) -> EpochRecord:
+    def record(self, epoch: int, result: EvalPass, device: torch.device) -> EpochRecord:
         return EpochRecord(
             epoch=epoch,
             train_loss=self.loss_sum / self.samples,  # over the finite steps
@@ -574,7 +565,7 @@ def _train_epoch(
     losses: torch.Tensor,
     clock: DeviceClock,
     counters: tuple[Callable[[], float] | None, Callable[[], float] | None],
-    on_step: StepCallback | None,
+    on_step: Callable[[int], None] | None,
 ) -> _EpochTotals:
     """One timed pass over the batches; the clock and the energy counters (GPU, CPU) are
     read only around it, after a synchronize."""
@@ -649,34 +640,131 @@ def _summed_over_processes(totals: _EpochTotals, device: torch.device) -> _Epoch
     )
 
 
-def _training_state(epochs_done, model, optimizer, scheduler, scaler, records) -> dict[str, Any]:
-    return {
-        "epochs_done": epochs_done,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "scaler": scaler.state_dict(),
-        "rng_cpu": torch.get_rng_state(),
-        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
-        "records": [r.as_dict() for r in records],
-    }
+@dataclass(frozen=True)
+class TrainingState:
+    """What `fit` needs to go on after `epochs_done` epochs as if never interrupted: the
+    weights, the optimizer, schedule and scaler, the random generators, the epochs (a
+    checkpoint holds it: checkpoint.py)."""
+
+    epochs_done: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any] | None  # None: a constant learning rate
+    scaler: dict[str, Any]
+    rng_cpu: torch.Tensor
+    rng_cuda: list[torch.Tensor] | None  # None: CUDA was not started
+    records: list[EpochRecord]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Tensors and plain types only: what `torch.load(weights_only=True)` reads back."""
+        return {
+            "epochs_done": self.epochs_done,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+            "rng_cpu": self.rng_cpu,
+            "rng_cuda": self.rng_cuda,
+            "records": [record.as_dict() for record in self.records],
+        }
+
+    @classmethod
+    def from_dict(cls, saved: Any) -> TrainingState:
+        """`to_dict`'s output back; a ValueError says what does not fit."""
+        if not isinstance(saved, dict):
+            raise ValueError("no training state")
+        for key, (kind, what) in _STATE_FIELDS.items():
+            value = saved.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"state.{key} is missing or not {what}")
+        if unknown := set(saved) - set(_STATE_FIELDS):
+            raise ValueError(f"state has unknown keys {sorted(unknown)}")
+        if saved["epochs_done"] < 1 or len(saved["records"]) != saved["epochs_done"]:
+            raise ValueError(
+                f"state.epochs_done {saved['epochs_done']} does not match its epoch records"
+            )
+        if not all(isinstance(v, torch.Tensor) for v in saved["model"].values()):
+            raise ValueError("state.model holds something other than tensors")
+        if not all(isinstance(r, dict) for r in saved["records"]):
+            raise ValueError("state.records holds something other than epoch records")
+        records = [EpochRecord.from_dict(r, "state.records") for r in saved["records"]]
+        return cls(**(saved | {"records": records}))
 
 
-def _restore(state, model, optimizer, scheduler, scaler) -> tuple[int, list[EpochRecord]]:
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state["scheduler"] is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    scaler.load_state_dict(state["scaler"])
-    torch.set_rng_state(state["rng_cpu"])
-    if state["rng_cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng_cuda"])
-    return state["epochs_done"], [EpochRecord(**r) for r in state["records"]]
+# What each field of a saved state must be (its records: what EpochRecord accepts).
+_STATE_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "epochs_done": (int, "an int"),
+    "model": (dict, "a dict"),
+    "optimizer": (dict, "a dict"),
+    "scheduler": ((dict, type(None)), "a dict or None"),
+    "scaler": (dict, "a dict"),
+    "rng_cpu": (torch.Tensor, "a Tensor"),
+    "rng_cuda": ((list, type(None)), "a list or None"),
+    "records": (list, "a list"),
+}
 
 
-def summarize(
-    records: list[EpochRecord], more_steady: Sequence[float] = ()
-) -> dict[str, float | int | list[float] | None]:
+def _training_state(
+    epochs_done: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.OneCycleLR | None,
+    scaler: torch.amp.GradScaler,
+    records: list[EpochRecord],
+) -> TrainingState:
+    return TrainingState(
+        epochs_done=epochs_done,
+        model=model.state_dict(),
+        optimizer=optimizer.state_dict(),
+        scheduler=scheduler.state_dict() if scheduler is not None else None,
+        scaler=scaler.state_dict(),
+        rng_cpu=torch.get_rng_state(),
+        rng_cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+        records=list(records),
+    )
+
+
+def _restore(
+    state: TrainingState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.OneCycleLR | None,
+    scaler: torch.amp.GradScaler,
+) -> tuple[int, list[EpochRecord]]:
+    model.load_state_dict(state.model)
+    optimizer.load_state_dict(state.optimizer)
+    if scheduler is not None and state.scheduler is not None:
+        scheduler.load_state_dict(state.scheduler)
+    scaler.load_state_dict(state.scaler)
+    torch.set_rng_state(state.rng_cpu)
+    if state.rng_cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state.rng_cuda)
+    return state.epochs_done, list(state.records)
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """A training's run-level figures, from its epoch records (`TrainSummary` adds what they
+    mean on the device)."""
+
+    epochs: int  # a count
+    first_epoch_s: float
+    steady_epoch_s: float | None  # the median of steady_epochs_s; None after one epoch
+    steady_epochs_s: list[float]  # epochs 2..N, then the timing repeats' (`train.repeats`)
+    total_train_s: float
+    steady_samples_per_s: float | None
+    data_wait_fraction: float
+    final_train_loss: float
+    final_test_accuracy: float
+    best_test_accuracy: float
+    nonfinite_steps: int
+    scaler_skipped_steps: int | None  # fp16 + GradScaler only
+    peak_gpu_mem_mib: float | None
+    steady_gpu_energy_j_per_epoch: float | None
+    steady_cpu_energy_j_per_epoch: float | None
+
+
+def summarize(records: list[EpochRecord], more_steady: Sequence[float] = ()) -> RunFigures:
     """Run-level figures: first epoch apart from the steady state (median of epochs 2..N, and
     of `more_steady`: the steady epochs of the timing repeats, `train.repeats`)."""
     times = [r.train_time_s for r in records]
@@ -686,27 +774,27 @@ def summarize(
     gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
     energy = [r.gpu_energy_j for r in records[1:] if r.gpu_energy_j is not None]
     cpu_energy = [r.cpu_energy_j for r in records[1:] if r.cpu_energy_j is not None]
-    return {
-        "epochs": len(records),
-        "first_epoch_s": times[0],
-        "steady_epoch_s": steady_s,
-        "steady_epochs_s": steady,
-        "total_train_s": sum(times),
-        "steady_samples_per_s": samples / steady_s if steady_s else None,
-        "data_wait_fraction": sum(r.data_wait_s for r in records) / sum(times),
-        "final_train_loss": records[-1].train_loss,
-        "final_test_accuracy": records[-1].test_accuracy,
-        "best_test_accuracy": max(r.test_accuracy for r in records),
-        "nonfinite_steps": sum(r.nonfinite_steps for r in records),
-        "scaler_skipped_steps": (
+    return RunFigures(
+        epochs=len(records),
+        first_epoch_s=times[0],
+        steady_epoch_s=steady_s,
+        steady_epochs_s=steady,
+        total_train_s=sum(times),
+        steady_samples_per_s=samples / steady_s if steady_s else None,
+        data_wait_fraction=sum(r.data_wait_s for r in records) / sum(times),
+        final_train_loss=records[-1].train_loss,
+        final_test_accuracy=records[-1].test_accuracy,
+        best_test_accuracy=max(r.test_accuracy for r in records),
+        nonfinite_steps=sum(r.nonfinite_steps for r in records),
+        scaler_skipped_steps=(
             sum(r.scaler_skipped_steps for r in records)
             if records[0].scaler_skipped_steps is not None
             else None
         ),
-        "peak_gpu_mem_mib": max(gpu_mem) if gpu_mem else None,
+        peak_gpu_mem_mib=max(gpu_mem) if gpu_mem else None,
         # A mean, not a median: NVML's counter advances in steps, so a short epoch reads one
         # step more or less than it used; over all steady epochs those errors cancel. Epochs
         # shorter than its steps can all read 0 J: that is no measurement (None, not 0).
-        "steady_gpu_energy_j_per_epoch": statistics.fmean(energy) if any(energy) else None,
-        "steady_cpu_energy_j_per_epoch": statistics.fmean(cpu_energy) if any(cpu_energy) else None,
-    }
+        steady_gpu_energy_j_per_epoch=statistics.fmean(energy) if any(energy) else None,
+        steady_cpu_energy_j_per_epoch=statistics.fmean(cpu_energy) if any(cpu_energy) else None,
+    )

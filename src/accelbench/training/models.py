@@ -1,9 +1,11 @@
-"""Model definitions only."""
+"""The models, and which one each dataset is trained with (`for_dataset`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from accelbench.data.datasets import Dataset
 
 
 def one_channel_taps(
@@ -108,9 +110,11 @@ class LeNet(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
-def for_dataset(dataset: str, dropout: float = 0.25) -> nn.Module:
-    """The model each dataset is trained with: the seed CNN on MNIST, LeNet on CIFAR-10
-    (`dropout` is the seed CNN's; LeNet has none)."""
-    if dataset == "cifar10":
+def for_dataset(dataset: Dataset, dropout: float | None = None) -> nn.Module:
+    """The model `dataset` is trained with: the seed CNN on MNIST, LeNet on CIFAR-10.
+    `dropout` is the seed CNN's (None: its default); LeNet has none."""
+    if dataset.name == "mnist":
+        return SeedCNN() if dropout is None else SeedCNN(dropout)
+    if dataset.name == "cifar10":
         return LeNet()
-    return SeedCNN(dropout=dropout)
+    raise ValueError(f"no model for dataset {dataset.name!r}: add one to training/models.py")

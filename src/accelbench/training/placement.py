@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accelbench.core import phases
 from accelbench.core.console import StageError
 from accelbench.core.params import VariantParams
 from accelbench.system import hardware
@@ -47,14 +46,25 @@ class Visible:
 
 
 def visible(at_least: int = 1) -> Visible:
-    """The GPUs this process can use. Where NVML alone shows fewer than `at_least`, that is
-    the answer, without importing torch (seconds on some hosts): a variant this machine
-    cannot run is skipped at once."""
+    """The GPUs this process can use: NVML's answer where it settles the question
+    (`nvml_visible`), else torch's."""
+    settled = nvml_visible(at_least)
+    return settled if settled is not None else torch_visible()
+
+
+def nvml_visible(at_least: int) -> Visible | None:
+    """The GPUs here, where NVML alone shows fewer than `at_least`: that settles it without
+    importing torch (seconds on some hosts), so a variant this machine cannot run is skipped
+    at once. None: torch must be asked."""
     nvml = hardware.nvml_gpu_count()
     if nvml is not None and nvml[0] < at_least:
         return Visible(*nvml)
-    with phases.phase("imports"):
-        import torch
+    return None
+
+
+def torch_visible() -> Visible:
+    """The GPUs torch can use in this process (imports torch)."""
+    import torch
 
     if torch.cuda.is_available():
         return Visible(torch.cuda.device_count())
@@ -108,9 +118,10 @@ def place(
     environ: Mapping[str, str] | None = None,
     here: Visible | None = None,
 ) -> Placement:
-    """Where `variant` trains in this process; raises StageError where it must be refused."""
+    """Where `variant` trains in this process (`here`: the GPUs visible, where known);
+    raises StageError where it must be refused."""
     environ = os.environ if environ is None else environ
-    if variant.distributed is not None and "LOCAL_RANK" in environ:
+    if torchrun_child(variant, environ):
         return _torchrun_child(variant, environ)  # the launcher checked the machine
     needed = gpus_needed(variant)
     missing = None
@@ -120,14 +131,19 @@ def place(
         if require_gpu:
             raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
         return Placement(skip_reason=missing)
-    with phases.phase("imports"):
-        import torch
+    import torch
 
     if variant.distributed is not None:
         return Placement(launch=True, world_size=variant.distributed.world_size)
     if variant.uses_cuda:
         return Placement(torch.device("cuda"), torch.cuda.get_device_name(0))
     return Placement(torch.device("cpu"), hardware.cpu_model())
+
+
+def torchrun_child(variant: VariantParams, environ: Mapping[str, str] | None = None) -> bool:
+    """This process is one of a DDP variant's torchrun workers (torchrun set LOCAL_RANK)."""
+    environ = os.environ if environ is None else environ
+    return variant.distributed is not None and "LOCAL_RANK" in environ
 
 
 def _torchrun_child(variant: VariantParams, environ: Mapping[str, str]) -> Placement:

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from accelbench.core.params import VariantParams
-from accelbench.core.results import TrainSummary
+from accelbench.core.results import EpochRecord, TrainSummary
 from accelbench.system import hardware
 from accelbench.training import engine
 from accelbench.training.placement import Placement
 
 
 def summarize_run(
-    records: list[engine.EpochRecord],
+    records: list[EpochRecord],
     variant: VariantParams,
     placement: Placement,
     *,
     accumulation_steps: int,
     flops_per_sample: int,
-    repeats: list[list[engine.EpochRecord]] | None = None,
+    repeats: list[list[EpochRecord]] | None = None,
     compile_cache: str | None = None,
 ) -> TrainSummary:
     """Epoch figures, plus achieved TFLOP/s against the datasheet peak of every process's
@@ -25,15 +27,15 @@ def summarize_run(
     repeats (which find every graph cached)."""
     repeats = repeats or []
     more_steady = [r.train_time_s for repeat in repeats for r in repeat[1:]]
-    epochs = engine.summarize(records, more_steady)
+    figures = engine.summarize(records, more_steady)
     world_size = placement.world_size
-    steady_s = epochs["steady_epoch_s"] or epochs["first_epoch_s"]
+    steady_s = figures.steady_epoch_s or figures.first_epoch_s
     samples = records[-1].samples
     steady_tflops = flops_per_sample * samples / steady_s / 1e12
     peak = hardware.peak_tflops(placement.device_name, variant.precision, variant.tf32)
-    per_process = epochs["steady_samples_per_s"]
+    per_process = figures.steady_samples_per_s
     return TrainSummary(
-        **epochs,
+        **asdict(figures),
         accumulation_steps=accumulation_steps,
         device=variant.device,
         device_name=placement.device_name,

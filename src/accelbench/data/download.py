@@ -1,0 +1,234 @@
+"""Verified, atomic downloads from a list of mirrors: what every dataset's download shares.
+
+A mirror is an http(s):// URL, a file:// URL or a folder; an environment variable named by
+the dataset puts one in front of the list. Each file is fetched from one mirror after the
+other until a copy passes the dataset's `check` (which raises `ChecksumError`). Nothing
+reaches its final path unless it verified: a download goes to a temporary `.part` file in
+the same folder and is renamed into place, with the mode the umask gives; the `.part` files
+a killed download left are removed on the next start. Each file from each mirror has an
+overall deadline besides the per-read timeout, and a file already at the final path is
+replaced only when it is the verified file itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+import requests
+import urllib3.exceptions
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from accelbench.core.console import AccelbenchError, InputError, log
+
+_CHUNK = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class DownloadError(AccelbenchError, RuntimeError):
+    """Every mirror failed for a file; the message names each mirror and why."""
+
+
+class ChecksumError(ValueError):
+    """A file is not the one expected (its checksum, or its format, differs)."""
+
+
+def mirrors_with_override(
+    mirrors: Iterable[str], variable: str, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """The mirror list, with the one in $`variable` (if set) tried first."""
+    env = os.environ if env is None else env
+    ordered = list(mirrors)
+    override = env.get(variable, "").strip()
+    if override:
+        ordered = [override] + [m for m in ordered if m != override]
+    return ordered
+
+
+def _session(retries: int) -> requests.Session:
+    session = requests.Session()
+    retry = Retry(
+        total=retries,
+        backoff_factor=0.5,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=("GET",),
+        raise_on_status=False,
+    )
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _local_dir(mirror: str) -> Path | None:
+    """A mirror given as a directory path or a file:// URL; None for http(s)."""
+    parsed = urlparse(mirror)
+    if parsed.scheme in ("http", "https"):
+        return None
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path))
+    if parsed.scheme == "" or len(parsed.scheme) == 1:  # plain path (or a Windows drive)
+        return Path(mirror).expanduser()
+    raise ValueError(
+        f"unsupported mirror scheme {parsed.scheme!r} (use http(s)://, file:// or a path)"
+    )
+
+
+def _fetch(
+    mirror: str,
+    name: str,
+    dest: Path,
+    session: requests.Session,
+    timeout_s: float,
+    deadline_s: float,
+) -> None:
+    """Copy `name` from `mirror` into the temporary file `dest`, within `deadline_s` (a
+    server that trickles bytes resets the per-read timeout, never the deadline)."""
+    local = _local_dir(mirror)
+    if local is not None:
+        source = local / name
+        if not source.is_file():
+            raise FileNotFoundError(f"{source} does not exist")
+        shutil.copyfile(source, dest)
+        return
+    url = mirror.rstrip("/") + "/" + name
+    started = time.monotonic()
+    with session.get(url, stream=True, timeout=timeout_s) as response:
+        response.raise_for_status()
+        expected = response.headers.get("Content-Length")
+        written = 0
+        with open(dest, "wb") as out:
+            # The bytes as sent (Content-Length counts them): a .gz served with
+            # `Content-Encoding: gzip` is the .gz itself; read1 returns what has arrived.
+            while chunk := response.raw.read1(_CHUNK, decode_content=False):
+                out.write(chunk)
+                written += len(chunk)
+                if time.monotonic() - started > deadline_s:
+                    raise TimeoutError(
+                        f"not complete after the {deadline_s:g} s deadline ({written} bytes; "
+                        "data.deadline_s)"
+                    )
+        if expected is not None and written != int(expected):
+            raise OSError(f"truncated: got {written} of {expected} bytes")
+        if "gzip" in response.headers.get("Content-Encoding", "").lower():
+            _unwrap_transfer_gzip(dest)
+
+
+def _unwrap_transfer_gzip(path: Path) -> None:
+    """A server that gzips the .gz again on the way: keep the .gz inside."""
+    with gzip.open(path, "rb") as stream:
+        try:
+            nested = stream.read(2) == _GZIP_MAGIC
+        except (OSError, EOFError):
+            return  # the dataset's check says what is wrong with it
+    if nested:
+        unwrapped = path.with_name(path.name + ".inner")
+        unwrapped.unlink(missing_ok=True)  # a leftover (or a link): never written through
+        with gzip.open(path, "rb") as stream, open(unwrapped, "wb") as out:
+            shutil.copyfileobj(stream, out, _CHUNK)
+        os.replace(unwrapped, path)
+
+
+def _umask_mode() -> int:
+    """The mode a new file gets under the process's umask (mkstemp's 0600 is not it)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def remove_leftovers(folder: Path, names: Iterable[str]) -> None:
+    """The temporaries a killed earlier download of `names` left in `folder` (its own only:
+    `.<name>.<random>.part`, and `.inner` beside it; other files in the folder stay)."""
+    if not folder.is_dir():
+        return
+    for name in names:
+        for pattern in (f".{name}.*.part", f".{name}.*.part.inner"):
+            for leftover in folder.glob(pattern):
+                if leftover.is_file() or leftover.is_symlink():
+                    leftover.unlink(missing_ok=True)
+
+
+def output_folder(folder: Path) -> Path:
+    """`--out` as a folder to write into (created if absent); a file there is refused."""
+    if folder.exists() and not folder.is_dir():
+        raise InputError(
+            f"{folder}: exists and is a file, not a folder; accelbench writes its outputs into "
+            "a folder: move the file away or pass another path"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: str) -> None:
+    """A file at a download's final path is replaced only when it is the verified file it
+    names (an earlier download's); anything else is the user's and is refused, before any
+    download starts."""
+    if not os.path.lexists(final) or not final.exists():  # absent, or a dangling link
+        return
+    if final.is_file():
+        try:
+            check(final)
+            return
+        except (ChecksumError, OSError):
+            pass
+    raise InputError(
+        f"{final}: exists and is not {what} (it does not verify); download replaces only its "
+        "own files: move it away or pass another --out"
+    )
+
+
+def download_file(
+    name: str,
+    check: Callable[[Path], None],
+    out_dir: Path,
+    mirrors: list[str],
+    *,
+    variable: str,
+    timeout_s: float = 30.0,
+    retries: int = 2,
+    deadline_s: float = 600.0,
+) -> Path:
+    """Fetch `name` into `out_dir` from the first mirror that yields a copy `check` accepts
+    (it raises ChecksumError otherwise); each mirror that failed before it is logged. When
+    all fail, the error names each mirror and why, and $`variable`, the local override."""
+    final = out_dir / name
+    output_folder(out_dir)
+    refuse_foreign_download(final, check, f"the verified {name}")
+    failures: list[str] = []
+    session = _session(retries)
+    for mirror in mirrors:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=out_dir)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            _fetch(mirror, name, tmp, session, timeout_s, deadline_s)
+            check(tmp)
+            tmp.chmod(_umask_mode())
+            os.replace(tmp, final)
+            if failures:
+                log(f"download: {name} from {mirror}, after {len(failures)} failed mirror(s)")
+            return final
+        except (
+            requests.RequestException,
+            urllib3.exceptions.HTTPError,
+            OSError,
+            ValueError,
+        ) as exc:
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+            failures.append(f"{mirror}: {reason}")
+            log(f"download: {name}: mirror {mirror} failed ({reason[:300]})")
+        finally:
+            tmp.unlink(missing_ok=True)
+    raise DownloadError(
+        f"could not get a verified copy of {name} from any mirror ({'; '.join(failures)}). "
+        f"To use a local copy, set {variable}=/path/to/the/folder/with/{name} "
+        "(a directory, file:// or http(s) URL), or edit data's mirrors in params.yaml."
+    )

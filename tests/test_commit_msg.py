@@ -1,0 +1,84 @@
+"""The commit-message habit (CONTRIBUTING.md) as the hook that `make setup` installs checks it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+CHECK = [sys.executable, str(REPO / "tools" / "commit_msg.py")]
+GOOD = "Move the flat package into role folders\n\nThe layers were invisible.\n"
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ("x" * 73 + "\n\nwhy\n", "73 characters; at most 72"),
+        ("Moved the files\n\nwhy\n", "use the imperative"),
+        ("Adding a test\n\nwhy\n", "use the imperative"),
+        ("Fix the hang.\n\nwhy\n", "full stop"),
+        ("Fix the hang\nwhy\n", "no blank line"),
+        ("Fix the hang\n", "no body"),
+        ("Fix the hang\n\n# only a comment\n", "no body"),
+    ],
+)
+def test_a_message_off_the_habit_is_refused_by_the_hook(tmp_path, message, problem) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "f").write_text("x")
+    env_git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "add", "f"], cwd=tmp_path, check=True)
+    hooks = ["-c", f"core.hooksPath={REPO / '.githooks'}"]
+    done = subprocess.run(
+        [*env_git, *hooks, "commit", "-q", "-F", "-"],
+        cwd=tmp_path,
+        input=message,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and problem in done.stderr, done.stderr
+
+
+def test_an_empty_message_is_refused() -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    from commit_msg import problems
+
+    assert problems("# only Git's comments\n") == ["the subject (first line) is empty"]
+
+
+def test_a_message_on_the_habit_commits(tmp_path) -> None:
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "f").write_text("x")
+    subprocess.run(["git", "add", "f"], cwd=tmp_path, check=True)
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c",
+         f"core.hooksPath={REPO / '.githooks'}", "commit", "-q", "-F", "-"],
+        cwd=tmp_path, input=GOOD, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("subject", ["Embed the fonts", "Speed up the step", "Merge branch 'x'"])
+def test_imperatives_that_look_past_and_merges_pass(tmp_path, subject) -> None:
+    message = tmp_path / "msg"
+    message.write_text(f"{subject}\n\nwhy\n")
+    assert subprocess.run([*CHECK, str(message)]).returncode == 0
+
+
+def test_a_range_names_the_commit_at_fault(tmp_path) -> None:
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    for i, message in enumerate((GOOD, "Fixed it\n\nwhy\n")):
+        (tmp_path / "f").write_text(str(i))
+        subprocess.run(["git", "add", "f"], cwd=tmp_path, check=True)
+        subprocess.run([*git, "commit", "-q", "-m", message], cwd=tmp_path, check=True)
+    done = subprocess.run(
+        [*CHECK, "--range", "HEAD~1..HEAD"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 1 and "use the imperative" in done.stderr
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout.strip()
+    assert done.stderr.startswith(head)
