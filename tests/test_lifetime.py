@@ -123,7 +123,7 @@ def test_a_lock_left_by_a_killed_process_never_blocks(tmp_path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from accelbench import lifetime\n"
+            "import sys, time; from pathlib import Path; from accelbench.system import lifetime\n"
             "with lifetime.sole_writer('cpu', Path(sys.argv[1])):\n"
             "    print('held', flush=True); time.sleep(60)",
             str(model),
