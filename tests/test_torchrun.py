@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -178,6 +179,8 @@ def test_nccl_ddp_trains_like_one_process_on_the_same_global_batches(
     for name in ("single", "ddp"):
         result = _run_train(params, name, prepared, tmp_path, mlflow_store, 400)
         assert result.returncode == 0, result.stderr[-3000:]
+    # DDP is built on the stream its captured steps run on (no per-step autograd warning)
+    assert "AccumulateGrad node's stream does not match" not in result.stderr
     single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
     ddp_weights = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
     torch.manual_seed(0)  # params.yaml's seed: the initial weights both runs started from
@@ -214,3 +217,67 @@ def test_two_nodes_on_localhost_static_rendezvous(tmp_path, prepared, mlflow_sto
     assert not (tmp_path / "node1" / "ddp.pt").exists()
     metrics = (tmp_path / "node0" / "metrics" / "ddp" / "train.json").read_text()
     assert '"world_size": 2' in metrics
+
+
+# --- leaving the process group: bounded -------------------------------------------------------
+
+_GROUP = """
+import os, sys, time
+import torch.distributed as dist
+from accelbench.core.params import DistributedParams
+from accelbench.training import torchrun
+from accelbench.training.placement import Placement
+import torch
+
+rank = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK=str(rank),
+                  WORLD_SIZE=sys.argv[3])
+if sys.argv[4] == "hang":  # a teardown that never returns
+    torchrun.SHUTDOWN_LIMIT_S = 2
+    dist.destroy_process_group = lambda: time.sleep(3600)
+here = Placement(torch.device("cpu"), "cpu", rank=rank, world_size=int(sys.argv[3]), backend="gloo")
+with torchrun.process_group(here, DistributedParams(backend="gloo", timeout_s=10)):
+    if rank == 1:
+        time.sleep(60)  # a rank that never reaches the end
+print("left the group", flush=True)
+"""
+
+
+def _free_port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def test_a_teardown_that_hangs_ends_the_rank_with_one_line(tmp_path) -> None:
+    """destroy_process_group that never returns: the rank says so and ends, its work done."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _GROUP, "0", _free_port(), "1", "hang"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 0: the process group did not shut down within 2 s" in done.stderr
+    assert "left the group" not in done.stdout  # ended right there
+    assert time.monotonic() - start < 30
+
+
+def test_a_rank_that_never_arrives_fails_the_others_within_the_timeout(tmp_path) -> None:
+    """distributed.timeout_s bounds the wait for a stuck rank; the error names the wait."""
+    port = _free_port()
+    stuck = subprocess.Popen([sys.executable, "-c", _GROUP, "1", port, "2", "-"])
+    try:
+        start = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", _GROUP, "0", port, "2", "-"],
+            capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        waited = time.monotonic() - start
+    finally:
+        stuck.kill()
+        stuck.wait()
+    assert done.returncode != 0 and "left the group" not in done.stdout
+    assert re.search(r"[Tt]imed out|[Tt]imeout", done.stderr), done.stderr[-2000:]
+    assert waited < 45, f"waited {waited:.0f} s for a 10 s timeout"

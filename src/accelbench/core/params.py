@@ -176,6 +176,9 @@ class DistributedParams(_Strict):
     # global rank 0, the process that writes the outputs.
     rdzv_endpoint: str = "127.0.0.1:29500"
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl on cuda, gloo on cpu
+    # How long a rank waits in a collective (or for the others at the end) before its stage
+    # fails naming the rank and the operation: a stuck rank never hangs the pipeline.
+    timeout_s: Annotated[int, Field(ge=10, le=3600)] = 300
 
     @property
     def world_size(self) -> int:

@@ -106,7 +106,7 @@ def run(
         root,
         quiet,
     )
-    with torchrun.process_group(where):
+    with torchrun.process_group(where, inputs.variant.distributed):
         return train(job)
 
 

@@ -15,6 +15,7 @@ import math
 import resource
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -256,10 +257,14 @@ class TrainStep:
         fill: float,
         accumulation_steps: int = 1,
         warmup_steps: int = CAPTURE_WARMUP_STEPS,
+        stream: torch.cuda.Stream | None = None,
     ) -> None:
         # `fill`: the augmentation's padding, a normalized black pixel (a constant to
-        # torch.compile)
+        # torch.compile). `stream`: where every step runs (warm-up, capture, replays, partial
+        # batches): the stream a captured DDP module was built on, so that autograd's
+        # gradient accumulators, which DDP holds from its construction, see one stream.
         self.model, self.shift_px, self.fill = model, shift_px, fill
+        self.stream = stream
         self.warmup_steps = warmup_steps
         self.ddp = isinstance(model, DistributedDataParallel)
         self.accumulation_steps = accumulation_steps
@@ -337,11 +342,12 @@ class TrainStep:
             for param, state in self.optimizer.state.items()
         }
         static_images, static_labels = images.clone(), labels.clone()
-        with side_stream(self.device):
+        warmup = contextlib.nullcontext() if self.stream else side_stream(self.device)
+        with warmup:  # off the default stream, as capture needs
             for _ in range(self.warmup_steps):  # compilation, autotuning, optimizer state
                 self._run(static_images, static_labels)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=self.stream):
             static_loss = self.full_batch_loss(static_images, static_labels)
             static_loss.backward()
             self.optimizer.step()
@@ -357,6 +363,23 @@ class TrainStep:
         self.static = (static_images, static_labels, static_loss)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.stream is None:
+            return self._step(images, labels)
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)  # the batch was gathered on the current stream
+        with torch.cuda.stream(self.stream):
+            loss = self._step(images, labels)
+        current.wait_stream(self.stream)
+        return loss
+
+    def close(self) -> None:
+        """Free the captured graph and its memory pool. Under DDP the graph holds NCCL
+        collectives, which keep the communicator in use until the graph is gone."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = self.static = None
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.full_shape is None:
             self.full_shape = images.shape
         if images.shape != self.full_shape:
@@ -373,12 +396,25 @@ class TrainStep:
         return static_loss.detach().float()
 
 
-def wrap_ddp(model: nn.Module, device: torch.device, graphed: bool) -> DistributedDataParallel:
-    """DistributedDataParallel around `model`; built on a side stream when it will be captured."""
+def wrap_ddp(
+    model: nn.Module, device: torch.device, stream: torch.cuda.Stream | None = None
+) -> DistributedDataParallel:
+    """DistributedDataParallel around `model`, built on `stream` when its steps will run there
+    (a captured step: see `TrainStep`)."""
+    # "Grad strides do not match bucket view strides" (once per process) is about conv1's
+    # [32, 1, 3, 3] weight in channels_last: its gradient's strides differ from the
+    # parameter's in the stride of the size-1 input-channel dimension alone, which cuDNN
+    # sets as its algorithm chooses. The memory order is the same, so the reducer's copy
+    # into the bucket is a plain one: the "may impair performance" the warning names (the
+    # reducer's source: "The penalty for disobedience is reduced performance, not numerical
+    # death") does not arise. Other layout warnings still show.
+    warnings.filterwarnings(
+        "ignore", message="Grad strides do not match bucket view strides", category=UserWarning
+    )
     device_ids = [device.index] if device.type == "cuda" else None
-    if not graphed:
+    if stream is None:
         return DistributedDataParallel(model, device_ids=device_ids)
-    with side_stream(device):
+    with torch.cuda.stream(stream):
         return DistributedDataParallel(model, device_ids=device_ids)
 
 
@@ -468,32 +504,36 @@ def fit(
     # Per-step losses stay on the device (one copy kernel a step, no host sync); the host
     # reads them once per epoch to sum them and to check for non-finite values.
     losses = torch.empty(len(train_batches), device=device)
-    for epoch in range(first_epoch, recipe.epochs):
-        model.train()
-        totals = _train_epoch(
-            step,
-            scheduler,
-            train_batches.epoch(epoch),
-            losses,
-            clock,
-            (hooks.gpu_energy_j, hooks.cpu_energy_j),
-            hooks.on_step,
-        )
-        check_nonfinite(totals.finite, epoch + 1, recipe.max_nonfinite_steps, variant)
-        if spec.distributed:
-            totals = _summed_over_processes(totals, device)
-        # Eagerly: evaluation is not what is benchmarked, and compiling it
-        # would recompile for eval mode and the test batch shapes.
-        with hooks.around_evaluation():
-            result = evaluate(model, test_batches, variant, device)
-        record = totals.record(epoch + 1, result, device)
-        records.append(record)
-        if hooks.on_epoch is not None:
-            hooks.on_epoch(record)
-        if hooks.on_checkpoint is not None:
-            hooks.on_checkpoint(
-                _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
+    try:
+        for epoch in range(first_epoch, recipe.epochs):
+            model.train()
+            totals = _train_epoch(
+                step,
+                scheduler,
+                train_batches.epoch(epoch),
+                losses,
+                clock,
+                (hooks.gpu_energy_j, hooks.cpu_energy_j),
+                hooks.on_step,
             )
+            check_nonfinite(totals.finite, epoch + 1, recipe.max_nonfinite_steps, variant)
+            if spec.distributed:
+                totals = _summed_over_processes(totals, device)
+            # Eagerly: evaluation is not what is benchmarked, and compiling it
+            # would recompile for eval mode and the test batch shapes.
+            with hooks.around_evaluation():
+                result = evaluate(model, test_batches, variant, device)
+            record = totals.record(epoch + 1, result, device)
+            records.append(record)
+            if hooks.on_epoch is not None:
+                hooks.on_epoch(record)
+            if hooks.on_checkpoint is not None:
+                hooks.on_checkpoint(
+                    _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
+                )
+    finally:
+        step.close()  # a graph holding DDP's collectives must not outlive training
+
     return records
 
 
@@ -504,9 +544,12 @@ def _make_step(
     schedule."""
     recipe, variant, device = spec.recipe, spec.variant, spec.device
     trained = model
+    stream = None
     if spec.distributed:
         # Gradients are averaged across processes in backward; every step must go through it.
-        trained = wrap_ddp(model, device, graphed=variant.cuda_graph)
+        if variant.cuda_graph and device.type == "cuda":
+            stream = torch.cuda.Stream(device)  # DDP's and every step's
+        trained = wrap_ddp(model, device, stream)
     optimizer = make_optimizer(model, recipe, variant, device)
     scheduler = make_scheduler(optimizer, recipe, len(batches))
     step = TrainStep(
@@ -518,6 +561,7 @@ def _make_step(
         fill=zero_pixel(batches.dataset),
         accumulation_steps=spec.accumulation_steps,
         warmup_steps=DDP_CAPTURE_WARMUP_STEPS if spec.distributed else CAPTURE_WARMUP_STEPS,
+        stream=stream,
     )
     return step, optimizer, scheduler
 

@@ -4,15 +4,23 @@ joins the process group for the length of its training.
 None outlives the stage: torchrun runs as `python -m accelbench.training.torchrun`, which ends it
 (SIGTERM) when the stage ends, and its workers end with it (`lifetime.end_with_launcher`);
 an interrupted stage stops torchrun, which stops its workers, before it unwinds.
+
+Nothing waits without bound: every collective has the variant's `distributed.timeout_s`
+(NCCL's watchdog then ends the rank with the operation it waited for), the ranks leave
+together through a barrier with the same bound, and the process group's teardown has
+`SHUTDOWN_LIMIT_S`, after which the rank says so in one line and ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import gc
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 from accelbench.core.console import StageError, log
@@ -22,6 +30,7 @@ from accelbench.training.placement import Placement
 
 # torchrun gives its workers 30 s to end after a signal before it kills them.
 STOP_TIMEOUT_S = 40
+SHUTDOWN_LIMIT_S = 30  # for destroy_process_group, once every rank is done
 
 
 def launch(
@@ -88,18 +97,65 @@ def _ended(process: subprocess.Popen, timeout_s: float) -> bool:
 
 
 @contextlib.contextmanager
-def process_group(placement: Placement) -> Iterator[None]:
-    """Inside: this torchrun child is in its process group (nothing, outside torchrun)."""
-    if placement.backend is None:
+def process_group(placement: Placement, cfg: DistributedParams | None) -> Iterator[None]:
+    """Inside: this torchrun child is in its process group (nothing, outside torchrun).
+
+    Leaving, the ranks first wait for each other (rank 0 writes the outputs while the others
+    are done), then every CUDA graph and kernel that holds the communicator is finished and
+    freed before the group is destroyed: a captured NCCL collective keeps its communicator
+    alive, and destroying the group under a live graph can wait forever."""
+    if placement.backend is None or cfg is None:
         yield
         return
     import torch.distributed as dist
 
-    dist.init_process_group(placement.backend)
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    device = placement.device if placement.device.type == "cuda" else None
+    dist.init_process_group(placement.backend, timeout=timeout, device_id=device)
+    finished = False
     try:
         yield
+        finished = True
+        dist.barrier()  # bounded by `timeout`, like every collective of this group
     finally:
+        # A failing rank leaves its group as it is: its peers may never answer a teardown,
+        # and the process is about to end with its own error, which must reach the user.
+        if finished:
+            _release_device(placement)
+            _destroy_within(SHUTDOWN_LIMIT_S, placement.rank)
+
+
+def _release_device(placement: Placement) -> None:
+    """Free what the training left holding the communicator (CUDA graphs that captured its
+    collectives, in reference cycles until collected) and wait for the GPU's queued work."""
+    gc.collect()
+    if placement.device is not None and placement.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(placement.device)
+
+
+def _destroy_within(limit_s: float, rank: int) -> None:
+    """destroy_process_group, or, when it has not returned in `limit_s`, one line and the end
+    of this process, with success: every rank got here, and rank 0 wrote every output."""
+    import torch.distributed as dist
+
+    done = threading.Event()
+
+    def destroy() -> None:
         dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, name="destroy_process_group", daemon=True).start()
+    if done.wait(limit_s):
+        return
+    log(
+        f"rank {rank}: the process group did not shut down within {limit_s:.0f} s "
+        "(destroy_process_group waiting on the communicator); ending this process"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _main() -> None:
