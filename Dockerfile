@@ -52,7 +52,7 @@ RUN python3 -m venv /opt/venv /tmp/uv \
     && /tmp/uv/bin/pip install --quiet "uv==${UV_VERSION}" \
     && export UV_SYSTEM_CERTS=1 UV_NO_CACHE=1 \
     && /tmp/uv/bin/uv export --project /tmp/lock --frozen --no-header --no-annotate --quiet \
-         --no-emit-project --no-dev --extra plots -o /tmp/lock/runtime.txt \
+         --no-emit-project --no-dev --extra plots --extra team -o /tmp/lock/runtime.txt \
     && /tmp/uv/bin/uv export --project /tmp/lock --frozen --no-header --no-annotate --quiet \
          --no-emit-project --only-group dev -o /opt/venv/dev-requirements.txt \
     && python3 /tmp/lock/requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock \

@@ -13,7 +13,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup hooks repro test lint format ui lock wheelhouse container-test schema metrics plots exps clean clean-history
+.PHONY: help setup hooks repro test lint format ui server lock wheelhouse container-test schema metrics plots exps clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -42,7 +42,7 @@ hooks:
 # files (a read-only environment, PYTHONDONTWRITEBYTECODE) every stage process recompiles
 # MLflow and its stack from source, seconds per stage.
 $(VENV)/.installed: uv.lock pyproject.toml | $(BIN)/uv
-	$(BIN)/uv sync --locked --quiet --compile-bytecode --extra plots
+	$(BIN)/uv sync --locked --quiet --compile-bytecode --extra plots --extra team
 	touch $@
 
 $(BIN)/uv:
@@ -67,6 +67,11 @@ format: setup  ## apply ruff's fixes and formatting
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
 	@python -c 'import sys; from pathlib import Path; from accelbench.system.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
 	mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host $(HOST) --port $(PORT)
+
+# A team's tracking server (docs/teams.md): the database and artifact store come from
+# MLFLOW_BACKEND_STORE_URI and MLFLOW_ARTIFACTS_DESTINATION; HOST=0.0.0.0 serves the team.
+server: setup  ## MLflow server for a team: runs in PostgreSQL, artifacts proxied (docs/teams.md)
+	accelbench server --host $(HOST) --port $(PORT)
 
 lock: | $(BIN)/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)
 	$(BIN)/uv lock

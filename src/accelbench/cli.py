@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit codes: 0 GPU ready, 3 CPU only (nothing required a GPU), 1 problems.",
     )
     doctor.add_argument("--require-gpu", action="store_true", help="a missing GPU is a problem")
+    # Its arguments, --help included, are its module's own (accelbench.system.server).
+    sub.add_parser(
+        "server", help="a team's MLflow server on PostgreSQL (docs/teams.md)", add_help=False
+    )
     for name, help_line in STAGES.items():
         # Its arguments, --help included, are left to the stage's own parser.
         sub.add_parser(name, help=help_line, add_help=False)
@@ -147,6 +151,8 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, stage_args = parser.parse_known_args(argv)
+    if args.stage == "server":  # needs no params.yaml: it serves a team, not a checkout
+        return importlib.import_module("accelbench.system.server").main(stage_args)
     if stage_args and args.stage not in STAGES:
         parser.error(f"unrecognized arguments: {' '.join(stage_args)}")
     _interrupt_on_sigterm()

@@ -424,7 +424,9 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     name = f"{os.environ.get('DVC_EXP_NAME') or 'pipeline'} {datetime.now():%Y-%m-%d %H:%M:%S}"
     client = MlflowClient()
     run = client.create_run(experiment_id, tags=_common_tags(root, "pipeline"), run_name=name)
-    client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run.info.run_id))
+    _once_more_on_conflict(
+        lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run.info.run_id))
+    )
     pointer = root / PIPELINE_RUN_FILE
     pointer.parent.mkdir(exist_ok=True)
     partial = pointer.with_name(f".{pointer.name}.tmp")
@@ -535,7 +537,25 @@ def numpy_dataset(name: str, images, labels, source: Path, digest: str):
 @tolerant
 def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
     """The data a run used, as an MLflow dataset input."""
-    mlflow.log_input(numpy_dataset(name, images, labels, source, digest), context=context)
+    dataset = numpy_dataset(name, images, labels, source, digest)
+    _once_more_on_conflict(lambda: mlflow.log_input(dataset, context=context))
+
+
+# What a SQL store answers the second of two writers that insert one new row at once (MLflow's
+# server reads, then inserts: two pipelines logging the same dataset, or the experiment's view
+# tag, into one PostgreSQL-backed server).
+_CONFLICTS = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed")
+
+
+def _once_more_on_conflict(call: Callable[[], T]) -> T:
+    """`call()`, and once more if a concurrent writer inserted the same row first: the retry
+    finds the row and uses it."""
+    try:
+        return call()
+    except MlflowException as exc:
+        if not any(conflict in str(exc) for conflict in _CONFLICTS):
+            raise
+        return call()
 
 
 @contextmanager

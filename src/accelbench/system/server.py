@@ -1,0 +1,258 @@
+"""`accelbench server`: a team's MLflow tracking server, its runs in PostgreSQL, its artifacts
+proxied (docs/teams.md).
+
+A launcher with checks, not a server. It refuses, in one line and before anything starts, a
+database URI that is not PostgreSQL, a database it cannot reach or log in to, an artifact
+destination that is not a writable folder, a port another program holds, and arguments meant
+for MLflow that would undo what it sets; then it *becomes* `mlflow server --serve-artifacts
+--artifacts-destination DEST` with the checked database (exec: MLflow's process, signals and
+exit code are the server's). Clients reach runs, metrics and artifacts through the server alone
+(`mlflow-artifacts:/` locations), so a user sets `MLFLOW_TRACKING_URI=http://HOST:5000` and
+needs no database driver, credentials or access to the artifact store.
+
+The database URI reaches MLflow through its own environment variable, never the command line,
+so a password in it is not shown by `ps`; messages show it as `***`. Exit codes: 2 for
+anything refused here (fix what the line names), else MLflow's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from accelbench.core.console import EXIT_INPUT, InputError, clip
+
+DATABASE_ENV = "MLFLOW_BACKEND_STORE_URI"  # MLflow's own names: `mlflow server` reads both
+ARTIFACTS_ENV = "MLFLOW_ARTIFACTS_DESTINATION"
+JOBS_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+DEFAULT_HOST = "127.0.0.1"  # this machine only, unless --host says otherwise
+DEFAULT_PORT = 5000
+CONNECT_TIMEOUT_S = 5
+POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")
+# `mlflow server` options this launcher sets itself, and the option of ours that sets each.
+OWN_OPTIONS = {
+    "--backend-store-uri": "--database",
+    "--artifacts-destination": "--artifacts",
+    "--default-artifact-root": "--artifacts (artifacts are proxied: clients never see it)",
+    "--no-serve-artifacts": "nothing: artifacts are always proxied",
+    "--artifacts-only": "nothing: this is the tracking server",
+    "--host": "--host before `--`",
+    "-h": "--host before `--`",
+    "--port": "--port before `--`",
+    "-p": "--port before `--`",
+}
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database",
+        default=os.environ.get(DATABASE_ENV),
+        metavar="URI",
+        help="the PostgreSQL database that holds the runs: postgresql://USER[:PASSWORD]@HOST"
+        f"[:PORT]/DB (default ${DATABASE_ENV}; a password may come from PGPASSWORD or ~/.pgpass)",
+    )
+    parser.add_argument(
+        "--artifacts",
+        default=os.environ.get(ARTIFACTS_ENV),
+        metavar="DEST",
+        help="where the server keeps artifacts: a folder (created if missing) or an object-store "
+        f"URI such as s3://bucket/path (default ${ARTIFACTS_ENV})",
+    )
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"the address to listen on (default {DEFAULT_HOST}: this machine only; "
+        "0.0.0.0 for a team)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
+
+
+def shown(uri: str) -> str:
+    """`uri` with its password, if any, as ***."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(uri).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: show the scheme only
+        return f"{uri.split(':', 1)[0]}:…" if ":" in uri else clip(uri)
+
+
+def check_database_uri(uri: str | None) -> str:
+    """The URI, if it names a PostgreSQL database; else InputError saying what to write."""
+    if not uri:
+        raise InputError(
+            f"no database: pass --database postgresql://USER@HOST:5432/DB or set {DATABASE_ENV}"
+        )
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme not in POSTGRES_SCHEMES:
+        hint = {
+            "postgres": "write postgresql:// (SQLAlchemy does not read postgres://)",
+            "sqlite": "SQLite is a checkout's own store (`make ui` serves it); a team's runs "
+            "live in PostgreSQL",
+        }.get(scheme.split("+", 1)[0], "write postgresql://USER@HOST:5432/DB")
+        raise InputError(f"--database {shown(uri)}: not a postgresql:// URI; {hint}")
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(uri)
+    except Exception as exc:
+        raise InputError(f"--database {shown(uri)}: not a database URI ({exc})") from None
+    if not url.database:
+        raise InputError(
+            f"--database {shown(uri)}: names no database; add it: postgresql://USER@HOST:5432/DB"
+        )
+    return uri
+
+
+def check_artifacts(destination: str | None) -> str:
+    """The artifact destination for MLflow: a local folder (created, and writable) as a
+    file:// URI; another scheme (s3://, gs://, ...) as given, for MLflow's store of it."""
+    if not destination:
+        raise InputError(
+            f"no artifact store: pass --artifacts FOLDER (or s3://BUCKET/PATH) or set {ARTIFACTS_ENV}"
+        )
+    parts = urlsplit(destination)
+    if len(parts.scheme) > 1 and parts.scheme != "file":
+        return destination
+    folder = Path(parts.path if parts.scheme == "file" else destination).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--artifacts {folder}: not a folder; name a folder (it is created)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"--artifacts {folder}: cannot create it ({exc.strerror}); name a folder this user "
+            "can write"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"--artifacts {folder}: not writable by this user; name one that is")
+    return folder.resolve().as_uri()
+
+
+def check_mlflow_args(extra: list[str]) -> list[str]:
+    """The options after `--`, for `mlflow server`, unless one would undo what this sets."""
+    for arg in extra:
+        option = arg.split("=", 1)[0]
+        if option in OWN_OPTIONS:
+            raise InputError(
+                f"{option} after `--`: accelbench server sets it; use {OWN_OPTIONS[option]}"
+            )
+    return extra
+
+
+def _advice(message: str, url) -> str:
+    """What to do about a failed connection, from libpq's message."""
+    if "password authentication failed" in message or "no password supplied" in message:
+        return "fix the user or password (in the URI, PGPASSWORD or ~/.pgpass)"
+    if "does not exist" in message and url.database and f'"{url.database}"' in message:
+        return (
+            f"create it: createdb -h {url.host or 'localhost'} -p {url.port or 5432} "
+            f"-U {url.username or '$USER'} {url.database}"
+        )
+    if "timeout" in message or "translate host name" in message or "Connection refused" in message:
+        return "start PostgreSQL there, or fix the host and port in --database"
+    return "fix --database, or the database's access rules (pg_hba.conf)"
+
+
+def check_connection(uri: str) -> None:
+    """Log in to the database once, as MLflow will (SQLAlchemy, with the driver the URI
+    names: psycopg 3 for postgresql://), with a short timeout; InputError naming the database
+    and what to do when that fails."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    try:
+        make_url(uri).get_dialect().import_dbapi()
+    except ImportError as exc:
+        raise InputError(
+            f"the PostgreSQL driver for {shown(uri)} is not installed ({exc}); the `team` "
+            "extra brings psycopg, for postgresql:// (make setup installs it; or pip install "
+            "'accelbench[team]')"
+        ) from None
+    engine = sqlalchemy.create_engine(
+        uri, poolclass=NullPool, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}
+    )
+    try:
+        with engine.connect():
+            pass
+    except sqlalchemy.exc.DBAPIError as exc:
+        message = " ".join(str(exc.orig).split())  # libpq's lines, as one
+        raise InputError(
+            f"cannot use the database {shown(uri)} ({clip(message, 200)}); "
+            f"{_advice(message, engine.url)}"
+        ) from None
+    finally:
+        engine.dispose()
+
+
+def check_port(host: str, port: int) -> None:
+    from accelbench.system.tracking import port_problem
+
+    if not 0 < port < 65536:
+        raise InputError(f"--port {port}: not a port (1-65535)")
+    if problem := port_problem(host, port):
+        raise InputError(f"{problem}; stop it, or choose another: --port {port + 1}")
+
+
+def server_command(host: str, port: int, artifacts: str, extra: list[str]) -> list[str]:
+    """`mlflow server` as this interpreter's module (the database comes through DATABASE_ENV)."""
+    return [
+        sys.executable, "-m", "mlflow", "server", "--serve-artifacts",
+        "--artifacts-destination", artifacts, "--host", host, "--port", str(port), *extra,
+    ]  # fmt: skip
+
+
+def users_url(host: str, port: int) -> str:
+    """What users set MLFLOW_TRACKING_URI to."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accelbench server",
+        usage="accelbench server [--database URI] [--artifacts DEST] [--host HOST] [--port PORT]"
+        " [-- MLFLOW_SERVER_OPTION ...]",
+        description="A team's MLflow tracking server: runs in PostgreSQL, artifacts proxied "
+        "through the server (docs/teams.md). Options after `--` go to `mlflow server` "
+        "(e.g. -- --workers 2 --allowed-hosts mlbox:5000).",
+        epilog="Exit codes: 2 refused before starting (the line says what to fix); else MLflow's.",
+    )
+    arguments(parser)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Check everything, then replace this process with MLflow's server."""
+    own, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    args = parser().parse_args(own)
+    try:
+        extra = check_mlflow_args(extra)
+        database = check_database_uri(args.database)
+        artifacts = check_artifacts(args.artifacts)
+        check_port(args.host, args.port)
+        check_connection(database)
+    except InputError as exc:
+        print(f"accelbench server: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    command = server_command(args.host, args.port, artifacts, extra)
+    print(
+        f"accelbench server: runs in {shown(database)}, artifacts in {artifacts}; users set "
+        f"MLFLOW_TRACKING_URI={users_url(args.host, args.port)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    env = {**os.environ, DATABASE_ENV: database}
+    # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
+    # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
+    env.setdefault(JOBS_ENV, "false")
+    os.execve(command[0], command, env)
+    return 1  # not reached: execve replaced this process

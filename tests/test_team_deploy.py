@@ -1,0 +1,103 @@
+"""What a team deploys (docs/teams.md) says what the launcher accepts: the compose file's
+server command passes `accelbench server`'s checks and names the database its `db` service
+creates; `make server` runs the launcher; the image and `make setup` install the `team`
+extra, the GPU hosts' wheelhouse does not; CI installs and requires the services the team
+tests start. (tests/test_team_server.py runs the systemd unit's command for real.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from sqlalchemy.engine import make_url
+
+from accelbench.system import server
+from helpers import REPO
+
+TEAM_PACKAGES = {"psycopg", "psycopg-binary", "dvc-ssh", "sshfs"}
+
+
+def _launcher_args(argv: list[str]):
+    assert argv[:2] == ["accelbench", "server"], argv
+    own = argv[2:]
+    extra = own[own.index("--") + 1 :] if "--" in own else []
+    args = server.parser().parse_args(own[: own.index("--")] if "--" in own else own)
+    return args, server.check_mlflow_args(extra)
+
+
+def test_the_compose_files_server_uses_its_database_and_volume() -> None:
+    compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    db, mlflow = compose["services"]["db"], compose["services"]["mlflow"]
+    args, _ = _launcher_args(mlflow["command"])
+    assert args.host == "0.0.0.0" and args.port == 5000
+    assert mlflow["ports"] == [f"{args.port}:{args.port}"]
+    url = make_url(server.check_database_uri(args.database))
+    assert (url.host, url.port) == ("db", 5432) and url.password is None
+    assert url.username == db["environment"]["POSTGRES_USER"]
+    assert url.database == db["environment"]["POSTGRES_DB"]
+    assert mlflow["environment"]["PGPASSWORD"] == db["environment"]["POSTGRES_PASSWORD"]
+    assert mlflow["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert f"artifacts:{args.artifacts}" in mlflow["volumes"]
+    assert mlflow["image"] == "accelbench"
+    assert "docker build -t accelbench ." in (REPO / "Dockerfile").read_text()
+
+
+def _runtime_export(*extras: str) -> set[str]:
+    command = [
+        str(Path(sys.executable).parent / "uv"),
+        "export",
+        "--frozen",
+        "--no-dev",
+        "--no-emit-project",
+        "--no-header",
+        "--no-annotate",
+        "--project",
+        str(REPO),
+        *(f"--extra={extra}" for extra in extras),
+    ]
+    lines = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return {line.split("==")[0].lower() for line in lines.splitlines() if "==" in line}
+
+
+def test_the_team_extra_goes_to_setup_and_the_image_but_not_to_the_wheelhouse() -> None:
+    spec = importlib.util.spec_from_file_location("wheelhouse", REPO / "tools" / "wheelhouse.py")
+    wh = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("wheelhouse", wh)  # its dataclasses look the module up
+    spec.loader.exec_module(wh)
+    wheelhouse = {p.key for p in wh.parse_requirements(wh.export_runtime())}
+    assert not wheelhouse & TEAM_PACKAGES, wheelhouse & TEAM_PACKAGES
+    assert _runtime_export("plots", "team") >= TEAM_PACKAGES
+    assert "--extra plots --extra team" in (REPO / "Makefile").read_text()
+    assert "--extra plots --extra team" in (REPO / "Dockerfile").read_text()
+
+
+def test_make_server_runs_the_launcher_with_host_and_port() -> None:
+    env = {**os.environ, "ACCELBENCH_ENV": str(Path(sys.executable).parent.parent)}
+    result = subprocess.run(
+        ["make", "--no-print-directory", "-n", "server", "HOST=0.0.0.0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("accelbench ")]
+    args, extra = _launcher_args(shlex.split(line))
+    assert (args.host, args.port, extra) == ("0.0.0.0", 5000, [])
+
+
+def test_ci_installs_and_requires_the_services() -> None:
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "postgresql openssh-server" in ci
+    assert "export ACCELBENCH_REQUIRE_SERVICES=1" in ci
+
+
+def test_users_are_told_the_url_to_set() -> None:
+    assert server.users_url("127.0.0.1", 5000) == "http://127.0.0.1:5000"
+    assert server.users_url("0.0.0.0", 5001).endswith(":5001")
+    assert "0.0.0.0" not in server.users_url("0.0.0.0", 5001)
