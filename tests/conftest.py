@@ -30,6 +30,13 @@ def prepared(tmp_path: Path, fake_mnist) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _host_slots_are_the_sessions(tmp_path_factory, monkeypatch):
+    """Trainings in tests take GPUs and the CPU from this session's own slots, so they never
+    wait behind a real training on the same host (nor hold one up)."""
+    monkeypatch.setenv("ACCELBENCH_SLOTS_DIR", str(tmp_path_factory.getbasetemp() / "slots"))
+
+
+@pytest.fixture(autouse=True)
 def _tracking_outage_is_per_test():
     """A simulated tracking outage in one test must not switch tracking off for the next."""
     from accelbench.system import tracking

@@ -59,6 +59,27 @@ class Row:
         return [steady] if steady else []
 
 
+SHARED_MARK = "(machine shared)"  # beside a variant measured while other work ran there
+
+
+def shared_machine(row: Row) -> str | None:
+    """What else ran on the host while `row` trained (train.json's `shared_machine`), if any."""
+    return row.train.shared_machine if isinstance(row.train, TrainSummary) else None
+
+
+def shared_notes(rows: list[Row]) -> list[str]:
+    """The variants measured while other work shared the machine, and what it was: a list
+    under a line, or nothing where every variant had the machine to itself."""
+    shared = [(row.name, note) for row in rows if (note := shared_machine(row))]
+    if not shared:
+        return []
+    return [
+        f"{SHARED_MARK}: measured while other work ran on the machine, so its times may be "
+        "slower than the machine alone gives:",
+        *(f"- {name}: {note}." for name, note in shared),
+    ]
+
+
 def time_to_target(epochs: list[EpochRecord], target: float) -> tuple[float, int] | None:
     """Training seconds until the first epoch whose test accuracy reached `target`, and that
     epoch; None if none did."""

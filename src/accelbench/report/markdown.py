@@ -35,11 +35,14 @@ from accelbench.core.results import (
 )
 from accelbench.report import pipeline_time
 from accelbench.report.answer import (
+    SHARED_MARK,
     Row,
     VariantFigures,
     fmt_speedup,
     fmt_time,
     headline,
+    shared_machine,
+    shared_notes,
     time_to_target,
     variant_figures,
 )
@@ -155,6 +158,7 @@ class ComparisonEntry:
     repeats: int | None = None  # trained
     test_accuracy: float | None = None  # evaluated
     cost: CostFigures | None = None  # trained, with prices
+    shared_machine: str | None = None  # trained while other work ran on the machine
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}
@@ -169,6 +173,8 @@ class ComparisonEntry:
             out["test_accuracy"] = self.test_accuracy
         if self.cost is not None:
             out |= asdict(self.cost)
+        if self.shared_machine is not None:
+            out["shared_machine"] = self.shared_machine
         return out
 
     def dvc_metrics(self) -> dict[str, float]:
@@ -254,7 +260,7 @@ def _answer_table(
             "| "
             + " | ".join(
                 [
-                    f"**{row.name}**",
+                    f"**{row.name}**" + (f" {SHARED_MARK}" if shared_machine(row) else ""),
                     f"{t.device_name}, {_precision_mode(row.variant)}",
                     fmt_time(f.steady_epoch),
                     "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup),
@@ -274,6 +280,7 @@ def _answer_table(
         "redrawing the epochs after the first from themselves. Energy: the GPU board's counter (NVML) for GPU "
         "variants, the CPU packages' (RAPL) for CPU ones, n/a where unreadable or too coarse; "
         "cost: energy and machine time at `cost:`'s prices (details below).",
+        *(["", *notes] if (notes := shared_notes(rows)) else []),
     ]
 
 
@@ -764,4 +771,5 @@ def _comparison_entry(
         repeats=trained.repeats if trained else None,
         test_accuracy=row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
         cost=_cost_figures(row, spec),
+        shared_machine=shared_machine(row),
     )

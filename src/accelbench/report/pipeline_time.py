@@ -15,7 +15,8 @@ PHASE_LEGEND = {
     "imports": "importing the stage's modules (torch, MLflow, ...)",
     "params": "reading and validating params.yaml",
     "mlflow": "MLflow: store set-up, starting, logging to and ending runs",
-    "device": "finding the GPUs (NVML, then torch), CUDA start, backend set-up",
+    "device": "finding the GPUs (NVML, then torch), waiting for them (or the CPU) to be free "
+    "on this host, CUDA start, backend set-up",
     "data": "reading the prepared arrays and moving them to the device",
     "model": "building the model, counting its FLOPs",
     "training": "the timed epochs (compilation, autotuning and graph capture in the first)",

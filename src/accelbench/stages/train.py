@@ -5,14 +5,16 @@ whose children each train their share of every batch while rank 0 alone writes t
 outputs and the MLflow run. Training itself is `training.loop.train`, handed one `TrainJob`
 (the dataset params.data.dataset names, checked against the prepared folder's manifest);
 it is imported only to train: a skipped variant's stage imports neither MLflow nor the
-model code, and returns at once.
+model code, and returns at once. Before CUDA starts, a training takes its GPUs, or the CPU,
+on this host (`slots.tenancy`: it waits while other trainings hold them), and its train.json
+says what else ran on the host meanwhile (`shared_machine`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelbench.core import phases
@@ -32,7 +34,7 @@ from accelbench.core.results import (
     write_json,
 )
 from accelbench.data.datasets import Dataset, by_name
-from accelbench.system import lifetime
+from accelbench.system import lifetime, slots
 from accelbench.training import placement, torchrun
 from accelbench.training.job import TrainJob, TrainOutputs, run_params
 
@@ -71,56 +73,91 @@ def run(
     locks: tuple[int, ...] = (),
 ) -> TrainResult | None:
     """Train (or skip) one variant; None in a process that writes no outputs. `locks`: the
-    file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too."""
+    file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too, as it does
+    the GPUs or the CPU the training takes on this host (`slots.tenancy`)."""
     claim(out.model, out.metrics.train_json, out.metrics.epochs_csv)  # before any work
-    with phases.phase("device"):  # NVML alone where it settles a skip
-        where = placement.place(
-            name, inputs.variant, require_gpu=inputs.require_gpu, here=_gpus_here(inputs.variant)
-        )
-    if where.skip_reason is not None:
-        return record_skip(name, inputs, where.skip_reason, out)
-    if where.launch:
-        cfg = inputs.variant.distributed
-        with phases.phase("launch"):
-            torchrun.launch(name, cfg, argv or [], keep_fds=locks)
-        if cfg.node_rank != 0:
-            log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
-            return None
-        summary = read_train(out.metrics.train_json)
-        if isinstance(summary, TrainSummary):
-            phases.RECORDER.training_s = summary.total_train_s
-        return summary
-    with phases.phase("imports"):  # MLflow and the model code: only to train
-        from accelbench.training import build
-        from accelbench.training.loop import train
+    variant = inputs.variant
+    with phases.phase("device"):  # NVML alone where it settles a skip: nothing to wait for
+        settled = _too_few_gpus(variant)
+    takes = _gpus_to_take(variant) if settled is None else 0
+    with slots.tenancy(name, gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
+        with phases.phase("device"):  # CUDA starts here, on the GPUs taken
+            here = settled if settled is not None else _gpus_here(variant)
+            where = placement.place(name, variant, require_gpu=inputs.require_gpu, here=here)
+        if where.skip_reason is not None:
+            return record_skip(name, inputs, where.skip_reason, out)
+        if where.launch:
+            cfg = variant.distributed
+            with phases.phase("launch"):
+                torchrun.launch(name, cfg, argv or [], keep_fds=locks + tenancy.fds)
+            if cfg.node_rank != 0:
+                log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
+                return None
+            summary = read_train(out.metrics.train_json)
+            if isinstance(summary, TrainSummary):
+                phases.RECORDER.training_s = summary.total_train_s
+            return record_sharing(name, summary, tenancy.note(), out)
+        with phases.phase("imports"):  # MLflow and the model code: only to train
+            from accelbench.training import build
+            from accelbench.training.loop import train
 
-    build.check_prepared(inputs.dataset, prepared_dir)
-    job = TrainJob(
-        name,
-        inputs.recipe,
-        inputs.variant,
-        inputs.dataset,
-        prepared_dir,
-        where,
-        out,
-        root,
-        quiet,
-    )
-    with torchrun.process_group(where, inputs.variant.distributed):
-        return train(job)
+        build.check_prepared(inputs.dataset, prepared_dir)
+        job = TrainJob(
+            name,
+            inputs.recipe,
+            variant,
+            inputs.dataset,
+            prepared_dir,
+            where,
+            out,
+            root,
+            quiet,
+        )
+        with torchrun.process_group(where, variant.distributed):
+            summary = train(job)
+        return record_sharing(name, summary, tenancy.note(), out)
+
+
+def _takes_the_cpu(variant: VariantParams) -> bool:
+    """A CPU training takes its turn on the host; not a multi-node one, whose nodes may share
+    one host (two "nodes" on 127.0.0.1): each would wait for the other's turn forever."""
+    multi_node = variant.distributed is not None and variant.distributed.nnodes > 1
+    return variant.device == "cpu" and not multi_node
+
+
+def _gpus_to_take(variant: VariantParams) -> int:
+    """GPUs this process takes for `variant`: a torchrun worker's launcher took them."""
+    return 0 if placement.torchrun_child(variant) else placement.gpus_needed(variant)
+
+
+def _too_few_gpus(variant: VariantParams) -> placement.Visible | None:
+    """NVML's count, where it alone settles that `variant` cannot run here (torch is never
+    imported, no GPU waited for); None: torch must be asked, or no GPU is needed."""
+    needed = _gpus_to_take(variant)
+    return placement.nvml_visible(needed) if needed else None
 
 
 def _gpus_here(variant: VariantParams) -> placement.Visible | None:
-    """The GPUs `variant` can use here, for `placement.place`: NVML's count alone where it
-    settles a skip (torch is never imported), else torch's; None where it needs none (or
-    this is a torchrun worker: its launcher checked). torch's import counts as an import."""
-    needed = 0 if placement.torchrun_child(variant) else placement.gpus_needed(variant)
-    settled = placement.nvml_visible(needed) if needed else None
-    if settled is not None:
-        return settled
+    """The GPUs `variant` can use here, for `placement.place`, as torch sees them (after
+    `slots.tenancy` narrowed CUDA_VISIBLE_DEVICES to those taken); None where it needs none
+    (or this is a torchrun worker: its launcher checked). torch's import counts as one."""
     with phases.phase("imports"):
         import torch  # noqa: F401  (placement and training need it)
-    return placement.torch_visible() if needed else None
+    return placement.torch_visible() if _gpus_to_take(variant) else None
+
+
+def record_sharing(
+    name: str, summary: TrainResult | None, note: str | None, out: TrainOutputs
+) -> TrainResult | None:
+    """`summary`, and its train.json, with what else ran on this host while it trained
+    (`shared_machine`, from `slots.Tenancy.note`): the report prints it beside the variant."""
+    if note is None or not isinstance(summary, TrainSummary):
+        return summary
+    log(f"train {name}: measured while the machine was shared: {note}")
+    shared = replace(summary, shared_machine=note)
+    with phases.phase("outputs"):
+        write_json(out.metrics.train_json, shared.to_json())
+    return shared
 
 
 def record_skip(name: str, inputs: TrainInputs, reason: str, out: TrainOutputs) -> Skipped:

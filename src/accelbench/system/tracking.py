@@ -65,6 +65,8 @@ MACHINE_TAG = "accelbench.boot_id"  # the running kernel: the host and its conta
 PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
 PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
 CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
+# A CUDA variant's GPUs, as CUDA_VISIBLE_DEVICES named them: those it took (system/slots.py)
+GPUS_TAG = "accelbench.gpus"
 KIND_TAG = "mlflow.experimentKind"
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
@@ -471,6 +473,8 @@ def _start_variant_run(
     experiment_id = setup(root)
     parent = pipeline_run_id(root, experiment_id)
     all_tags = {**_common_tags(root, "variant"), "variant": variant, **tags}
+    if tags.get("device") == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        all_tags[GPUS_TAG] = os.environ["CUDA_VISIBLE_DEVICES"]
     if system_metrics:  # every second, unless MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL says
         os.environ.setdefault(
             "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", str(SYSTEM_METRICS_INTERVAL_S)

@@ -1,0 +1,396 @@
+"""A training's share of the host, its GPUs or the CPU, taken by a lock each, so that
+experiments run side by side (`dvc queue start -j N`, several `dvc exp run`) never time each
+other's kernels (docs/teams.md, "Sweeps on one GPU box").
+
+- A variant that needs k GPUs takes k free ones among those CUDA_VISIBLE_DEVICES lists (all
+  the driver's where it is unset) and narrows CUDA_VISIBLE_DEVICES to them before anything
+  starts CUDA, so torch, and torchrun's workers, which inherit it, see those alone.
+- A CPU variant takes the host's CPU lock: CPU trainings run one at a time per host.
+- A lock is an exclusive `flock` on a file in one host-wide folder (`ACCELBENCH_SLOTS_DIR`,
+  else /tmp/accelbench-slots-<uid>); the kernel releases it when its holder ends, however it
+  ends. The file says who holds it: the stage, its pid and working directory.
+- Where too few are free, the training waits, saying for what and who holds it, for at most
+  `ACCELBENCH_SLOT_WAIT_S` seconds (an hour by default), then fails saying so: it never shares.
+- Meanwhile it notes who else was training on this host (other locks held at its start or at
+  any time during it) and how busy other processes kept the CPUs: `Tenancy.note()`, which
+  train.json keeps as `shared_machine` and the report prints beside the variant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from accelbench.core import phases
+from accelbench.core.console import InputError, StageError, log
+from accelbench.system import lifetime
+
+SLOTS_DIR_ENV = "ACCELBENCH_SLOTS_DIR"
+WAIT_ENV = "ACCELBENCH_SLOT_WAIT_S"
+DEFAULT_WAIT_S = 3600.0
+POLL_S = 0.2  # between two tries to take what is busy
+SAMPLE_S = 2.0  # between two looks at who else holds a lock, while training
+# Other processes' CPU use, averaged over the training, worth a note: half a CPU is more than
+# an idle host's daemons and less than any training.
+SHARED_CPUS = 0.5
+CPU_SLOT = "cpu.lock"
+
+
+def slots_dir(environ: MutableMapping[str, str] | None = None) -> Path:
+    """The host-wide folder of the locks (created): `ACCELBENCH_SLOTS_DIR`, else this user's
+    /tmp/accelbench-slots-<uid> (a folder of this user's alone, never a link)."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(SLOTS_DIR_ENV)
+    if chosen:
+        path = Path(chosen)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = Path("/tmp") / f"accelbench-slots-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise InputError(
+            f"{path}: not a folder of this user's (a link, a file or another user's); the "
+            f"trainings' GPU and CPU locks go there: remove it, or set {SLOTS_DIR_ENV} to a folder"
+        )
+    return path
+
+
+def wait_limit(environ: MutableMapping[str, str] | None = None) -> float:
+    """How long a training waits for its GPUs or the CPU: `ACCELBENCH_SLOT_WAIT_S` seconds."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(WAIT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_WAIT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InputError(
+            f"{WAIT_ENV}={raw!r}: expected the seconds a training may wait for its GPUs or "
+            f"the CPU (0 or more; unset: {DEFAULT_WAIT_S:g})"
+        )
+    return seconds
+
+
+def gpu_candidates(environ: MutableMapping[str, str] | None = None) -> list[str] | None:
+    """The GPUs a training may take, as CUDA_VISIBLE_DEVICES names them (where it is unset,
+    every GPU the driver sees, by index); None where nothing can tell (no NVML)."""
+    environ = os.environ if environ is None else environ
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return list(dict.fromkeys(entry.strip() for entry in listed.split(",") if entry.strip()))
+    from accelbench.system import hardware
+
+    counted = hardware.nvml_gpu_count()
+    return None if counted is None else [str(index) for index in range(counted[0])]
+
+
+def gpu_lock_name(gpu: str) -> str:
+    """The lock file of a GPU as CUDA_VISIBLE_DEVICES names it: `gpu-3.lock`,
+    `gpu-GPU-8a1f….lock`."""
+    return "gpu-" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpu) + ".lock"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock, as its lock file says."""
+
+    stage: str  # "train@gpu"
+    holds: str  # "GPU 3", "GPUs 2,3", "the CPU"
+    pid: int | None
+    workdir: str
+
+    def __str__(self) -> str:
+        return f"{self.stage} on {self.holds} (pid {self.pid}, {self.workdir})"
+
+
+def _read_holder(path: Path) -> Holder | None:
+    """The holder a lock file names (None: unreadable, empty, or not one of ours)."""
+    try:
+        with path.open("rb") as handle:
+            payload = json.loads(handle.read(4096) or b"null")
+        return Holder(
+            str(payload["stage"]),
+            str(payload["holds"]),
+            payload.get("pid"),
+            str(payload["workdir"]),
+        )
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _try_lock(path: Path) -> int | None:
+    """A descriptor of `path` holding its exclusive lock, or None where another holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except PermissionError:  # another user's file in a shared folder: a lock, no holder line
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    if os.fstat(fd).st_uid == os.getuid():  # a shared folder's other users must open it too
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)
+    return fd
+
+
+def _write_holder(fd: int, holder: Holder) -> None:
+    with contextlib.suppress(OSError):  # opened read-only: the lock holds all the same
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(asdict(holder)) + "\n").encode(), 0)
+
+
+def _release(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)  # a free lock names no holder
+    os.close(fd)
+
+
+def take(
+    paths: Sequence[Path],
+    count: int,
+    label: str,
+    *,
+    wait_s: float,
+    what: str,
+    why: str = "",
+    say: Callable[[str], None] = log,
+) -> list[tuple[Path, int]]:
+    """`count` of the locks `paths`, all at once (never some held while waiting for the rest,
+    so two trainings cannot each hold half of what the other needs), tried every POLL_S until
+    `wait_s` has passed. Says once (starting with `label`) that it waits for `what`, who holds
+    it (and `why`), and raises a StageError naming them when the wait is over."""
+    started = time.monotonic()
+    waiting = False
+    while True:
+        held: list[tuple[Path, int]] = []
+        try:
+            for path in paths:
+                fd = _try_lock(path)
+                if fd is not None:
+                    held.append((path, fd))
+                    if len(held) == count:
+                        break
+        except BaseException:
+            for _, fd in held:
+                os.close(fd)
+            raise
+        elapsed = time.monotonic() - started
+        if len(held) == count:
+            if waiting:
+                say(f"{label}: got {what} after {elapsed:.0f} s")
+            return held
+        mine = {path for path, _ in held}
+        for _, fd in held:
+            os.close(fd)
+        busy = [h for p in paths if p not in mine and (h := _read_holder(p)) is not None]
+        who = "; ".join(dict.fromkeys(str(h) for h in busy)) or "another process"
+        if elapsed >= wait_s:
+            raise StageError(
+                f"{label}: waited {wait_s:g} s for {what}, still taken by {who}; wait for "
+                f"that training to finish or stop it, or set {WAIT_ENV} to wait longer"
+            )
+        if not waiting and busy:  # an empty file: its holder is still writing it
+            say(
+                f"{label}: waiting for {what} (up to {wait_s:g} s, {WAIT_ENV}): taken by {who}{why}"
+            )
+            waiting = True
+        time.sleep(min(POLL_S, wait_s - elapsed))
+
+
+def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
+    """Who holds a lock in `folder` now, other than this training (`mine`). A look is a
+    shared lock taken and let go at once: free locks stay free, held ones are seen. A held
+    lock whose file names no one (its holder is writing it; a waiter trying it) is left out."""
+    found = []
+    for path in sorted(folder.glob("*.lock")):
+        if path in mine:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(path)
+            if holder is not None:
+                found.append(holder)
+        finally:
+            os.close(fd)  # lets a shared lock go
+    return found
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU-seconds since boot: the host's busy ones (every CPU: user, system, interrupts, and
+    time the hypervisor gave to other machines), and this process tree's (itself, the
+    descendants it has waited for, the ones still running)."""
+    import psutil
+
+    host = psutil.cpu_times()
+    busy = host.user + host.nice + host.system
+    busy += sum(getattr(host, name, 0.0) for name in ("irq", "softirq", "steal"))
+    own = os.times()
+    mine = own.user + own.system + own.children_user + own.children_system
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                times = child.cpu_times()
+                mine += times.user + times.system + times.children_user + times.children_system
+    return busy, mine
+
+
+def sharing_note(
+    holders: Sequence[Holder], others_cpus: float | None, cpus: int | None
+) -> str | None:
+    """What else ran on the host while a training was measured, in one line (None: nothing)."""
+    parts = []
+    if holders:
+        named = ", ".join(str(h) for h in holders)
+        count = (
+            "another accelbench training"
+            if len(holders) == 1
+            else f"{len(holders)} other accelbench trainings"
+        )
+        parts.append(f"{count} on this host: {named}")
+    if others_cpus is not None and others_cpus >= SHARED_CPUS:
+        of = f" of {cpus}" if cpus else ""
+        parts.append(f"other processes kept {others_cpus:.1f}{of} CPUs busy on average")
+    return "; ".join(parts) or None
+
+
+@dataclass
+class Tenancy:
+    """What a training holds on this host (`fds`: its locks, for torchrun to hold too), and
+    who else it finds there until `note()`."""
+
+    folder: Path | None = None
+    held: list[tuple[Path, int]] = field(default_factory=list)
+    _seen: dict[Holder, None] = field(default_factory=dict)
+    _start: tuple[float, float, float] | None = None  # host busy s, own s, monotonic s
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
+    _note: str | None = None
+    _noted: bool = False
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return tuple(fd for _, fd in self.held)
+
+    def _look(self) -> None:
+        if self.folder is not None:
+            for holder in others_holding(self.folder, {path for path, _ in self.held}):
+                self._seen.setdefault(holder)
+
+    def watch(self) -> None:
+        """Look at once, then every SAMPLE_S in a thread, until `note()`."""
+        self._start = (*cpu_seconds(), time.monotonic())
+        self._look()
+
+        def watch() -> None:
+            while not self._stop.wait(SAMPLE_S):
+                with contextlib.suppress(OSError):
+                    self._look()
+
+        self._watcher = threading.Thread(target=watch, name="accelbench-slots", daemon=True)
+        self._watcher.start()
+
+    def note(self) -> str | None:
+        """What else ran on this host from the start of the training until now (the first
+        call ends the watch; later calls repeat its answer)."""
+        if self._noted or self._start is None:
+            return self._note
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        self._look()
+        busy, own = cpu_seconds()
+        elapsed = time.monotonic() - self._start[2]
+        others = None
+        if elapsed > 0:
+            others = max(0.0, (busy - self._start[0]) - (own - self._start[1])) / elapsed
+        self._note = sharing_note(list(self._seen), others, os.cpu_count())
+        self._noted = True
+        return self._note
+
+
+def _holds(gpus: Sequence[str]) -> str:
+    return f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {','.join(gpus)}"
+
+
+@contextlib.contextmanager
+def tenancy(
+    name: str,
+    *,
+    gpus: int = 0,
+    cpu: bool = False,
+    environ: MutableMapping[str, str] | None = None,
+) -> Iterator[Tenancy]:
+    """Inside: variant `name`'s training holds `gpus` GPUs (CUDA_VISIBLE_DEVICES names them
+    alone) or, with `cpu`, the host's CPU lock, and watches who else trains here.
+
+    Takes nothing in a torchrun worker (its launcher holds them), for a variant that needs
+    neither, nor where fewer GPUs are listed than it needs (placement then skips or refuses
+    it). Where no NVML can count the GPUs and CUDA_VISIBLE_DEVICES is unset, it says so and
+    takes none."""
+    environ = os.environ if environ is None else environ
+    if lifetime.is_torchrun_worker() or not (gpus or cpu):
+        yield Tenancy()
+        return
+    folder, wait_s = slots_dir(environ), wait_limit(environ)
+    stage, label = f"train@{name}", f"train {name}"
+    here = Tenancy(folder)
+    before = environ.get("CUDA_VISIBLE_DEVICES")
+    with phases.phase("device"):  # waiting for a GPU is part of finding one
+        if gpus:
+            candidates = gpu_candidates(environ)
+            if candidates is None:
+                log(
+                    f"{label}: cannot count this machine's GPUs (no NVML): takes no GPU lock "
+                    "and may share a GPU; list them in CUDA_VISIBLE_DEVICES to share them safely"
+                )
+            elif len(candidates) >= gpus:
+                paths = [folder / gpu_lock_name(gpu) for gpu in candidates]
+                wanted = "a free GPU" if gpus == 1 else f"{gpus} free GPUs"
+                what = f"{wanted} among {','.join(candidates)}"
+                here.held = take(paths, gpus, label, wait_s=wait_s, what=what)
+                taken = [candidates[paths.index(path)] for path, _ in here.held]
+                holder = Holder(stage, _holds(taken), os.getpid(), os.getcwd())
+                environ["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
+                log(f"{label}: takes {holder.holds} (CUDA_VISIBLE_DEVICES={','.join(taken)})")
+        else:
+            holder = Holder(stage, "the CPU", os.getpid(), os.getcwd())
+            why = "; CPU trainings on a host take turns"
+            paths = [folder / CPU_SLOT]
+            here.held = take(paths, 1, label, wait_s=wait_s, what="the CPU", why=why)
+    try:
+        for _, fd in here.held:
+            _write_holder(fd, holder)
+        here.watch()
+        yield here
+    finally:
+        here.note()  # ends the watch
+        for _, fd in reversed(here.held):
+            _release(fd)
+        if gpus and here.held:
+            if before is None:
+                environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                environ["CUDA_VISIBLE_DEVICES"] = before
