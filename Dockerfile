@@ -42,8 +42,8 @@ RUN apt-get update \
          python3 python3-venv python3-dev build-essential git util-linux ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
-# Dependencies first, from the same uv.lock as `make setup` and CI (runtime group and the
-# `plots` extra, hashes checked), in one layer owned by root and readable by every uid: cached
+# Dependencies first, from the same uv.lock as `make setup` and CI (runtime group, the `plots`
+# and `team` extras, hashes checked), in one layer owned by root and readable by every uid: cached
 # until the lock changes. uv (the lock's version, in a throwaway venv) exports and installs;
 # the dev group's list stays beside the venv for the `dev` target. UV_SYSTEM_CERTS: the system's trust store.
 ARG UV_VERSION=0.13.9

@@ -83,10 +83,11 @@ def test_base_image_cuda_is_not_older_than_the_locked_torch_build() -> None:
 
 def test_image_installs_from_the_same_lock_as_make_and_ci() -> None:
     assert "COPY pyproject.toml uv.lock docker/requirements_for_flavour.py /tmp/lock/" in DOCKERFILE
-    # the runtime image gets the runtime group and the plots extra (`make plots` draws offline),
-    # hashes checked; the dev image adds the dev group
+    # the runtime image gets the runtime group, the plots extra (`make plots` draws offline)
+    # and the team extra (`accelbench server`, an SSH remote), hashes checked; the dev image
+    # adds the dev group
     [runtime_export] = re.findall(
-        r"uv export [^&]*--no-dev --extra plots -o /tmp/lock/runtime.txt", DOCKERFILE
+        r"uv export [^&]*--no-dev --extra plots --extra team -o /tmp/lock/runtime.txt", DOCKERFILE
     )
     assert "--frozen" in runtime_export
     assert 'requirements_for_flavour.py "$TORCH_CUDA" /tmp/lock/runtime.txt /tmp/lock' in DOCKERFILE
