@@ -278,3 +278,25 @@ def dvc_repo(folder: Path) -> Path:
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run([DVC, "init", "-q"], cwd=repo, check=True)
     return repo
+
+
+def copy_repo(dest: Path) -> None:
+    """The repository's files as git sees them (tracked and new), committed in a new repo at
+    `dest`: a workspace a test can run `dvc repro` in."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in files:
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"],
+    ):
+        subprocess.run(["git", *args], cwd=dest, check=True, capture_output=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,32 +12,12 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from helpers import REPO, repo_params_raw, shared_mnist, write_fake_cifar10
+from helpers import copy_repo, repo_params_raw, shared_mnist, write_fake_cifar10
 
 pytestmark = pytest.mark.slow
 
 # docs/comparing.md's `dvc exp show` command leaves out the stages' dependencies (paths, hashes).
 EXP_SHOW_DROP = "^(src|data|env|models|metrics)(/|$)"
-
-
-def _copy_repo(dest: Path) -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in files:
-        if (REPO / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest / name)
-    for args in (
-        ["init", "-q"],
-        ["add", "-A"],
-        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"],
-    ):
-        subprocess.run(["git", *args], cwd=dest, check=True)
 
 
 def _env(mirror: Path) -> dict[str, str]:
@@ -71,7 +50,7 @@ def _small_repo(tmp_path: Path, only_cpu: bool = False, **train) -> tuple[Path, 
     if mirror is None:
         pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
     repo = tmp_path / "repo"
-    _copy_repo(repo)
+    copy_repo(repo)
     cpu_only = {"cpu": repo_params_raw()["variants"]["cpu"]} if only_cpu else None
     params = repo_params_raw(cpu_only, **train)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -261,7 +240,7 @@ def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
     evaluate, quantize and the report."""
     md5 = write_fake_cifar10(tmp_path / "cifar-mirror", n_per_batch=256, n_test=256)
     repo = tmp_path / "repo"
-    _copy_repo(repo)
+    copy_repo(repo)
     raw = repo_params_raw(epochs=3, eval_batch_size=256)
     raw["variants"]["cpu_dataloader"] = {
         "device": "cpu", "batches": "dataloader", "loader": {"num_workers": 1},

@@ -31,7 +31,7 @@ import requests
 import yaml
 from mlflow.tracking import MlflowClient
 
-from helpers import REPO, repo_params_raw, shared_mnist
+from helpers import REPO, copy_repo, repo_params_raw, shared_mnist
 
 BIN = Path(sys.executable).parent
 ACCELBENCH = str(BIN / "accelbench")
@@ -231,24 +231,6 @@ def team_server(postgres, tmp_path) -> Iterator[tuple[Server, Path, list[str], d
 
 
 # --- the pipeline -----------------------------------------------------------------------------
-
-
-def copy_repo(dest: Path) -> None:
-    """The repository's files as git sees them (tracked and new), committed in a new repo."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in files:
-        if (REPO / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, dest / name)
-    git(dest, "init", "-q")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-qm", "copy")
 
 
 def git(repo: Path, *args: str, env: dict | None = None) -> str:
