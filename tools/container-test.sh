@@ -230,7 +230,7 @@ ok "a --user that cannot write the checkout is refused, naming its owner"
 (cd "$checkout" && PYTHONPATH="$checkout/src" "$PYTHON" - <<'EOF'
 import mlflow
 from mlflow.tracking import MlflowClient
-from accelbench import tracking
+from accelbench.system import tracking
 from pathlib import Path
 mlflow.set_tracking_uri(tracking.tracking_uri(Path(".")))
 parent, children = tracking.pipeline_summary(Path("."))
