@@ -340,6 +340,8 @@ def test_compile_cache_state_reads_torch_compiles_cache_counters(monkeypatch) ->
 
     import torch._dynamo.utils
 
+    from accelbench.training import compile_cache
+
     def counters(fx_hit=0, fx_miss=0, aot_hit=0, aot_miss=0):
         table = defaultdict(Counter)
         table["inductor"].update(fxgraph_cache_hit=fx_hit, fxgraph_cache_miss=fx_miss)
@@ -353,7 +355,8 @@ def test_compile_cache_state_reads_torch_compiles_cache_counters(monkeypatch) ->
         (counters(fx_hit=1, fx_miss=1), "partial"),
     ]:
         monkeypatch.setattr(torch._dynamo.utils, "counters", table)
-        assert engine.compile_cache_state() == expected
+        state = compile_cache.state(compile_cache.counts(), compile_cache.Loaded())
+        assert state == expected
 
 
 def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> None:

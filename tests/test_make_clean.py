@@ -25,6 +25,7 @@ HISTORY = [
     "mlartifacts/1/abc/artifacts/eval.json",
     "mlruns/0/meta.yaml",
     ".accelbench/pipeline-run",
+    "compile-cache/gpu.bin",
     ".dvc/cache/files/md5/ab/cdef",
     ".dvc/tmp/exps/celery/broker/in/x.msg",
 ]

@@ -329,7 +329,7 @@ class TrainSummary:
     peak_share: float | None
     peak_host_rss_mib: float
     steady_samples_per_s_per_process: float | None
-    compile_cache: str | None = None  # torch.compile's caches at the start: warm | cold | partial
+    compile_cache: str | None = None  # the first epoch's: cold | warm | portable | partial
     steady_cpu_energy_j_per_epoch: float | None = None  # RAPL, where readable
     # every steady epoch's seconds: epochs 2..N of the run, then of each timing repeat
     # (`train.repeats`); the report's intervals are drawn from them. None: an older file

@@ -28,6 +28,7 @@ from accelbench.core.results import (
     TrainSummary,
     claim,
     read_train,
+    refuse_foreign,
     remove_leftovers,
     staged,
     write_epochs_csv,
@@ -35,7 +36,7 @@ from accelbench.core.results import (
 )
 from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import lifetime, slots
-from accelbench.training import placement, torchrun
+from accelbench.training import compile_cache, placement, torchrun
 from accelbench.training.job import TrainJob, TrainOutputs, run_params
 
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
@@ -76,6 +77,8 @@ def run(
     file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too, as it does
     the GPUs or the CPU the training takes on this host (`slots.tenancy`)."""
     claim(out.model, out.metrics.train_json, out.metrics.epochs_csv)  # before any work
+    if out.compile_cache is not None:
+        refuse_foreign(out.compile_cache, compile_cache.KIND)
     variant = inputs.variant
     with phases.phase("device"):  # NVML alone where it settles a skip: nothing to wait for
         settled = _too_few_gpus(variant)
@@ -172,6 +175,10 @@ def record_skip(name: str, inputs: TrainInputs, reason: str, out: TrainOutputs) 
         write_epochs_csv(outputs(out.metrics.epochs_csv), [])
         model_file = ModelFile(name, "skipped", None, params=params, reason=reason)
         model_file.save(outputs(out.model))
+        if out.compile_cache is not None and not out.compile_cache.is_file():
+            # DVC expects the output; a cache already here (pulled from a machine that
+            # trained the variant) is kept for the next machine that can
+            compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), None)
     return skipped
 
 
@@ -191,6 +198,13 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         help="record a torch.profiler trace of up to 20 full-batch steps of epoch 2 into DIR; "
         "slows this run, so its times are not figures of record",
     )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        metavar="FILE",
+        help="torch.compile's portable cache: loaded before a compiled variant compiles (when "
+        "made with the same torch, Triton, GPU and step code), rewritten after it trains",
+    )
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:
@@ -201,7 +215,9 @@ def main(args: argparse.Namespace, params: Params, root: Path) -> None:
         from accelbench.training.engine import request_determinism
 
         request_determinism(os.environ)  # before anything touches the GPU
-    out = TrainOutputs(args.model, MetricsFiles(args.metrics), args.checkpoint, args.profile)
+    out = TrainOutputs(
+        args.model, MetricsFiles(args.metrics), args.checkpoint, args.profile, args.compile_cache
+    )
     with lifetime.sole_writer(args.variant, out.model, out.checkpoint) as locks:
         run(
             root,

@@ -69,22 +69,6 @@ def train_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> in
     return counter.get_total_flops() // 2
 
 
-def compile_cache_state() -> str | None:
-    """Whether torch.compile found its compiled graphs in its caches, in this process:
-    "warm" (all), "cold" (none), "partial", or None when nothing was compiled."""
-    from torch._dynamo.utils import counters
-
-    hits = (
-        counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
-    )
-    misses = (
-        counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
-    )
-    if not hits and not misses:
-        return None
-    return "warm" if not misses else "cold" if not hits else "partial"
-
-
 def peak_host_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 

@@ -21,6 +21,8 @@ class TrainOutputs:
     metrics: MetricsFiles
     checkpoint: Path | None = None  # per-epoch training state, for resuming after a kill
     profile: Path | None = None  # folder for a torch.profiler trace of steady-state steps
+    # torch.compile's portable cache: loaded before compiling, rewritten after training
+    compile_cache: Path | None = None
 
 
 @dataclass(frozen=True)

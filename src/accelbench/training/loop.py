@@ -30,7 +30,7 @@ from accelbench.core.results import (
 from accelbench.data import prepared
 from accelbench.data.batches import Batches, ResidentBatches
 from accelbench.system import hardware, tracking
-from accelbench.training import build, engine, profiling
+from accelbench.training import build, compile_cache, engine, profiling
 from accelbench.training.checkpoint import Checkpointer, Resume
 from accelbench.training.job import TrainJob
 from accelbench.training.oom import retry_on_oom
@@ -46,6 +46,18 @@ def train(job: TrainJob) -> TrainSummary | None:
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
     fitting = _Fitting.build(job)
+    cache_key = compile_cache.key_for(variant, placement.device)
+    loaded = compile_cache.Loaded()
+    if cache_key is not None and out.compile_cache is not None:
+        with phases.phase("step_setup"):  # before the first step compiles
+            loaded = compile_cache.load(out.compile_cache, cache_key)
+        if placement.main and (loaded.reason or loaded.artifacts):
+            log(
+                f"train {job.name}: {loaded.reason}"
+                if loaded.reason
+                else f"train {job.name}: {loaded.artifacts} compiled graphs from "
+                f"{out.compile_cache} ({loaded.added} new here, {loaded.seconds:.1f} s)"
+            )
     with phases.phase("model"):
         flops_per_sample = build.flops_per_sample(
             job.dataset, fitting.model, job.root / FLOPS_CACHE
@@ -71,7 +83,8 @@ def train(job: TrainJob) -> TrainSummary | None:
         with phases.phase("training"):
             records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
         progress.close()
-        compile_cache = engine.compile_cache_state()  # before repeats find every graph cached
+        # before repeats find every graph cached
+        cache_state = compile_cache.state(compile_cache.counts(), loaded)
         state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
         with phases.phase("training"):
             repeats = fitting.repeat(recipe.repeats - 1, accumulation)
@@ -84,7 +97,7 @@ def train(job: TrainJob) -> TrainSummary | None:
             accumulation_steps=accumulation,
             flops_per_sample=flops_per_sample,
             repeats=repeats,
-            compile_cache=compile_cache,
+            compile_cache=cache_state,
         )
         model_file = ModelFile(job.name, "trained", run_id, job.run_params, state_dict)
         phases.RECORDER.training_s = summary.total_train_s
@@ -92,6 +105,8 @@ def train(job: TrainJob) -> TrainSummary | None:
             write_json(outputs(out.metrics.train_json), summary.to_json())
             write_epochs_csv(outputs(out.metrics.epochs_csv), records)
             model_file.save(outputs(out.model))
+            if out.compile_cache is not None:
+                compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), cache_key)
         _track_outputs(job, summary, model_file, fitting.test_batches.images[:4])
     log(
         f"train {job.name}: first epoch {summary.first_epoch_s:.2f} s, steady "

@@ -23,7 +23,7 @@ def summarize_run(
 ) -> TrainSummary:
     """Epoch figures, plus achieved TFLOP/s against the datasheet peak of every process's
     device, and per-process throughput under DDP; `repeats`' epochs 2..N join the steady
-    samples. `compile_cache`: `engine.compile_cache_state()` after the run, before its
+    samples. `compile_cache`: `compile_cache.state(...)` after the run, before its
     repeats (which find every graph cached)."""
     repeats = repeats or []
     more_steady = [r.train_time_s for repeat in repeats for r in repeat[1:]]

@@ -1,0 +1,214 @@
+"""A compiled variant's torch.compile caches, carried from one machine to the next.
+
+torch.compile keeps what it compiled (Inductor's FX graphs with their Triton kernels,
+AOTAutograd's graphs, autotuning choices) in a cache folder on this machine
+(`.accelbench/compile-cache/`, set by the CLI). A new machine, container or DVC queue
+workspace starts with that folder empty, and the first epoch of a compiled variant waits
+15-27 s for the compiler on an H200.
+
+PyTorch's portable cache (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`)
+serializes what this process compiled or found in its caches into bytes that another
+process hot-loads into its own caches before compiling. The train stage writes them to
+`compile-cache/<variant>.bin` (a DVC output that DVC keeps in place when the stage re-runs,
+and that `dvc push`/`dvc pull` carry), and loads them before the next training compiles.
+
+They are only valid for the same torch, Triton and GPU, and are only useful for the same
+step code: the file's first line names those (its `CacheKey`), and a file made under
+another key is not loaded (one line says what differs). Inductor checks its own entries as
+well (shapes, settings, code), so a stale entry is a cache miss, never a wrong kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from accelbench.core.params import VariantParams
+from accelbench.core.results import text_kind
+
+FORMAT = "accelbench-compile-cache/1"
+# the file's first bytes: `refuse_foreign` replaces only a file that starts with them
+if TYPE_CHECKING:
+    import torch
+
+KIND = text_kind("a compile cache written by `accelbench train`", '{"format": "accelbench-')
+# the code torch.compile traces in a step: the loss with its augmentation, and the models;
+# an edit to either makes the saved graphs useless (though harmless: Inductor misses)
+STEP_MODULES = ("accelbench.training.engine", "accelbench.training.models")
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a portable compile cache is valid for."""
+
+    torch: str
+    triton: str | None
+    device: str  # the GPU's name, or "cpu"
+    capability: str | None  # CUDA compute capability, "9.0"; None on the CPU
+    compile: str  # the variant's torch.compile mode
+    step_code: str  # sha256 of STEP_MODULES' source, first 16 hex digits
+
+    def differences(self, other: CacheKey) -> list[str]:
+        """`field: theirs -> ours` for each field that differs."""
+        return [
+            f"{f.name} {getattr(other, f.name)} -> {getattr(self, f.name)}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
+
+
+def key_for(variant: VariantParams, device: torch.device) -> CacheKey | None:
+    """This process's key for `variant` on `device`; None when the variant compiles nothing."""
+    if variant.compile == "none":
+        return None
+    import torch
+
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, capability = props.name, f"{props.major}.{props.minor}"
+    else:
+        name, capability = "cpu", None
+    return CacheKey(
+        torch=torch.__version__,
+        triton=triton_version,
+        device=name,
+        capability=capability,
+        compile=variant.compile,
+        step_code=step_code_digest(),
+    )
+
+
+def step_code_digest() -> str:
+    digest = hashlib.sha256()
+    for module in STEP_MODULES:
+        source = importlib.import_module(module).__file__
+        assert source is not None
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What `load` found: `artifacts` entries hot-loaded into this machine's caches, or
+    why none were (`reason`, a line for the log; None when there was no file to load)."""
+
+    artifacts: int = 0
+    reason: str | None = None
+    added: int = 0  # graphs the file gave this machine's caches that they lacked
+    seconds: float = 0.0  # reading and hot-loading the file
+
+
+def load(path: Path, key: CacheKey) -> Loaded:
+    """Hot-load the cache artifacts in `path` into this machine's compile caches, when the
+    file was made under `key`. Never fails: a missing, foreign or unreadable file means
+    compiling from scratch, with one line saying why."""
+    started = time.perf_counter()
+    if not path.is_file():
+        return Loaded()
+    try:
+        header, payload = _read(path)
+    except (OSError, ValueError) as exc:
+        return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
+    saved_key = header.get("key")
+    if saved_key is None or not header.get("artifacts"):
+        return Loaded()  # the last run compiled nothing
+    try:
+        theirs = CacheKey(**saved_key)
+    except TypeError:
+        return Loaded(reason=f"{path} has an unknown key {saved_key}: compiling from scratch")
+    if theirs != key:
+        changed = "; ".join(key.differences(theirs))
+        return Loaded(reason=f"{path} was made for another set-up ({changed}): compiling")
+    import torch
+
+    before = _local_graphs()
+    info = torch.compiler.load_cache_artifacts(payload)
+    if info is None:
+        return Loaded(reason=f"{path}: torch could not read its artifacts: compiling")
+    count = sum(len(keys) for keys in info.artifacts.values())
+    added = len(_local_graphs() - before)
+    return Loaded(count, added=added, seconds=time.perf_counter() - started)
+
+
+def save(path: Path, key: CacheKey | None) -> int:
+    """Write what this process compiled or found cached (none: `key` is None, the variant
+    compiles nothing) to `path`, with its key on the first line; the artifacts written."""
+    payload, count = b"", 0
+    saved = None
+    if key is not None:
+        import torch
+
+        saved = torch.compiler.save_cache_artifacts()
+    if saved is not None:
+        payload, info = saved
+        count = sum(len(keys) for keys in info.artifacts.values())
+    header = {
+        "format": FORMAT,  # first: KIND recognises the file by it
+        "key": asdict(key) if key is not None and count else None,
+        "artifacts": count,
+        "bytes": len(payload),
+    }
+    path.write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    return count
+
+
+def state(counts: tuple[int, int], loaded: Loaded) -> str | None:
+    """The first epoch's compile cache, from (hits, misses) of this process's graph caches:
+    "portable" (every graph found, some of them only because the portable file gave them),
+    "warm" (every graph found in this machine's own caches), "cold" (none), "partial", or
+    None when nothing was compiled."""
+    hits, misses = counts
+    if not hits and not misses:
+        return None
+    if misses:
+        return "cold" if not hits else "partial"
+    return "portable" if loaded.added else "warm"
+
+
+def counts() -> tuple[int, int]:
+    """(hits, misses) of this process's graph caches (Inductor's and AOTAutograd's)."""
+    from torch._dynamo.utils import counters
+
+    hits = (
+        counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    )
+    misses = (
+        counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+    )
+    return hits, misses
+
+
+def _read(path: Path) -> tuple[dict, bytes]:
+    data = path.read_bytes()
+    line, _, payload = data.partition(b"\n")
+    header = json.loads(line)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} file")
+    if header.get("bytes") != len(payload):
+        raise ValueError(
+            f"{len(payload)} bytes of artifacts, the header says {header.get('bytes')}"
+        )
+    return header, payload
+
+
+def _local_graphs() -> set[str]:
+    """The compiled graphs in this machine's caches (Inductor's and AOTAutograd's entries)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    found = set()
+    for kind in ("fxgraph", "aotautograd"):
+        for folder, _, files in os.walk(Path(cache_dir()) / kind):
+            found.update(os.path.join(folder, name) for name in files)
+    return found
