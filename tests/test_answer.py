@@ -169,3 +169,19 @@ def test_dvc_metrics_and_the_mlflow_tags_are_figures_of_comparison_json(tmp_path
     for tag, (figure, fmt) in tracking.FIGURE_TAGS.items():
         text = tracking.figure_text(comparison["amp"], figure, fmt)
         assert text is not None and text in md, tag
+
+
+def test_the_shared_machine_note_names_training_and_inference() -> None:
+    from accelbench.core.results import EvalSummary
+    from accelbench.report.answer import shared_machine, shared_notes
+
+    row = _row("gpu", GPU, 3.0, 0.13)
+    assert shared_machine(row) is None and shared_notes([row]) == []
+    evaluated = EvalSummary(0.99, 0.03, 0.99, 1e6, {}, shared_machine="train@amp on GPU 0")
+    inference_only = replace(row, eval=evaluated)
+    assert shared_machine(inference_only) == "inference: train@amp on GPU 0"
+    both = replace(inference_only, train=replace(row.train, shared_machine="train@cpu on the CPU"))
+    assert shared_machine(both) == ("training: train@cpu on the CPU; inference: train@amp on GPU 0")
+    assert shared_notes([both])[1] == f"- gpu: {shared_machine(both)}."
+    trained_only = replace(row, train=both.train)
+    assert shared_machine(trained_only) == "train@cpu on the CPU"  # as train.json says it

@@ -1,5 +1,6 @@
 """system/slots.py: trainings side by side on one host take different GPUs, one at a time the
-CPU, wait (bounded) for what is taken, and say what else ran while they were measured.
+CPU, wait (bounded) for what is taken, and say what else ran while they were measured; the
+evaluate and quantize stages take what their timed inference runs on the same way.
 
 No GPU here: CUDA_VISIBLE_DEVICES lists fake ones, which is all the locks look at."""
 
@@ -16,14 +17,26 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from accelbench.core.console import StageError
 from accelbench.core.params import VariantParams
-from accelbench.core.results import TrainSummary, read_train
+from accelbench.core.results import (
+    EvalSummary,
+    MetricsFiles,
+    ModelFile,
+    QuantizedSummary,
+    Skipped,
+    TrainSummary,
+    read_eval,
+    read_quantized,
+    read_train,
+)
 from accelbench.report import markdown
 from accelbench.report.answer import SHARED_MARK, Row, variant_figures
+from accelbench.stages import evaluate, quantize, train
 from accelbench.system import slots
-from helpers import train_command, write_params
+from helpers import SMALL, small_params, train_command, write_params
 
 # A training's share of the host, as `accelbench train` takes it, in a process of its own:
 # prints CUDA_VISIBLE_DEVICES once it holds its GPU, lets go at a line on stdin.
@@ -36,16 +49,26 @@ WORKER = textwrap.dedent(
         sys.stdin.readline()
     """
 )
+# Another experiment's CPU training, holding the host's CPU turn until a line on stdin.
+CPU_WORKER = textwrap.dedent(
+    """
+    import sys
+    from accelbench.system import slots
+    with slots.tenancy(sys.argv[1], cpu=True):
+        print("the CPU", flush=True)
+        sys.stdin.readline()
+    """
+)
 
 
 def _environ(tmp_path: Path, **more: str) -> dict[str, str]:
     return {"ACCELBENCH_SLOTS_DIR": str(tmp_path / "locks"), **more}
 
 
-def _worker(tmp_path: Path, name: str, gpus: str) -> subprocess.Popen:
+def _worker(tmp_path: Path, name: str, gpus: str, script: str = WORKER) -> subprocess.Popen:
     env = {**os.environ, **_environ(tmp_path, CUDA_VISIBLE_DEVICES=gpus)}
     return subprocess.Popen(
-        [sys.executable, "-c", WORKER, name],
+        [sys.executable, "-c", script, name],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -116,8 +139,8 @@ def test_the_wait_is_bounded_and_names_who_holds_the_gpus(tmp_path, capsys) -> N
         assert 0.3 <= time.monotonic() - started < 3
     assert str(refused.value) == (
         f"train second: waited 0.3 s for a free GPU among 3, still taken by train@first on "
-        f"GPU 3 (pid {os.getpid()}, {os.getcwd()}); wait for that training to finish or stop "
-        "it, or set ACCELBENCH_SLOT_WAIT_S to wait longer"
+        f"GPU 3 (pid {os.getpid()}, {os.getcwd()}); wait for it to finish or stop it, or set "
+        "ACCELBENCH_SLOT_WAIT_S to wait longer"
     )
     assert "train second: waiting for a free GPU among 3 (up to 0.3 s" in capsys.readouterr().err
     with pytest.raises(Exception, match=r"ACCELBENCH_SLOT_WAIT_S='soon': expected the seconds"):
@@ -204,8 +227,8 @@ def test_cpu_trainings_take_turns_and_the_report_notes_a_shared_one(
     assert len(waited) == 1, errors
     other = runs["one" if waited == ["two"] else "two"]
     assert (
-        f"taken by train@cpu on the CPU (pid {other.pid}, {tmp_path}); CPU trainings on a "
-        "host take turns"
+        f"taken by train@cpu on the CPU (pid {other.pid}, {tmp_path}); stages timed on the "
+        "CPU take turns on a host"
     ) in errors[waited[0]]
     assert "train cpu: got the CPU after" in errors[waited[0]]
 
@@ -231,3 +254,201 @@ def test_a_train_json_without_the_field_reads_as_not_shared(tmp_path) -> None:
     path = tmp_path / "train.json"
     path.write_text(json.dumps(payload))
     assert read_train(path).shared_machine is None
+
+
+# --- evaluate and quantize take what their timed inference runs on -------------------------
+
+
+def _stage_command(params: Path, stage: str, model: Path, prepared: Path, metrics: Path):
+    """`accelbench evaluate|quantize` as dvc.yaml runs it, in this interpreter."""
+    return [
+        sys.executable, "-m", "accelbench.cli", "--params", str(params), stage,
+        "--model", str(model), "--data", str(prepared), "--metrics", str(metrics),
+    ]  # fmt: skip
+
+
+def _trained_cpu(tmp_path: Path, prepared: Path) -> train.TrainOutputs:
+    out = train.TrainOutputs(tmp_path / "cpu.pt", MetricsFiles(tmp_path / "trained"))
+    params = small_params(epochs=1)
+    train.run(tmp_path, "cpu", train.select(params, "cpu"), prepared, out, quiet=True)
+    return out
+
+
+def test_evaluate_and_quantize_of_a_cpu_variant_wait_for_the_cpu_turn(
+    tmp_path, prepared, monkeypatch
+) -> None:
+    """Another experiment's CPU training holds the host's CPU: `accelbench evaluate` and
+    `accelbench quantize` of a CPU variant, started beside it, wait for it, then take turns
+    with each other; each says the GPU training that ran beside it."""
+    monkeypatch.setenv("ACCELBENCH_SLOTS_DIR", str(tmp_path / "locks"))
+    model = _trained_cpu(tmp_path, prepared).model
+    params = write_params(tmp_path, None, **SMALL)
+    hog, gpu = _worker(tmp_path, "hog", "", CPU_WORKER), _worker(tmp_path, "gpu7", "7")
+    workers, stages = [hog, gpu], {}
+    try:
+        assert _line(hog.stdout) == "the CPU" and _line(gpu.stdout) == "7"
+        for stage in ("evaluate", "quantize"):
+            command = _stage_command(params, stage, model, prepared, tmp_path / stage)
+            stages[stage] = subprocess.Popen(
+                command, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+            )
+            workers.append(stages[stage])
+        waiting = {stage: _line(p.stderr, 60, "waiting") for stage, p in stages.items()}
+        for stage, line in waiting.items():
+            assert line == (
+                f"{stage} cpu: waiting for the CPU (up to 3600 s, ACCELBENCH_SLOT_WAIT_S): "
+                f"taken by train@hog on the CPU (pid {hog.pid}, {os.getcwd()}); stages timed on "
+                "the CPU take turns on a host"
+            )
+        assert not (tmp_path / "evaluate").exists() and not (tmp_path / "quantize").exists()
+        hog.communicate("\n", timeout=20)  # the training ends: the CPU goes to one of them
+        errors = {stage: p.communicate(timeout=180)[1] for stage, p in stages.items()}
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.communicate()
+    assert all(p.returncode == 0 for p in stages.values()), errors
+    evaluated = read_eval(tmp_path / "evaluate" / "eval.json")
+    assert isinstance(evaluated, EvalSummary)
+    assert f"train@gpu7 on GPU 7 (pid {gpu.pid}, " in evaluated.shared_machine  # kept
+    assert isinstance(read_quantized(tmp_path / "quantize" / "quantized.json"), QuantizedSummary)
+    for stage, err in errors.items():
+        assert f"{stage} cpu: got the CPU after" in err
+        shared = _line_with(err, f"{stage} cpu: measured while the machine was shared: ")
+        assert f"train@gpu7 on GPU 7 (pid {gpu.pid}, " in shared
+        assert "train@hog" not in shared and "@cpu on the CPU" not in shared  # took turns
+
+
+def _line_with(text: str, start: str) -> str:
+    found = [line for line in text.splitlines() if line.startswith(start)]
+    assert len(found) == 1, text
+    return found[0]
+
+
+def test_the_wait_of_evaluate_and_quantize_is_bounded_as_a_trainings(
+    tmp_path, prepared, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("ACCELBENCH_SLOTS_DIR", str(tmp_path / "locks"))
+    out = _trained_cpu(tmp_path, prepared)
+    hog = _worker(tmp_path, "hog", "", CPU_WORKER)
+    try:
+        assert _line(hog.stdout) == "the CPU"
+        monkeypatch.setenv("ACCELBENCH_SLOT_WAIT_S", "0.3")
+        files = MetricsFiles(tmp_path / "metrics")
+        runs = {
+            "evaluate": lambda: evaluate.run(
+                evaluate.select(small_params()), out.model, prepared, files
+            ),
+            "quantize": lambda: quantize.run(
+                tmp_path, quantize.select(small_params()), out.model, prepared, files
+            ),
+        }
+        for stage, run in runs.items():
+            started = time.monotonic()
+            with pytest.raises(StageError) as refused:
+                run()
+            assert 0.3 <= time.monotonic() - started < 3
+            assert str(refused.value) == (
+                f"{stage} cpu: waited 0.3 s for the CPU, still taken by train@hog on the CPU "
+                f"(pid {hog.pid}, {os.getcwd()}); wait for it to finish or stop it, or set "
+                "ACCELBENCH_SLOT_WAIT_S to wait longer"
+            )
+        assert not files.folder.exists() or not any(files.folder.iterdir())  # nothing measured
+        err = capsys.readouterr().err
+        for stage in runs:
+            assert f"{stage} cpu: waiting for the CPU (up to 0.3 s" in err
+
+        # A skipped variant measures nothing: it takes nothing, and never waits.
+        monkeypatch.setenv("ACCELBENCH_SLOT_WAIT_S", "0")
+        ModelFile("gpu", "skipped", None, reason="no GPU here").save(tmp_path / "gpu.pt")
+        skipped = Skipped("no GPU here")
+        assert (
+            evaluate.run(evaluate.select(small_params()), tmp_path / "gpu.pt", prepared, files)
+            == skipped
+        )
+        inputs = quantize.select(small_params())
+        assert quantize.run(tmp_path, inputs, tmp_path / "gpu.pt", prepared, files) == skipped
+    finally:
+        hog.kill()
+        hog.communicate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="evaluates on no GPU, on purpose")
+def test_a_gpu_variants_evaluation_takes_one_gpu_ddp_too(
+    tmp_path, prepared, monkeypatch, capsys
+) -> None:
+    """A DDP variant trained on 2 GPUs is evaluated in one process: it takes one free GPU,
+    narrows CUDA_VISIBLE_DEVICES to it before CUDA starts (and back after), and waits, bounded,
+    while every listed GPU is taken. (No GPU here: it is then refused, as without the lock.)"""
+    monkeypatch.setenv("ACCELBENCH_SLOTS_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    monkeypatch.setenv("ACCELBENCH_SLOT_WAIT_S", "10")  # one waiting for 2 GPUs fails, not hangs
+    variant = {"device": "cuda", "distributed": {"nproc_per_node": 2}}
+    params = {"variant": {"name": "ddp", **variant}, "train": {}}
+    ModelFile("ddp", "trained", None, params, {}).save(tmp_path / "ddp.pt")
+    inputs, files = evaluate.select(small_params()), MetricsFiles(tmp_path / "metrics")
+    seen = {}
+
+    def evaluation_device(name, variant):  # as placement's, noting what it was left to see
+        seen["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        seen["holder"] = json.loads((tmp_path / "locks" / "gpu-6.lock").read_text())
+        return real(name, variant)
+
+    real = evaluate.evaluation_device
+    monkeypatch.setattr(evaluate, "evaluation_device", evaluation_device)
+    first = _worker(tmp_path, "gpu", "5,6")
+    workers = [first]
+    try:
+        assert _line(first.stdout) == "5"
+        with pytest.raises(StageError, match="the model was trained on CUDA"):
+            evaluate.run(inputs, tmp_path / "ddp.pt", prepared, files)
+        assert seen["CUDA_VISIBLE_DEVICES"] == "6"  # the free one, alone
+        assert seen["holder"] == {
+            "stage": "evaluate@ddp",
+            "holds": "GPU 6",
+            "pid": os.getpid(),
+            "workdir": os.getcwd(),
+        }
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6"  # as it was
+        assert "evaluate ddp: takes GPU 6 (CUDA_VISIBLE_DEVICES=6)" in capsys.readouterr().err
+
+        second = _worker(tmp_path, "amp", "5,6")
+        workers.append(second)
+        assert _line(second.stdout) == "6"
+        monkeypatch.setenv("ACCELBENCH_SLOT_WAIT_S", "0.3")
+        seen.clear()
+        with pytest.raises(StageError) as refused:
+            evaluate.run(inputs, tmp_path / "ddp.pt", prepared, files)
+        assert str(refused.value).startswith(
+            f"evaluate ddp: waited 0.3 s for a free GPU among 5,6, still taken by train@gpu on "
+            f"GPU 5 (pid {first.pid}, "
+        )
+        assert f"train@amp on GPU 6 (pid {second.pid}, " in str(refused.value)
+        assert seen == {}  # never got as far as the device
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.communicate()
+
+
+def test_a_training_notes_an_evaluation_beside_it(tmp_path, monkeypatch, capsys) -> None:
+    """What evaluate or quantize holds, a training beside it sees, and the other way round."""
+    monkeypatch.setattr(slots, "SAMPLE_S", 0.02)
+    monkeypatch.setattr(slots, "cpu_seconds", lambda: (0.0, 0.0))  # this host, idle otherwise
+    cwd, pid = os.getcwd(), os.getpid()
+    with slots.tenancy("gpu", gpus=1, environ=_environ(tmp_path, CUDA_VISIBLE_DEVICES="0")) as gpu:
+        with slots.tenancy("cpu", stage="quantize", cpu=True, environ=_environ(tmp_path)) as cpu:
+            time.sleep(0.2)  # the training looks every SAMPLE_S
+            assert cpu.shared() == (
+                f"another accelbench training on this host: train@gpu on GPU 0 (pid {pid}, {cwd})"
+            )
+        assert gpu.note() == (
+            f"another accelbench stage on this host: quantize@cpu on the CPU (pid {pid}, {cwd})"
+        )
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "quantize cpu: measured while the machine was shared: another accelbench training on "
+        f"this host: train@gpu on GPU 0 (pid {pid}, {cwd})"
+    )
+    with slots.tenancy("cpu", stage="evaluate", cpu=True, environ=_environ(tmp_path)) as alone:
+        assert alone.shared() is None
+    assert "measured while" not in capsys.readouterr().err

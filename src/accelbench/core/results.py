@@ -411,6 +411,9 @@ class EvalSummary:
     macro_f1: float
     inference_samples_per_s: float
     per_class: dict[str, ClassScores]
+    # what else held GPU or CPU slots on this host while it measured (`system/slots.py`);
+    # None: nothing, or an older file
+    shared_machine: str | None = None
     status: str = "trained"
 
     def to_json(self) -> dict[str, Any]:

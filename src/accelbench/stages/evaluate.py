@@ -2,13 +2,16 @@
 confusion matrix and inference throughput, on the device it was trained on.
 
 It writes files only; compare logs them to the variant's MLflow run (`run.json` says which),
-so this stage imports neither MLflow nor, for a skipped variant, the model code.
+so this stage imports neither MLflow nor, for a skipped variant, the model code. While it
+measures, it holds what its training held on this host (`slots.tenancy`): a GPU (one, a DDP
+variant's too: it evaluates in one process) or the CPU's turn, waiting while another stage
+holds it, and says what else ran on the host meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,8 +35,10 @@ from accelbench.core.results import (
     write_per_class_csv,
 )
 from accelbench.data.datasets import Dataset, by_name
+from accelbench.system import slots
 from accelbench.training.placement import (
     evaluation_device,  # imports torch, which reads every model file
+    gpus_needed,
 )
 
 if TYPE_CHECKING:
@@ -77,26 +82,32 @@ def run(
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
-    with phases.phase("device"):
-        device = evaluation_device(name, variant)
-        engine.configure_backends(variant)
-        engine.start_device(device)
-    dataset = inputs.dataset
-    with phases.phase("model"):
-        build.check_prepared(dataset, prepared_dir)
-        model = build.trained_model(dataset, model_file.state_dict, str(model_path)).to(device)
-    with phases.phase("data"):
-        batches = build.eval_batches(
-            dataset, prepared_dir, device, inputs.batch_size, inputs.test_subset
-        )
-    with phases.phase("evaluation"):
-        # Warm-up: on a GPU every batch shape (cuDNN autotunes each); on a CPU one batch.
-        warmup = None if device.type == "cuda" else 1
-        engine.evaluate(model, batches, variant, device, max_batches=warmup)
-        result = engine.evaluate(model, batches, variant, device)
-        y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
-        counts = confusion.matrix(y_true, y_pred)
-        summary = _summary(result, counts)
+    single = variant.model_copy(update={"distributed": None})  # evaluated in one process
+    with slots.tenancy(  # before CUDA starts: it sees the GPU taken alone
+        name, stage="evaluate", gpus=gpus_needed(single), cpu=variant.device == "cpu"
+    ) as tenancy:
+        with phases.phase("device"):
+            device = evaluation_device(name, variant)
+            engine.configure_backends(variant)
+            engine.start_device(device)
+        dataset = inputs.dataset
+        with phases.phase("model"):
+            build.check_prepared(dataset, prepared_dir)
+            model = build.trained_model(dataset, model_file.state_dict, str(model_path))
+            model = model.to(device)
+        with phases.phase("data"):
+            batches = build.eval_batches(
+                dataset, prepared_dir, device, inputs.batch_size, inputs.test_subset
+            )
+        with phases.phase("evaluation"):
+            # Warm-up: on a GPU every batch shape (cuDNN autotunes each); on a CPU one batch.
+            warmup = None if device.type == "cuda" else 1
+            engine.evaluate(model, batches, variant, device, max_batches=warmup)
+            result = engine.evaluate(model, batches, variant, device)
+            y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
+            counts = confusion.matrix(y_true, y_pred)
+            summary = _summary(result, counts)
+        summary = replace(summary, shared_machine=tenancy.shared())
     record = RunRecord(name, "trained", model_file.mlflow_run_id)
     with phases.phase("outputs"), staged() as outputs:  # all new or all old
         write_json(outputs(files.eval_json), summary.to_json())

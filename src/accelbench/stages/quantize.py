@@ -1,7 +1,9 @@
 """quantize@V: the trained model on the CPU in fp32, dynamic int8 (Linear layers) and static
 int8 (x86 backend): test accuracy, batch-1 latency, throughput at the eval batch, file size.
 
-It writes files only; compare logs the figures to the variant's MLflow run (like evaluate's)."""
+It writes files only; compare logs the figures to the variant's MLflow run (like evaluate's).
+While it builds and times them it holds the CPU's turn on this host (`slots.tenancy`), as a
+CPU training does, and says what else ran on the host meanwhile."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from accelbench.core.results import (
     staged,
     write_json,
 )
+from accelbench.system import slots
 
 if TYPE_CHECKING:
     import torch
@@ -67,12 +70,14 @@ def run(
         import torch
 
         from accelbench.evaluation import quantization
-    with phases.phase("model"):  # the fp32 model, calibration data and the int8 models
-        models, unsupported, test = _models(name, model_file, model_path, prepared_dir, inputs)
-    with phases.phase("evaluation"):
-        figures = quantization.measure(
-            models, lambda: test.epoch(0), test.images[:1], inputs.latency_repeats
-        )
+    with slots.tenancy(name, stage="quantize", cpu=True) as tenancy:  # whatever it trained on
+        with phases.phase("model"):  # the fp32 model, calibration data and the int8 models
+            models, unsupported, test = _models(name, model_file, model_path, prepared_dir, inputs)
+        with phases.phase("evaluation"):
+            figures = quantization.measure(
+                models, lambda: test.epoch(0), test.images[:1], inputs.latency_repeats
+            )
+        tenancy.shared()  # quantized.json has no place for it (yet): the log says it
     summary = QuantizedSummary(
         threads=torch.get_num_threads(),
         batch_size=inputs.batch_size,

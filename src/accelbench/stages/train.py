@@ -1,4 +1,5 @@
-"""train@V: train one variant; write its model file, `train.json` and `epochs.csv`.
+"""train@V: train one variant; write its model file, `train.json`, `epochs.csv` and its
+portable compile cache (`training/compile_cache.py`).
 
 Where it runs is `placement.place`'s call: here, skipped, or re-launched under torchrun,
 whose children each train their share of every batch while rank 0 alone writes the
@@ -6,7 +7,7 @@ outputs and the MLflow run. Training itself is `training.loop.train`, handed one
 (the dataset params.data.dataset names, checked against the prepared folder's manifest);
 it is imported only to train: a skipped variant's stage imports neither MLflow nor the
 model code, and returns at once. Before CUDA starts, a training takes its GPUs, or the CPU,
-on this host (`slots.tenancy`: it waits while other trainings hold them), and its train.json
+on this host (`slots.tenancy`: it waits while other stages hold them), and its train.json
 says what else ran on the host meanwhile (`shared_machine`).
 """
 
@@ -83,7 +84,7 @@ def run(
     with phases.phase("device"):  # NVML alone where it settles a skip: nothing to wait for
         settled = _too_few_gpus(variant)
     takes = _gpus_to_take(variant) if settled is None else 0
-    with slots.tenancy(name, gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
+    with slots.tenancy(name, stage="train", gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken
             here = settled if settled is not None else _gpus_here(variant)
             where = placement.place(name, variant, require_gpu=inputs.require_gpu, here=here)

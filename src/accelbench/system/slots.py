@@ -1,19 +1,22 @@
-"""A training's share of the host, its GPUs or the CPU, taken by a lock each, so that
+"""A timed stage's share of the host, its GPUs or the CPU, taken by a lock each, so that
 experiments run side by side (`dvc queue start -j N`, several `dvc exp run`) never time each
-other's kernels (docs/teams.md, "Sweeps on one GPU box").
+other's kernels (docs/teams.md, "Sweeps on one GPU box"). `tenancy(name, stage=...)` is the
+one way in: train@V takes what its variant trains on, evaluate@V what it evaluates on (one
+GPU, a DDP variant's too, or the CPU), quantize@V the CPU; a skipped variant takes nothing.
 
-- A variant that needs k GPUs takes k free ones among those CUDA_VISIBLE_DEVICES lists (all
+- A stage that needs k GPUs takes k free ones among those CUDA_VISIBLE_DEVICES lists (all
   the driver's where it is unset) and narrows CUDA_VISIBLE_DEVICES to them before anything
   starts CUDA, so torch, and torchrun's workers, which inherit it, see those alone.
-- A CPU variant takes the host's CPU lock: CPU trainings run one at a time per host.
+- A stage timed on the CPU takes the host's CPU lock: such stages run one at a time per host.
 - A lock is an exclusive `flock` on a file in one host-wide folder (`ACCELBENCH_SLOTS_DIR`,
   else /tmp/accelbench-slots-<uid>); the kernel releases it when its holder ends, however it
   ends. The file says who holds it: the stage, its pid and working directory.
-- Where too few are free, the training waits, saying for what and who holds it, for at most
+- Where too few are free, the stage waits, saying for what and who holds it, for at most
   `ACCELBENCH_SLOT_WAIT_S` seconds (an hour by default), then fails saying so: it never shares.
-- Meanwhile it notes who else was training on this host (other locks held at its start or at
-  any time during it) and how busy other processes kept the CPUs: `Tenancy.note()`, which
-  train.json keeps as `shared_machine` and the report prints beside the variant.
+- Meanwhile it notes which other stages held a lock on this host (at its start or at any time
+  during it) and how busy other processes kept the CPUs: `Tenancy.note()`, which train.json
+  keeps as `shared_machine` and the report prints beside the variant (evaluate and quantize
+  say it on the console: `Tenancy.shared()`).
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ SLOTS_DIR_ENV = "ACCELBENCH_SLOTS_DIR"
 WAIT_ENV = "ACCELBENCH_SLOT_WAIT_S"
 DEFAULT_WAIT_S = 3600.0
 POLL_S = 0.2  # between two tries to take what is busy
-SAMPLE_S = 2.0  # between two looks at who else holds a lock, while training
-# Other processes' CPU use, averaged over the training, worth a note: half a CPU is more than
+SAMPLE_S = 2.0  # between two looks at who else holds a lock, while measuring
+# Other processes' CPU use, averaged over the stage, worth a note: half a CPU is more than
 # an idle host's daemons and less than any training.
 SHARED_CPUS = 0.5
 CPU_SLOT = "cpu.lock"
@@ -61,13 +64,13 @@ def slots_dir(environ: MutableMapping[str, str] | None = None) -> Path:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise InputError(
             f"{path}: not a folder of this user's (a link, a file or another user's); the "
-            f"trainings' GPU and CPU locks go there: remove it, or set {SLOTS_DIR_ENV} to a folder"
+            f"stages' GPU and CPU locks go there: remove it, or set {SLOTS_DIR_ENV} to a folder"
         )
     return path
 
 
 def wait_limit(environ: MutableMapping[str, str] | None = None) -> float:
-    """How long a training waits for its GPUs or the CPU: `ACCELBENCH_SLOT_WAIT_S` seconds."""
+    """How long a stage waits for its GPUs or the CPU: `ACCELBENCH_SLOT_WAIT_S` seconds."""
     environ = os.environ if environ is None else environ
     raw = environ.get(WAIT_ENV)
     if raw is None or raw == "":
@@ -78,14 +81,14 @@ def wait_limit(environ: MutableMapping[str, str] | None = None) -> float:
         seconds = -1.0
     if not 0 <= seconds < float("inf"):
         raise InputError(
-            f"{WAIT_ENV}={raw!r}: expected the seconds a training may wait for its GPUs or "
+            f"{WAIT_ENV}={raw!r}: expected the seconds a stage may wait for its GPUs or "
             f"the CPU (0 or more; unset: {DEFAULT_WAIT_S:g})"
         )
     return seconds
 
 
 def gpu_candidates(environ: MutableMapping[str, str] | None = None) -> list[str] | None:
-    """The GPUs a training may take, as CUDA_VISIBLE_DEVICES names them (where it is unset,
+    """The GPUs a stage may take, as CUDA_VISIBLE_DEVICES names them (where it is unset,
     every GPU the driver sees, by index); None where nothing can tell (no NVML)."""
     environ = os.environ if environ is None else environ
     listed = environ.get("CUDA_VISIBLE_DEVICES")
@@ -107,7 +110,7 @@ def gpu_lock_name(gpu: str) -> str:
 class Holder:
     """Who holds a lock, as its lock file says."""
 
-    stage: str  # "train@gpu"
+    stage: str  # "train@gpu", "evaluate@cpu", "quantize@amp"
     holds: str  # "GPU 3", "GPUs 2,3", "the CPU"
     pid: int | None
     workdir: str
@@ -174,7 +177,7 @@ def take(
     say: Callable[[str], None] = log,
 ) -> list[tuple[Path, int]]:
     """`count` of the locks `paths`, all at once (never some held while waiting for the rest,
-    so two trainings cannot each hold half of what the other needs), tried every POLL_S until
+    so two stages cannot each hold half of what the other needs), tried every POLL_S until
     `wait_s` has passed. Says once (starting with `label`) that it waits for `what`, who holds
     it (and `why`), and raises a StageError naming them when the wait is over."""
     started = time.monotonic()
@@ -205,7 +208,7 @@ def take(
         if elapsed >= wait_s:
             raise StageError(
                 f"{label}: waited {wait_s:g} s for {what}, still taken by {who}; wait for "
-                f"that training to finish or stop it, or set {WAIT_ENV} to wait longer"
+                f"it to finish or stop it, or set {WAIT_ENV} to wait longer"
             )
         if not waiting and busy:  # an empty file: its holder is still writing it
             say(
@@ -216,7 +219,7 @@ def take(
 
 
 def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
-    """Who holds a lock in `folder` now, other than this training (`mine`). A look is a
+    """Who holds a lock in `folder` now, other than this stage (`mine`). A look is a
     shared lock taken and let go at once: free locks stay free, held ones are seen. A held
     lock whose file names no one (its holder is writing it; a waiter trying it) is left out."""
     found = []
@@ -260,14 +263,15 @@ def cpu_seconds() -> tuple[float, float]:
 def sharing_note(
     holders: Sequence[Holder], others_cpus: float | None, cpus: int | None
 ) -> str | None:
-    """What else ran on the host while a training was measured, in one line (None: nothing)."""
+    """What else ran on the host while a stage was measured, in one line (None: nothing)."""
     parts = []
     if holders:
         named = ", ".join(str(h) for h in holders)
+        kind = "training" if all(h.stage.startswith("train@") for h in holders) else "stage"
         count = (
-            "another accelbench training"
+            f"another accelbench {kind}"
             if len(holders) == 1
-            else f"{len(holders)} other accelbench trainings"
+            else f"{len(holders)} other accelbench {kind}s"
         )
         parts.append(f"{count} on this host: {named}")
     if others_cpus is not None and others_cpus >= SHARED_CPUS:
@@ -278,10 +282,11 @@ def sharing_note(
 
 @dataclass
 class Tenancy:
-    """What a training holds on this host (`fds`: its locks, for torchrun to hold too), and
+    """What a stage holds on this host (`fds`: its locks, for torchrun to hold too), and
     who else it finds there until `note()`."""
 
     folder: Path | None = None
+    label: str = ""  # "evaluate cpu": how its console lines start
     held: list[tuple[Path, int]] = field(default_factory=list)
     _seen: dict[Holder, None] = field(default_factory=dict)
     _start: tuple[float, float, float] | None = None  # host busy s, own s, monotonic s
@@ -313,8 +318,8 @@ class Tenancy:
         self._watcher.start()
 
     def note(self) -> str | None:
-        """What else ran on this host from the start of the training until now (the first
-        call ends the watch; later calls repeat its answer)."""
+        """What else ran on this host from the start of the stage's tenancy until now (the
+        first call ends the watch; later calls repeat its answer)."""
         if self._noted or self._start is None:
             return self._note
         self._stop.set()
@@ -330,6 +335,14 @@ class Tenancy:
         self._noted = True
         return self._note
 
+    def shared(self) -> str | None:
+        """`note()`, said on the console where there is one (evaluate keeps it in eval.json
+        as well; quantized.json has no place for it)."""
+        note = self.note()
+        if note is not None:
+            log(f"{self.label}: measured while the machine was shared: {note}")
+        return note
+
 
 def _holds(gpus: Sequence[str]) -> str:
     return f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {','.join(gpus)}"
@@ -341,22 +354,26 @@ def tenancy(
     *,
     gpus: int = 0,
     cpu: bool = False,
+    stage: str = "train",
     environ: MutableMapping[str, str] | None = None,
 ) -> Iterator[Tenancy]:
-    """Inside: variant `name`'s training holds `gpus` GPUs (CUDA_VISIBLE_DEVICES names them
-    alone) or, with `cpu`, the host's CPU lock, and watches who else trains here.
+    """Inside: `stage` of variant `name` (train, evaluate, quantize: what dvc.yaml calls it)
+    holds `gpus` GPUs (CUDA_VISIBLE_DEVICES names them alone) or, with `cpu`, the host's CPU
+    lock, and watches who else holds one here. Enter it before anything starts CUDA and leave
+    it once what it times is measured.
 
-    Takes nothing in a torchrun worker (its launcher holds them), for a variant that needs
-    neither, nor where fewer GPUs are listed than it needs (placement then skips or refuses
-    it). Where no NVML can count the GPUs and CUDA_VISIBLE_DEVICES is unset, it says so and
-    takes none."""
+    Takes nothing in a torchrun worker (its launcher holds them), for a stage that needs
+    neither (a skipped variant's), nor where fewer GPUs are listed than it needs (placement
+    then skips or refuses it). Where no NVML can count the GPUs and CUDA_VISIBLE_DEVICES is
+    unset, it says so and takes none."""
     environ = os.environ if environ is None else environ
+    label = f"{stage} {name}"
     if lifetime.is_torchrun_worker() or not (gpus or cpu):
-        yield Tenancy()
+        yield Tenancy(label=label)
         return
     folder, wait_s = slots_dir(environ), wait_limit(environ)
-    stage, label = f"train@{name}", f"train {name}"
-    here = Tenancy(folder)
+    holder_stage = f"{stage}@{name}"
+    here = Tenancy(folder, label=label)
     before = environ.get("CUDA_VISIBLE_DEVICES")
     with phases.phase("device"):  # waiting for a GPU is part of finding one
         if gpus:
@@ -372,12 +389,12 @@ def tenancy(
                 what = f"{wanted} among {','.join(candidates)}"
                 here.held = take(paths, gpus, label, wait_s=wait_s, what=what)
                 taken = [candidates[paths.index(path)] for path, _ in here.held]
-                holder = Holder(stage, _holds(taken), os.getpid(), os.getcwd())
+                holder = Holder(holder_stage, _holds(taken), os.getpid(), os.getcwd())
                 environ["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
                 log(f"{label}: takes {holder.holds} (CUDA_VISIBLE_DEVICES={','.join(taken)})")
         else:
-            holder = Holder(stage, "the CPU", os.getpid(), os.getcwd())
-            why = "; CPU trainings on a host take turns"
+            holder = Holder(holder_stage, "the CPU", os.getpid(), os.getcwd())
+            why = "; stages timed on the CPU take turns on a host"
             paths = [folder / CPU_SLOT]
             here.held = take(paths, 1, label, wait_s=wait_s, what="the CPU", why=why)
     try:
