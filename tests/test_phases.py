@@ -70,7 +70,8 @@ def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_d
     assert "| *train@cpu (up to date)* | 50.0 s | 40.0 s |" in text
     assert "| train@gpu | 20.0 s | 12.0 s | 8.0 s | imports 10.0, other 10.0 |" in text
     assert (
-        "DVC's own work between the stages (hashing, dvc.lock, starting each stage): 3.0 s" in text
+        "DVC's own work between the stages (hashing, dvc.lock, starting and ending each "
+        "stage's process): 3.0 s" in text
     )
     assert json.loads(json.dumps(pipeline.to_json()))["stages"]["train@cpu"]["this_run"] is False
 

@@ -64,7 +64,8 @@ class PipelineTime:
 
     @property
     def between_stages_s(self) -> float | None:
-        """DVC's own work between the stages: hashing, the lock file, starting processes."""
+        """DVC's own work between the stages: hashing, the lock file, starting processes; and
+        each process's exit, after its stage recorded its wall time."""
         return max(self.span_s - self.wall_s, 0.0) if self.span_s is not None else None
 
     def phase_totals(self) -> dict[str, float]:
@@ -137,7 +138,8 @@ def markdown(pipeline: PipelineTime) -> list[str]:
     if pipeline.span_s is not None:
         lines.append(
             f"`dvc repro` from its first stage's start to this report: {_s(pipeline.span_s)}; "
-            f"DVC's own work between the stages (hashing, dvc.lock, starting each stage): "
+            f"DVC's own work between the stages (hashing, dvc.lock, starting and ending each "
+            f"stage's process): "
             f"{_s(pipeline.between_stages_s)}."
         )
         lines.append("")

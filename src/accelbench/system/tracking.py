@@ -809,7 +809,7 @@ def log_model(model, input_example, name: str) -> None:
     import mlflow.pytorch
     import torch
 
-    with phases.phase("model_logging"), torch.no_grad():
+    with phases.phase("model_logging"), torch.no_grad(), _no_distribution_scan():
         output = model(torch.as_tensor(input_example)).numpy()
         signature = mlflow.models.infer_signature(input_example, output)
         mlflow.pytorch.log_model(
@@ -823,6 +823,27 @@ def log_model(model, input_example, name: str) -> None:
             serialization_format="pickle",
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
+
+
+@contextmanager
+def _no_distribution_scan() -> Iterator[None]:
+    """MLflow checks a logged model's requirements against the environment, and first maps
+    every installed distribution to its modules for that (`packages_distributions`: 0.5 s
+    for 194 distributions, most of logging the model). Ours, torch and mlflow, are modules
+    of the same name, which the check finds without the map: an empty one keeps the check
+    and spares the scan. MLflow's own map is restored afterwards (inferring requirements
+    needs it)."""
+    from mlflow.utils import requirements_utils
+
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:  # built, or renamed
+        yield
+        return
+    requirements_utils._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = None
+        requirements_utils._PACKAGES_TO_MODULES = None
 
 
 @tolerant

@@ -1,0 +1,86 @@
+"""tracking.log_model: the model, its signature and its pinned requirements, logged without
+MLflow's scan of every installed distribution, and still checked against the environment."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from mlflow.utils import requirements_utils
+
+from accelbench.data.datasets import DATASETS
+from accelbench.system import tracking
+from accelbench.training.build import trained_model
+from accelbench.training.models import for_dataset
+
+
+@pytest.fixture
+def no_distribution_map(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """MLflow's distribution map as a fresh process has it (none yet); its scan, if anything
+    runs it, is recorded."""
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", None)
+    monkeypatch.setattr(requirements_utils, "_PACKAGES_TO_MODULES", None)
+    scans: list[str] = []
+    real = importlib.metadata.packages_distributions
+
+    def scan():
+        scans.append("scanned")
+        return real()
+
+    monkeypatch.setattr(requirements_utils.importlib_metadata, "packages_distributions", scan)
+    return scans
+
+
+def _log_model(tmp_path, name: str = "cpu") -> str:
+    model = trained_model(DATASETS["mnist"], for_dataset(DATASETS["mnist"]).state_dict())
+    example = np.zeros((2, 1, 28, 28), np.float32)
+    with tracking.variant_run(tmp_path, name, {}, {"status": "trained"}) as run_id:
+        tracking.log_model(model, example, name)
+    return run_id
+
+
+def test_the_model_is_logged_with_its_requirements_and_no_scan(
+    tmp_path, mlflow_store, no_distribution_map
+) -> None:
+    run_id = _log_model(tmp_path)
+
+    assert no_distribution_map == []
+    assert requirements_utils._MODULES_TO_PACKAGES is None  # MLflow's again
+    [model] = MlflowClient().search_logged_models(
+        [mlflow.get_experiment_by_name(tracking.EXPERIMENT).experiment_id],
+        filter_string=f"source_run_id = '{run_id}'",
+    )
+    folder = mlflow.artifacts.download_artifacts(f"models:/{model.model_id}", dst_path=tmp_path)
+    requirements = (tmp_path / "requirements.txt").read_text().split()
+    assert f"torch=={torch.__version__.split('+')[0]}" in requirements
+    assert f"mlflow=={mlflow.__version__}" in requirements
+    assert mlflow.models.get_model_info(folder).signature is not None
+    loaded = mlflow.pytorch.load_model(folder)
+    assert loaded(torch.zeros(1, 1, 28, 28)).shape == (1, 10)
+
+
+def test_a_requirement_the_environment_does_not_meet_is_still_reported(
+    tmp_path, mlflow_store, no_distribution_map, monkeypatch, capfd
+) -> None:
+    monkeypatch.setattr(torch, "__version__", "0.0.1")  # the pin: torch==0.0.1
+
+    _log_model(tmp_path)
+
+    assert "torch (current: " in capfd.readouterr().err
+    assert no_distribution_map == []
+
+
+def test_a_map_mlflow_built_already_is_used_as_it_is(
+    tmp_path, mlflow_store, no_distribution_map
+) -> None:
+    requirements_utils._init_packages_to_modules_map()
+    built = requirements_utils._MODULES_TO_PACKAGES
+    no_distribution_map.clear()
+
+    _log_model(tmp_path)
+
+    assert requirements_utils._MODULES_TO_PACKAGES is built and no_distribution_map == []
