@@ -159,8 +159,8 @@ def record_sharing(
         return summary
     log(f"train {name}: measured while the machine was shared: {note}")
     shared = replace(summary, shared_machine=note)
-    with phases.phase("outputs"):
-        write_json(out.metrics.train_json, shared.to_json())
+    with phases.phase("outputs"), staged() as outputs:  # the old file, or the new, whole
+        write_json(outputs(out.metrics.train_json), shared.to_json())
     return shared
 
 
