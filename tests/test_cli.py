@@ -87,6 +87,24 @@ def test_a_stage_process_skips_the_teardown_but_not_its_exit_handlers(tmp_path) 
     assert result.stdout == "bufferedexit handler\n"
 
 
+def test_a_stage_process_ends_idle_thread_pools_and_lets_queued_work_finish(tmp_path) -> None:
+    """torch.compile leaves idle compile workers (a ThreadPoolExecutor's non-daemon threads):
+    they end as at an ordinary exit, work they were given first, and the teardown is still
+    skipped."""
+    result = _stage_as_the_program(
+        tmp_path,
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "class Held:\n"
+        "    def __del__(self): print('teardown', flush=True)\n"
+        "held = Held()\n"
+        "idle = ThreadPoolExecutor(2); idle.submit(lambda: None).result()\n"
+        "busy = ThreadPoolExecutor(1)\n"
+        "busy.submit(lambda: (time.sleep(0.5), print('queued work done', flush=True)))",
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "queued work done\n"  # and no teardown
+
+
 def test_a_stage_process_waits_for_its_threads_still_at_work(tmp_path) -> None:
     result = _stage_as_the_program(
         tmp_path,
