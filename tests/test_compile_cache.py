@@ -67,13 +67,13 @@ def test_a_compiled_variant_carries_its_cache_to_a_machine_without_one(
     second_file.write_bytes(first_file.read_bytes())
     second, log = _train(tmp_path / "second", prepared, mlflow_store, second_file)
     assert second["compile_cache"] == "portable", log
-    assert f"compiled graphs from {second_file} (" in log and "compiling" not in log
+    assert f"compile cache {second_file}: " in log and "compiling" not in log
     assert _header(second_file)["artifacts"] == header["artifacts"]  # rewritten, same graphs
 
     # the same machine again: its own caches hold every graph now, the file adds none
     third, log = _train(tmp_path / "second", prepared, mlflow_store, second_file)
     assert third["compile_cache"] == "warm", log
-    assert "(0 new here," in log
+    assert " entries, 0 graphs new here (loaded in " in log
 
 
 def test_a_cache_made_elsewhere_is_not_loaded_and_the_line_says_what_differs(tmp_path) -> None:

@@ -55,8 +55,8 @@ def train(job: TrainJob) -> TrainSummary | None:
             log(
                 f"train {job.name}: {loaded.reason}"
                 if loaded.reason
-                else f"train {job.name}: {loaded.artifacts} compiled graphs from "
-                f"{out.compile_cache} ({loaded.added} new here, {loaded.seconds:.1f} s)"
+                else f"train {job.name}: compile cache {out.compile_cache}: {loaded.artifacts} "
+                f"entries, {loaded.added} graphs new here (loaded in {loaded.seconds:.2f} s)"
             )
     with phases.phase("model"):
         flops_per_sample = build.flops_per_sample(
