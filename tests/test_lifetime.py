@@ -214,9 +214,12 @@ def test_killing_only_dvc_ends_the_training_and_a_rerun_resumes(
 
     stage_log = log.read_text()
     assert "accelbench train: interrupted (signal SIGTERM)" in stage_log, stage_log[-2000:]
+    # one watchdog, one SIGTERM: a second one cut the clean-up short (the run stayed RUNNING)
+    assert stage_log.count("is gone; stopping") <= 1, stage_log[-2000:]
     assert 1 <= _epochs_done(checkpoint) < 15  # the last finished epoch, kept
     assert not (out / "cpu.pt").exists() and not (out / ".cpu.pt.lock").exists()
-    assert [r.info.status for r in mlflow_runs(mlflow_store, "cpu")] == ["KILLED"]
+    statuses = [r.info.status for r in mlflow_runs(mlflow_store, "cpu")]
+    assert statuses == ["KILLED"], stage_log[-2000:]
 
     rerun = subprocess.run(
         command, cwd=tmp_path, env=_env(mlflow_store), capture_output=True, text=True, timeout=180
@@ -309,3 +312,39 @@ def test_kill_of_dvc_repro_alone_ends_its_training_and_the_next_repro_resumes(
     experiment = client.get_experiment_by_name("accelbench")
     cpu_runs = client.search_runs([experiment.experiment_id], "attributes.run_name = 'cpu'")
     assert [r.info.status for r in cpu_runs] == ["FINISHED"]  # continued, not duplicated
+
+
+def test_a_stage_sets_up_its_watchdogs_once(monkeypatch) -> None:
+    """The CLI and a stage both asked to end with DVC: two watchdogs sent two SIGTERMs, and
+    the second cut short the clean-up of the first (CI: the run stayed RUNNING)."""
+    watched: list[str] = []
+    monkeypatch.setattr(lifetime, "_ENDING_WITH_LAUNCHER", False)
+    monkeypatch.setenv("DVC_STAGE", "train@cpu")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(lifetime, "end_with_parent", lambda parent: watched.append("parent"))
+    monkeypatch.setattr(lifetime, "_dvc_ancestor", lambda: psutil.Process(1))
+    monkeypatch.setattr(lifetime, "_watch", lambda gone, why: watched.append(why))
+    lifetime.end_with_launcher()
+    lifetime.end_with_launcher()
+    assert watched == ["parent", "DVC (pid 1) is gone"]
+
+
+SIGTERM_TWICE = """import os, signal, time
+from accelbench import cli
+cli._interrupt_on_sigterm()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except KeyboardInterrupt as exc:
+    print("interrupted:", exc, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)  # a second one, during the clean-up
+    time.sleep(0.3)
+    print("cleaned up", flush=True)
+"""
+
+
+def test_a_second_sigterm_does_not_cut_the_clean_up_short() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_TWICE], capture_output=True, text=True, timeout=30
+    )
+    assert done.stdout == "interrupted: signal SIGTERM\ncleaned up\n", done.stderr

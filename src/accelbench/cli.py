@@ -94,6 +94,9 @@ def _interrupt_on_sigterm() -> None:
     open MLflow runs are marked KILLED and temporary files are cleaned up."""
 
     def handler(signum: int, frame: object) -> None:
+        # Once: a second SIGTERM (a launcher and a watchdog both saying so) must not cut
+        # short the clean-up the first one started (MLflow's run ended as KILLED, say).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)

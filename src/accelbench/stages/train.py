@@ -209,7 +209,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace, params: Params, root: Path) -> None:
-    lifetime.end_with_launcher()  # no training outlives the `dvc repro` that started it
     phases.RECORDER.stage = f"train@{args.variant}"
     inputs = select(params, args.variant)
     if inputs.recipe.deterministic:

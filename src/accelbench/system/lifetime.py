@@ -35,10 +35,18 @@ def is_torchrun_worker() -> bool:
     return "LOCAL_RANK" in os.environ
 
 
+_ENDING_WITH_LAUNCHER = False  # set by the first end_with_launcher of this process
+
+
 def end_with_launcher() -> None:
     """Call first thing in a stage: a torchrun worker ends with torchrun, a stage run by DVC
     ends with DVC (and with whatever runs between, such as DVC's `sh -c`); a stage run by
-    hand is left alone."""
+    hand is left alone. Once per process: a second watchdog would send a second SIGTERM,
+    which could cut short the first one's clean-up."""
+    global _ENDING_WITH_LAUNCHER
+    if _ENDING_WITH_LAUNCHER:
+        return
+    _ENDING_WITH_LAUNCHER = True
     if is_torchrun_worker():
         end_with_parent(_expected_parent())
     elif "DVC_STAGE" in os.environ:
