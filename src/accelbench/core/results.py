@@ -335,7 +335,7 @@ class TrainSummary:
     # (`train.repeats`); the report's intervals are drawn from them. None: an older file
     steady_epochs_s: list[float] | None = None
     repeats: int = 1  # trainings timed: the run itself, and repeats - 1 more from scratch
-    # what else ran on this host while it trained (other trainings holding GPU or CPU locks,
+    # what else ran on this host while it trained (other stages holding GPU or CPU locks,
     # other processes' CPU use), in a line (`system/slots.py`); None: nothing, or an older file
     shared_machine: str | None = None
     status: str = "trained"

@@ -65,17 +65,15 @@ SHARED_MARK = "(machine shared)"  # beside a variant measured while other work r
 def shared_machine(row: Row) -> str | None:
     """What else ran on the host while `row` trained or was evaluated (train.json's and
     eval.json's `shared_machine`), if anything."""
-    notes = [
-        f"{what}: {summary.shared_machine}"
-        for what, summary, kind in (
-            ("training", row.train, TrainSummary),
-            ("inference", row.eval, EvalSummary),
-        )
-        if isinstance(summary, kind) and summary.shared_machine
-    ]
-    if len(notes) == 1 and notes[0].startswith("training: "):
-        return notes[0].removeprefix("training: ")  # as before: the training's alone
-    return "; ".join(notes) or None
+    training = row.train.shared_machine if isinstance(row.train, TrainSummary) else None
+    inference = row.eval.shared_machine if isinstance(row.eval, EvalSummary) else None
+    if not inference:
+        return training  # as train.json says it
+    return "; ".join(
+        f"{what}: {note}"
+        for what, note in (("training", training), ("inference", inference))
+        if note
+    )
 
 
 def shared_notes(rows: list[Row]) -> list[str]:

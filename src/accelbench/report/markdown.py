@@ -158,7 +158,7 @@ class ComparisonEntry:
     repeats: int | None = None  # trained
     test_accuracy: float | None = None  # evaluated
     cost: CostFigures | None = None  # trained, with prices
-    shared_machine: str | None = None  # trained while other work ran on the machine
+    shared_machine: str | None = None  # measured while other work ran on the machine
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}

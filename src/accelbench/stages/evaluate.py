@@ -38,7 +38,6 @@ from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import slots
 from accelbench.training.placement import (
     evaluation_device,  # imports torch, which reads every model file
-    gpus_needed,
 )
 
 if TYPE_CHECKING:
@@ -82,9 +81,12 @@ def run(
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
-    single = variant.model_copy(update={"distributed": None})  # evaluated in one process
-    with slots.tenancy(  # before CUDA starts: it sees the GPU taken alone
-        name, stage="evaluate", gpus=gpus_needed(single), cpu=variant.device == "cpu"
+    with slots.tenancy(  # before CUDA starts: it sees the GPU taken alone; one, a DDP
+        # variant's too: it is evaluated in one process
+        name,
+        stage="evaluate",
+        gpus=int(variant.uses_cuda),
+        cpu=variant.device == "cpu",
     ) as tenancy:
         with phases.phase("device"):
             device = evaluation_device(name, variant)

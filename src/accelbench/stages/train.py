@@ -100,7 +100,7 @@ def run(
             summary = read_train(out.metrics.train_json)
             if isinstance(summary, TrainSummary):
                 phases.RECORDER.training_s = summary.total_train_s
-            return record_sharing(name, summary, tenancy.note(), out)
+            return record_sharing(summary, tenancy.shared(), out)
         with phases.phase("imports"):  # MLflow and the model code: only to train
             from accelbench.training import build
             from accelbench.training.loop import train
@@ -119,7 +119,7 @@ def run(
         )
         with torchrun.process_group(where, variant.distributed):
             summary = train(job)
-        return record_sharing(name, summary, tenancy.note(), out)
+        return record_sharing(summary, tenancy.shared(), out)
 
 
 def _takes_the_cpu(variant: VariantParams) -> bool:
@@ -151,13 +151,13 @@ def _gpus_here(variant: VariantParams) -> placement.Visible | None:
 
 
 def record_sharing(
-    name: str, summary: TrainResult | None, note: str | None, out: TrainOutputs
+    summary: TrainResult | None, note: str | None, out: TrainOutputs
 ) -> TrainResult | None:
     """`summary`, and its train.json, with what else ran on this host while it trained
-    (`shared_machine`, from `slots.Tenancy.note`): the report prints it beside the variant."""
+    (`shared_machine`, from `slots.Tenancy.shared`, which says it on the console): the
+    report prints it beside the variant."""
     if note is None or not isinstance(summary, TrainSummary):
         return summary
-    log(f"train {name}: measured while the machine was shared: {note}")
     shared = replace(summary, shared_machine=note)
     with phases.phase("outputs"), staged() as outputs:  # the old file, or the new, whole
         write_json(outputs(out.metrics.train_json), shared.to_json())

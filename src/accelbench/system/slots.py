@@ -14,9 +14,9 @@ GPU, a DDP variant's too, or the CPU), quantize@V the CPU; a skipped variant tak
 - Where too few are free, the stage waits, saying for what and who holds it, for at most
   `ACCELBENCH_SLOT_WAIT_S` seconds (an hour by default), then fails saying so: it never shares.
 - Meanwhile it notes which other stages held a lock on this host (at its start or at any time
-  during it) and how busy other processes kept the CPUs: `Tenancy.note()`, which train.json
-  keeps as `shared_machine` and the report prints beside the variant (evaluate and quantize
-  say it on the console: `Tenancy.shared()`).
+  during it) and how busy other processes kept the CPUs: `Tenancy.shared()` says it on the
+  console, train.json and eval.json keep it as `shared_machine`, and the report prints it
+  beside the variant.
 """
 
 from __future__ import annotations
@@ -336,8 +336,8 @@ class Tenancy:
         return self._note
 
     def shared(self) -> str | None:
-        """`note()`, said on the console where there is one (evaluate keeps it in eval.json
-        as well; quantized.json has no place for it)."""
+        """`note()`, said on the console where there is one (train and evaluate keep it in
+        their results files as well; quantized.json has no place for it)."""
         note = self.note()
         if note is not None:
             log(f"{self.label}: measured while the machine was shared: {note}")

@@ -4,7 +4,7 @@ torch.compile keeps what it compiled (Inductor's FX graphs with their Triton ker
 AOTAutograd's graphs, autotuning choices) in a cache folder on this machine
 (`.accelbench/compile-cache/`, set by the CLI). A new machine, container or DVC queue
 workspace starts with that folder empty, and the first epoch of a compiled variant waits
-15-27 s for the compiler on an H200.
+15-28 s for the compiler on an H200.
 
 PyTorch's portable cache (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`)
 serializes what this process compiled or found in its caches into bytes that another
@@ -33,10 +33,10 @@ from accelbench.core.params import VariantParams
 from accelbench.core.results import text_kind
 
 FORMAT = "accelbench-compile-cache/1"
-# the file's first bytes: `refuse_foreign` replaces only a file that starts with them
 if TYPE_CHECKING:
     import torch
 
+# the file's first bytes: `refuse_foreign` replaces only a file that starts with them
 KIND = text_kind("a compile cache written by `accelbench train`", '{"format": "accelbench-')
 # the code torch.compile traces in a step: the loss with its augmentation, and the models;
 # an edit to either makes the saved graphs useless (though harmless: Inductor misses)
@@ -102,7 +102,8 @@ def step_code_digest() -> str:
 @dataclass(frozen=True)
 class Loaded:
     """What `load` found: `artifacts` entries hot-loaded into this machine's caches, or
-    why none were (`reason`, a line for the log; None when there was no file to load)."""
+    why none were (`reason`, a line for the log; None when there was nothing to load: no
+    file, or one from a training that compiled nothing)."""
 
     artifacts: int = 0
     reason: str | None = None

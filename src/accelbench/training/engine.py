@@ -380,21 +380,23 @@ class TrainStep:
         return static_loss.detach().float()
 
 
+# DDP's "Grad strides do not match bucket view strides" (once per process) is about conv1's
+# [32, 1, 3, 3] weight in channels_last: its gradient's strides differ from the parameter's
+# in the stride of the size-1 input-channel dimension alone, which cuDNN sets as its
+# algorithm chooses. The memory order is the same, so the reducer's copy into the bucket is
+# a plain one: the "may impair performance" the warning names (the reducer's source: "The
+# penalty for disobedience is reduced performance, not numerical death") does not arise.
+# Other layout warnings still show.
+warnings.filterwarnings(
+    "ignore", message="Grad strides do not match bucket view strides", category=UserWarning
+)
+
+
 def wrap_ddp(
     model: nn.Module, device: torch.device, stream: torch.cuda.Stream | None = None
 ) -> DistributedDataParallel:
     """DistributedDataParallel around `model`, built on `stream` when its steps will run there
     (a captured step: see `TrainStep`)."""
-    # "Grad strides do not match bucket view strides" (once per process) is about conv1's
-    # [32, 1, 3, 3] weight in channels_last: its gradient's strides differ from the
-    # parameter's in the stride of the size-1 input-channel dimension alone, which cuDNN
-    # sets as its algorithm chooses. The memory order is the same, so the reducer's copy
-    # into the bucket is a plain one: the "may impair performance" the warning names (the
-    # reducer's source: "The penalty for disobedience is reduced performance, not numerical
-    # death") does not arise. Other layout warnings still show.
-    warnings.filterwarnings(
-        "ignore", message="Grad strides do not match bucket view strides", category=UserWarning
-    )
     device_ids = [device.index] if device.type == "cuda" else None
     if stream is None:
         return DistributedDataParallel(model, device_ids=device_ids)

@@ -46,9 +46,9 @@ def train(job: TrainJob) -> TrainSummary | None:
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
     fitting = _Fitting.build(job)
-    cache_key = compile_cache.key_for(variant, placement.device)
+    cache_key = compile_cache.key_for(variant, placement.device) if out.compile_cache else None
     loaded = compile_cache.Loaded()
-    if cache_key is not None and out.compile_cache is not None:
+    if cache_key is not None:
         with phases.phase("step_setup"):  # before the first step compiles
             loaded = compile_cache.load(out.compile_cache, cache_key)
         if placement.main and (loaded.reason or loaded.artifacts):
