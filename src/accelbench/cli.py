@@ -158,10 +158,13 @@ def _end_process(code: int) -> NoReturn:
     """End a stage's process as the interpreter would, without its teardown: with torch or
     MLflow imported, freeing every module's objects takes 0.5-1.3 s after the stage is done
     (DVC waits for it; the report counts it between the stages). Thread pools (Inductor's
-    compile workers) are shut down as the interpreter's exit does it, their queued work done;
+    in-process compile threads) are shut down as the interpreter's exit does it, their queued
+    work done;
     other threads still at work get the usual exit, which waits for them; else the exit
     handlers run (logging, temporary files, worker processes, MLflow), then the streams are
-    flushed."""
+    flushed. Inductor's compile workers are ended first, not shut down in order
+    (`lifetime.end_compile_workers`)."""
+    lifetime.end_compile_workers()
     futures = sys.modules.get("concurrent.futures.thread")
     if futures is not None:
         futures._python_exit()  # what threading's shutdown calls: idle workers end, busy finish

@@ -203,3 +203,39 @@ def _release(path: Path, fd: int) -> None:
         pass  # already gone, or its folder unreadable: the lock ends with the descriptor
     finally:
         os.close(fd)
+
+
+def end_compile_workers() -> None:
+    """End torch.compile's compile workers now, once a stage is done with them.
+
+    Inductor compiles in a sidecar process with a pool of workers. Its exit handler shuts
+    them down in order and waits for each worker's interpreter teardown. On an H200 host,
+    that kept a finished compiled stage alive for 0.8-3.1 s while DVC waited. The workers
+    are idle by then and hold no results, so they are killed.
+
+    The pool is marked stopped first. Its reader then takes the closed pipe as a shutdown,
+    and the exit handler returns at once. Inductor's pool attributes are internal, so with
+    another layout the handler's own shutdown runs as before."""
+    compiling = sys.modules.get("torch._inductor.async_compile")
+    for pool in list(getattr(compiling, "_pool_set", ())):
+        sidecar, lock = getattr(pool, "process", None), getattr(pool, "write_lock", None)
+        if sidecar is None or lock is None or not hasattr(pool, "running"):
+            continue
+        with lock:
+            if not pool.running:
+                continue
+            pool.running = False
+            if getattr(pool, "timer", None) is not None:
+                pool.timer.quit()
+        import psutil
+
+        try:
+            workers = psutil.Process(sidecar.pid).children(recursive=True)
+        except psutil.Error:
+            workers = []
+        for worker in workers:  # the pool's processes: SIGKILL, reaped by init
+            with contextlib.suppress(psutil.Error):
+                worker.kill()
+        with contextlib.suppress(ProcessLookupError):
+            sidecar.kill()
+        sidecar.wait()
