@@ -393,3 +393,34 @@ def test_ending_compile_workers_without_torch_is_a_no_op() -> None:
     code += "assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+HANGS = {
+    "a-thread": "threading.Thread(target=time.sleep, args=(600,), name='stuck-teardown').start()",
+    "an-exit-handler": "atexit.register(time.sleep, 600)",
+}
+
+
+@pytest.mark.parametrize("hang", HANGS.values(), ids=HANGS.keys())
+def test_a_finished_stage_ends_within_its_limit_whatever_hangs(hang: str) -> None:
+    """A thread or exit handler that never returns (a DDP communicator's teardown, say) is cut
+    short at the ending limit, with the stage's own exit code and one line saying so."""
+    code = "\n".join(
+        [
+            "import atexit, threading, time",
+            "from accelbench import cli",
+            "from accelbench.system import lifetime",
+            "lifetime.ENDING_LIMIT_S = 2",
+            hang,
+            "cli._end_process(3)",
+        ]
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3, result.stderr
+    assert time.monotonic() - started < 30
+    assert "the finished stage's process did not end within 2 s" in result.stderr
+    if "Thread" in hang:
+        assert "threads still running: stuck-teardown" in result.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
 import errno
 import importlib
 import os
@@ -155,15 +154,21 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
 
 
 def _end_process(code: int) -> NoReturn:
-    """End a stage's process as the interpreter would, without its teardown: with torch or
-    MLflow imported, freeing every module's objects takes 0.5-1.3 s after the stage is done
-    (DVC waits for it; the report counts it between the stages). Thread pools (Inductor's
-    in-process compile threads) are shut down as the interpreter's exit does it, their queued
-    work done;
-    other threads still at work get the usual exit, which waits for them; else the exit
-    handlers run (logging, temporary files, worker processes, MLflow), then the streams are
-    flushed. Inductor's compile workers are ended first, not shut down in order
-    (`lifetime.end_compile_workers`)."""
+    """End a stage's process as the interpreter would, without its teardown. With torch or
+    MLflow imported, freeing every module's objects takes 0.5-1.3 s after the stage is done;
+    DVC waits for it, and the report counts it between the stages. In order:
+
+    - Inductor's compile workers are ended, not shut down in order
+      (`lifetime.end_compile_workers`).
+    - Thread pools (Inductor's in-process compile threads) shut down as the interpreter's
+      exit does it: queued work done, idle workers ended.
+    - Other threads still at work get the usual exit, which waits for them. Otherwise the
+      exit handlers run (logging, temporary files, worker processes, MLflow), the streams
+      are flushed, and the process ends.
+
+    All of it has `lifetime.ENDING_LIMIT_S`: a handler or thread that hangs (a DDP
+    communicator, say) cannot keep a finished stage alive."""
+    lifetime.end_within(lifetime.ENDING_LIMIT_S, code, "the finished stage's process")
     lifetime.end_compile_workers()
     futures = sys.modules.get("concurrent.futures.thread")
     if futures is not None:
@@ -175,10 +180,7 @@ def _end_process(code: int) -> NoReturn:
     ):
         sys.exit(code)
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # closed, or its reader went away
-            stream.flush()
-    os._exit(code)
+    lifetime.end_now(code)
 
 
 def main(argv: list[str] | None = None) -> int:

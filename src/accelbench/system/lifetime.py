@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from accelbench.core.console import InputError, log
 
@@ -28,6 +29,9 @@ from accelbench.core.console import InputError, log
 # (read by torchrun's wrapper from the stage, by the workers from the wrapper).
 PARENT_ENV = "ACCELBENCH_PARENT_PID"
 WATCH_INTERVAL_S = 0.5
+# A stage whose work is done ends within this long. Exit handlers or threads that have not
+# returned by then are cut short, with one line: a communicator's teardown, a stuck pool.
+ENDING_LIMIT_S = 30.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -129,6 +133,32 @@ def _watch(gone: Callable[[], bool], why: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="accelbench-watchdog", daemon=True).start()
+
+
+def end_now(code: int) -> NoReturn:
+    """End this process at once with `code`: its streams flushed, nothing else run."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or its reader went away
+            stream.flush()
+    os._exit(code)
+
+
+def end_within(limit_s: float, code: int, what: str) -> None:
+    """Give this process `limit_s` to end, from now. Past that, a daemon thread ends it
+    with `code` and one line naming `what` was ending and the threads still running."""
+
+    def deadline() -> None:
+        time.sleep(limit_s)
+        running = [
+            t.name
+            for t in threading.enumerate()
+            if t.is_alive() and t not in (threading.main_thread(), threading.current_thread())
+        ]
+        waiting = f" (threads still running: {', '.join(running)})" if running else ""
+        log(f"accelbench: {what} did not end within {limit_s:.0f} s{waiting}; ending it now")
+        end_now(code)
+
+    threading.Thread(target=deadline, name="accelbench-ending", daemon=True).start()
 
 
 # --- one trainer per output ----------------------------------------------------------------

@@ -153,9 +153,7 @@ def _destroy_within(limit_s: float, rank: int) -> None:
         f"rank {rank}: the process group did not shut down within {limit_s:.0f} s "
         "(destroy_process_group waiting on the communicator); ending this process"
     )
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    lifetime.end_now(0)
 
 
 def _main() -> None:
