@@ -84,3 +84,31 @@ def test_a_map_mlflow_built_already_is_used_as_it_is(
     _log_model(tmp_path)
 
     assert requirements_utils._MODULES_TO_PACKAGES is built and no_distribution_map == []
+
+
+def test_a_training_prints_its_own_lines_not_mlflows(tmp_path, prepared, mlflow_store) -> None:
+    """A trained, tracked and logged variant: MLflow's INFO lines and its pickle caution do
+    not reach the stage's output; the run and its model are in the store all the same."""
+    import os
+    import subprocess
+
+    from helpers import train_command, write_params
+
+    params = write_params(tmp_path, {"cpu": {"device": "cpu", "threads": 1}}, epochs=1)
+    command = train_command(params, "cpu", prepared, tmp_path / "cpu.pt", tmp_path / "m")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+    env.pop("MLFLOW_LOGGING_LEVEL", None)
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "train cpu: first epoch" in output
+    assert " INFO mlflow" not in output, output
+    assert "CloudPickle" not in output, output
+    client = MlflowClient(mlflow_store)
+    experiment = client.get_experiment_by_name("accelbench")
+    (run,) = client.search_runs([experiment.experiment_id], "tags.variant = 'cpu'")
+    assert client.search_logged_models([experiment.experiment_id])[0].source_run_id == (
+        run.info.run_id
+    )

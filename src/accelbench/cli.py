@@ -208,6 +208,10 @@ def _run(
     if args.stage in STAGES:  # no stage outlives the `dvc repro` that started it
         lifetime.end_with_launcher()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # MLflow's INFO lines (store created, system metrics started and stopped, uv detected)
+    # would be half of a stage's output; its warnings and errors still show. INFO is one
+    # environment variable away: MLFLOW_LOGGING_LEVEL=INFO.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
         doctor = importlib.import_module("accelbench.system.doctor")
         report = doctor.diagnose(doctor.gather(), require_gpu=args.require_gpu)

@@ -809,7 +809,12 @@ def log_model(model, input_example, name: str) -> None:
     import mlflow.pytorch
     import torch
 
-    with phases.phase("model_logging"), torch.no_grad(), _no_distribution_scan():
+    with (
+        phases.phase("model_logging"),
+        torch.no_grad(),
+        _no_distribution_scan(),
+        _without_pickle_caution(),
+    ):
         output = model(torch.as_tensor(input_example)).numpy()
         signature = mlflow.models.infer_signature(input_example, output)
         mlflow.pytorch.log_model(
@@ -823,6 +828,24 @@ def log_model(model, input_example, name: str) -> None:
             serialization_format="pickle",
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
+
+
+class _PickleCaution(logging.Filter):
+    """MLflow's caution about pickled models, on every trained variant. It is for models
+    from elsewhere; these are this pipeline's own, loaded back by its evaluate stage."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "by Pickle or CloudPickle format requires exercising caution" not in str(record.msg)
+
+
+@contextmanager
+def _without_pickle_caution() -> Iterator[None]:
+    logger, caution = logging.getLogger("mlflow.pytorch"), _PickleCaution()
+    logger.addFilter(caution)
+    try:
+        yield
+    finally:
+        logger.removeFilter(caution)
 
 
 @contextmanager
