@@ -81,12 +81,13 @@ def run(
     if out.compile_cache is not None:
         refuse_foreign(out.compile_cache, compile_cache.KIND)
     variant = inputs.variant
+    needed = _gpus_to_take(variant)
     with phases.phase("device"):  # NVML alone where it settles a skip: nothing to wait for
-        settled = _too_few_gpus(variant)
-    takes = _gpus_to_take(variant) if settled is None else 0
+        settled = _too_few_gpus(needed)
+    takes = needed if settled is None else 0
     with slots.tenancy(name, stage="train", gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken
-            here = settled if settled is not None else _gpus_here(variant)
+            here = settled if settled is not None else _gpus_here(needed)
             where = placement.place(name, variant, require_gpu=inputs.require_gpu, here=here)
         if where.skip_reason is not None:
             return record_skip(name, inputs, where.skip_reason, out)
@@ -134,20 +135,21 @@ def _gpus_to_take(variant: VariantParams) -> int:
     return 0 if placement.torchrun_child(variant) else placement.gpus_needed(variant)
 
 
-def _too_few_gpus(variant: VariantParams) -> placement.Visible | None:
-    """NVML's count, where it alone settles that `variant` cannot run here (torch is never
-    imported, no GPU waited for); None: torch must be asked, or no GPU is needed."""
-    needed = _gpus_to_take(variant)
+def _too_few_gpus(needed: int) -> placement.Visible | None:
+    """NVML's count, where it alone settles that the `needed` GPUs (`_gpus_to_take`) are not
+    here (torch is never imported, no GPU waited for); None: torch must be asked, or no GPU
+    is needed."""
     return placement.nvml_visible(needed) if needed else None
 
 
-def _gpus_here(variant: VariantParams) -> placement.Visible | None:
-    """The GPUs `variant` can use here, for `placement.place`, as torch sees them (after
-    `slots.tenancy` narrowed CUDA_VISIBLE_DEVICES to those taken); None where it needs none
-    (or this is a torchrun worker: its launcher checked). torch's import counts as one."""
+def _gpus_here(needed: int) -> placement.Visible | None:
+    """The GPUs usable here, for `placement.place`, as torch sees them (after
+    `slots.tenancy` narrowed CUDA_VISIBLE_DEVICES to those taken); None where `needed`
+    (`_gpus_to_take`) is none, as for a torchrun worker, whose launcher checked. torch's
+    import counts as one."""
     with phases.phase("imports"):
         import torch  # noqa: F401  (placement and training need it)
-    return placement.torch_visible() if _gpus_to_take(variant) else None
+    return placement.torch_visible() if needed else None
 
 
 def record_sharing(

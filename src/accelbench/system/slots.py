@@ -29,7 +29,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -174,7 +174,6 @@ def take(
     wait_s: float,
     what: str,
     why: str = "",
-    say: Callable[[str], None] = log,
 ) -> list[tuple[Path, int]]:
     """`count` of the locks `paths`, all at once (never some held while waiting for the rest,
     so two stages cannot each hold half of what the other needs), tried every POLL_S until
@@ -198,7 +197,7 @@ def take(
         elapsed = time.monotonic() - started
         if len(held) == count:
             if waiting:
-                say(f"{label}: got {what} after {elapsed:.0f} s")
+                log(f"{label}: got {what} after {elapsed:.0f} s")
             return held
         mine = {path for path, _ in held}
         for _, fd in held:
@@ -211,7 +210,7 @@ def take(
                 f"it to finish or stop it, or set {WAIT_ENV} to wait longer"
             )
         if not waiting and busy:  # an empty file: its holder is still writing it
-            say(
+            log(
                 f"{label}: waiting for {what} (up to {wait_s:g} s, {WAIT_ENV}): taken by {who}{why}"
             )
             waiting = True
@@ -293,7 +292,6 @@ class Tenancy:
     _stop: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
     _note: str | None = None
-    _noted: bool = False
 
     @property
     def fds(self) -> tuple[int, ...]:
@@ -320,7 +318,7 @@ class Tenancy:
     def note(self) -> str | None:
         """What else ran on this host from the start of the stage's tenancy until now (the
         first call ends the watch; later calls repeat its answer)."""
-        if self._noted or self._start is None:
+        if self._stop.is_set() or self._start is None:  # noted already, or never watched
             return self._note
         self._stop.set()
         if self._watcher is not None:
@@ -332,7 +330,6 @@ class Tenancy:
         if elapsed > 0:
             others = max(0.0, (busy - self._start[0]) - (own - self._start[1])) / elapsed
         self._note = sharing_note(list(self._seen), others, os.cpu_count())
-        self._noted = True
         return self._note
 
     def shared(self) -> str | None:
