@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # DDP scaling on an air-gapped multi-GPU host: how the GPUs are linked, then
 # benchmarks/scaling.py (with profiles) once per argument, then the GPU tests (RUN_TESTS=0 to
-# skip them). An argument is a global batch size, optionally with the candidates to run:
+# skip them). An argument is a batch size, optionally with the candidates to run:
 #   bash benchmarks/gpu-host-scaling.sh 512 4096:gpu,ddp2,gpu_eager,ddp2_eager
 # Each phase has a time limit (PHASE_LIMIT_S, TEST_LIMIT_S) so what finished comes back.
+# SCALING="strong weak" (the default) measures both: the batch as the global batch, and as
+# each GPU's batch (benchmarks/scaling.py --scaling).
 # Writes to $OUT (default: ./scaling-run).
 set -uo pipefail
 OUT="${OUT:-$PWD/scaling-run}"
@@ -24,7 +26,8 @@ for phase in "${@:-512}"; do
   only=()
   [[ "$phase" == *:* ]] && IFS=, read -ra names <<< "${phase#*:}" && only=(--only "${names[@]}")
   timeout "${PHASE_LIMIT_S:-300}" python3 benchmarks/scaling.py --batch-sizes "$batch" \
-    --out "$OUT/scaling-$batch" --profile "${only[@]}" 2>&1 | tee "$OUT/scaling-$batch.log"
+    --out "$OUT/scaling-$batch" --profile --scaling ${SCALING:-strong weak} "${only[@]}" 2>&1 \
+    | tee "$OUT/scaling-$batch.log"
   tar czf "$OUT/scaling-$batch.tgz" -C "$OUT" "scaling-$batch"  # logs, metrics, profiles
 done
 if [ "${RUN_TESTS:-1}" = 1 ]; then

@@ -1,7 +1,13 @@
-"""DDP scaling: train single-GPU baselines and DDP variants at several global batch sizes.
+"""DDP scaling: train single-GPU baselines and DDP variants at several batch sizes.
 
     python benchmarks/scaling.py --candidates benchmarks/h200-scaling.yaml \\
-        --batch-sizes 512 4096 --out scaling --profile
+        --batch-sizes 512 4096 --scaling strong weak --out scaling --profile
+
+Strong scaling (the default) trains every candidate at each batch size as the global batch:
+the DDP processes split it. Weak scaling keeps each GPU's batch: a DDP variant of N processes
+trains at N times the batch size, against its baseline at the batch size itself. Either way
+every epoch is the same 60,000 samples, so speedup = the baseline's steady epoch / the DDP
+variant's, and efficiency = speedup / processes.
 
 Each candidate trains through `accelbench train` (so DDP variants go through torchrun, as in
 `dvc repro`), one after another on an otherwise idle machine. The candidates file is a
@@ -11,6 +17,8 @@ speedup over the baseline and scaling efficiency (speedup / processes) at each b
 and, with --profile, the GPU time per step read from each run's torch.profiler trace
 (profiled runs are a little slower: their epoch times are marked). Needs data/prepared
 (`dvc repro prepare`). Nothing here is a DVC output; docs/results/ records the outcome.
+OUT/batchB/ holds strong scaling at batch B, OUT/weak-batchB/ weak scaling; a baseline
+trained for one is reused by the other.
 """
 
 from __future__ import annotations
@@ -57,9 +65,21 @@ def _run(
 
 
 def _row(
-    name: str, batch: int, code: int, train: TrainResult | None, base: TrainResult | None
+    name: str,
+    scaling: str,
+    batch: int,
+    world: int,
+    code: int,
+    train: TrainResult | None,
+    base: TrainResult | None,
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"variant": name, "batch_size": batch, "returncode": code}
+    row: dict[str, Any] = {
+        "variant": name,
+        "scaling": scaling,
+        "batch_size": batch,  # the global batch
+        "per_gpu_batch": batch // world,
+        "returncode": code,
+    }
     row["status"] = train.status if code == 0 and train is not None else "failed"
     if not isinstance(train, TrainSummary) or row["status"] != "trained":
         row["reason"] = getattr(train, "reason", None)
@@ -88,17 +108,18 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
         return f"{value:.3f}" if value is not None else "n/a"
 
     lines = [
-        "| batch | variant | procs | first epoch s | steady epoch s | samples/s | speedup | "
-        "efficiency | test acc |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scaling | batch | per GPU | variant | procs | first epoch s | steady epoch s | "
+        "samples/s | speedup | efficiency | test acc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        where = f"| {r['scaling']} | {r['batch_size']} | {r['per_gpu_batch']} | {r['variant']} |"
         if r["status"] != "trained":
-            lines.append(f"| {r['batch_size']} | {r['variant']} | | {r['status']}: "
-                         f"{r.get('reason') or 'see logs/'} | | | | | |")  # fmt: skip
+            lines.append(f"{where} | {r['status']}: {r.get('reason') or 'see logs/'} "
+                         "| | | | | |")  # fmt: skip
             continue
         lines.append(
-            f"| {r['batch_size']} | {r['variant']} | {r['world_size']} | "
+            f"{where} {r['world_size']} | "
             f"{r['first_epoch_s']:.2f} | {r['steady_epoch_s']:.4f} | "
             f"{r['steady_samples_per_s']:,.0f} | "
             + (f"{r['speedup']:.2f}× | {r['efficiency']:.0%} | " if "speedup" in r else "| | ")
@@ -109,16 +130,17 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
             "",
             "GPU time per step from each run's profile (rank 0, steps of epoch 2, ms):",
             "",
-            "| batch | variant | steps | GPU span | busy | compute | all-reduce | "
+            "| scaling | batch | variant | steps | GPU span | busy | compute | all-reduce | "
             "exposed all-reduce | idle | kernels/step |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             p = r.get("profile")
             if not p or p.get("span_ms_per_step") is None:
                 continue
             lines.append(
-                f"| {r['batch_size']} | {r['variant']} | {p['steps']} | {ms(p['span_ms_per_step'])} | "
+                f"| {r['scaling']} | {r['batch_size']} | {r['variant']} | {p['steps']} | "
+                f"{ms(p['span_ms_per_step'])} | "
                 f"{ms(p['busy_ms_per_step'])} | {ms(p['compute_ms_per_step'])} | "
                 f"{ms(p['allreduce_ms_per_step'])} | {ms(p['exposed_allreduce_ms_per_step'])} | "
                 f"{p['idle_share']:.0%} | {p['kernels_per_step']:.0f} |"
@@ -131,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=Path, default=Path("benchmarks/h200-scaling.yaml"))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512])
+    parser.add_argument(
+        "--scaling",
+        nargs="+",
+        choices=["strong", "weak"],
+        default=["strong"],
+        help="strong: each batch size is the global batch; weak: it is each GPU's batch",
+    )
     parser.add_argument("--data", type=Path, default=Path("data/prepared"))
     parser.add_argument("--out", type=Path, default=Path("scaling"))
     parser.add_argument("--only", nargs="+", help="these candidates only (default: all)")
@@ -139,32 +168,50 @@ def main(argv: list[str] | None = None) -> int:
 
     raw = yaml.safe_load(args.candidates.read_text())
     # every candidate valid before anything runs
-    baselines = parse_params(raw, str(args.candidates)).report.scaling_baselines
+    candidates = parse_params(raw, str(args.candidates))
+    baselines = candidates.report.scaling_baselines
     names = args.only or list(raw["variants"])
+    world = {
+        name: v.distributed.world_size if v.distributed else 1
+        for name, v in candidates.variants.items()
+    }
     rows: list[dict[str, Any]] = []
+    runs: dict[tuple[str, int], tuple[int, TrainResult | None, Path]] = {}  # (name, batch)
     for batch in args.batch_sizes:
-        out = args.out / f"batch{batch}"
-        out.mkdir(parents=True, exist_ok=True)
-        params_path = out / "params.yaml"
-        batch_raw = raw | {"train": raw["train"] | {"batch_size": batch}}
-        parse_params(batch_raw, f"{args.candidates} at batch {batch}")
-        params_path.write_text(yaml.safe_dump(batch_raw))
-        profile = out / "profiles" if args.profile else None
-        trained: dict[str, TrainResult | None] = {}
-        # Baselines first, so every DDP row can be set against its baseline.
-        for name in sorted(names, key=lambda n: n in baselines):
-            code, train = _run(params_path, name, args.data, out, profile)
-            trained[name] = train
-            base = trained.get(baselines[name]) if name in baselines else None
-            row = _row(name, batch, code, train, base)
-            row["profile"] = _profile_summary(profile, name)
-            rows.append(row)
-            print(json.dumps({k: row.get(k) for k in ("batch_size", "variant", "status",
-                  "steady_epoch_s", "speedup", "efficiency")}), flush=True)  # fmt: skip
-            (args.out / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
-            (args.out / "scaling.md").write_text(_markdown(rows, args.profile))
+        for scaling in args.scaling:
+            out = args.out / (f"batch{batch}" if scaling == "strong" else f"weak-batch{batch}")
+            out.mkdir(parents=True, exist_ok=True)
+            profile = out / "profiles" if args.profile else None
+            trained: dict[str, TrainResult | None] = {}
+            # Baselines first, so every DDP row can be set against its baseline.
+            for name in sorted(names, key=lambda n: n in baselines):
+                size = batch * world[name] if scaling == "weak" else batch
+                if (name, size) not in runs:  # a baseline the other scaling trained is reused
+                    params_path = _params_at(raw, args.candidates, size, out, scaling)
+                    code, train = _run(params_path, name, args.data, out, profile)
+                    runs[(name, size)] = (code, train, out)
+                code, train, ran_in = runs[(name, size)]
+                trained[name] = train
+                base = trained.get(baselines[name]) if name in baselines else None
+                row = _row(name, scaling, size, world[name], code, train, base)
+                row["profile"] = _profile_summary(ran_in / "profiles" if profile else None, name)
+                rows.append(row)
+                print(json.dumps({k: row.get(k) for k in ("scaling", "batch_size", "variant",
+                      "status", "steady_epoch_s", "speedup", "efficiency")}), flush=True)  # fmt: skip
+                (args.out / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")
+                (args.out / "scaling.md").write_text(_markdown(rows, args.profile))
     print(_markdown(rows, args.profile))
     return 0 if all(r["status"] != "failed" for r in rows) else 1
+
+
+def _params_at(raw: dict[str, Any], source: Path, batch: int, out: Path, scaling: str) -> Path:
+    """The candidates at global batch `batch`, checked, written into `out`: params.yaml for
+    strong scaling (one batch per folder), params-bB.yaml for weak (one per world size)."""
+    at_batch = raw | {"train": raw["train"] | {"batch_size": batch}}
+    parse_params(at_batch, f"{source} at batch {batch}")
+    path = out / ("params.yaml" if scaling == "strong" else f"params-b{batch}.yaml")
+    path.write_text(yaml.safe_dump(at_batch))
+    return path
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from helpers import REPO, repo_params_raw
 
 
 def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlflow_store) -> None:
+    """Strong scaling splits each batch size over the processes; weak scaling gives each
+    process the batch size, and sets that run against the baseline trained at it (once)."""
     variants = {
         "ddp2": {"device": "cpu", "threads": 1, "distributed": {"nproc_per_node": 2}},
         "single": {"device": "cpu", "threads": 1},
@@ -24,25 +26,37 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
     out = tmp_path / "scaling"
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--candidates", str(candidates),
-         "--batch-sizes", "64", "128", "--data", str(prepared), "--out", str(out),
-         "--only", "single", "ddp2"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+         "--batch-sizes", "64", "128", "--scaling", "strong", "weak", "--data", str(prepared),
+         "--out", str(out), "--only", "single", "ddp2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = json.loads((out / "scaling.json").read_text())
-    assert [(r["batch_size"], r["variant"]) for r in rows] == [
-        (64, "single"), (64, "ddp2"), (128, "single"), (128, "ddp2"),
+    assert [(r["scaling"], r["batch_size"], r["per_gpu_batch"], r["variant"]) for r in rows] == [
+        ("strong", 64, 64, "single"), ("strong", 64, 32, "ddp2"),
+        ("weak", 64, 64, "single"), ("weak", 128, 64, "ddp2"),
+        ("strong", 128, 128, "single"), ("strong", 128, 64, "ddp2"),
+        ("weak", 128, 128, "single"), ("weak", 256, 128, "ddp2"),
     ]  # fmt: skip
-    for single, ddp in (rows[0:2], rows[2:4]):
+    for single, ddp in zip(rows[0::2], rows[1::2], strict=True):
         assert ddp["world_size"] == 2 and "speedup" not in single
         assert ddp["speedup"] == single["steady_epoch_s"] / ddp["steady_epoch_s"]
         assert ddp["efficiency"] == ddp["speedup"] / 2
+    # a run that serves both scalings is made once: single at 64, ddp2 at a global 128
+    assert rows[2] == rows[0] | {"scaling": "weak"}
+    assert rows[5]["steady_epoch_s"] == rows[3]["steady_epoch_s"]  # set against single at 128
+    assert rows[5]["speedup"] != rows[3]["speedup"]  # ... and at 64
+    assert not (out / "batch128" / "metrics" / "ddp2").exists()
     table = (out / "scaling.md").read_text()
-    assert "| 128 | ddp2 | 2 |" in table
+    assert "| strong | 128 | 64 | ddp2 | 2 |" in table
+    assert "| weak | 256 | 128 | ddp2 | 2 |" in table
     assert (
         yaml.safe_load((out / "batch128" / "params.yaml").read_text())["train"]["batch_size"] == 128
     )
+    weak = yaml.safe_load((out / "weak-batch128" / "params-b256.yaml").read_text())
+    assert weak["train"]["batch_size"] == 256
+    assert not (out / "weak-batch128" / "metrics" / "single").exists()
 
 
 def test_h200_candidates_pair_each_ddp_variant_with_a_baseline_of_the_same_settings() -> None:
