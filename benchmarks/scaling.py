@@ -103,6 +103,29 @@ def _profile_summary(profile: Path | None, name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path and path.exists() else None
 
 
+GOAL = 0.9  # the scaling efficiency the sweep is judged by: the smallest batch reaching it
+
+
+def _smallest_batch_at(rows: list[dict[str, Any]], goal: float) -> list[str]:
+    """One line per DDP variant and scaling: the smallest global batch whose efficiency
+    reached `goal`, or that none of the batches measured did."""
+    lines = []
+    for variant, scaling in dict.fromkeys(
+        (r["variant"], r["scaling"]) for r in rows if "efficiency" in r
+    ):
+        measured = [r for r in rows if (r["variant"], r["scaling"]) == (variant, scaling)]
+        measured = [r for r in measured if "efficiency" in r]
+        reached = [r["batch_size"] for r in measured if r["efficiency"] >= goal]
+        best = max(measured, key=lambda r: r["efficiency"])
+        lines.append(
+            f"- {variant}, {scaling} scaling: {goal:.0%} efficiency "
+            + (f"from a global batch of {min(reached)}" if reached else
+               f"at none of the batches measured (best {best['efficiency']:.0%}, "
+               f"at {best['batch_size']})")
+        )  # fmt: skip
+    return lines
+
+
 def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
     def ms(value: float | None) -> str:
         return f"{value:.3f}" if value is not None else "n/a"
@@ -125,6 +148,7 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
             + (f"{r['speedup']:.2f}× | {r['efficiency']:.0%} | " if "speedup" in r else "| | ")
             + f"{r['final_test_accuracy']:.2%} |"
         )
+    lines += ["", *_smallest_batch_at(rows, GOAL)]
     if profiled:
         lines += [
             "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,6 +52,10 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
     table = (out / "scaling.md").read_text()
     assert "| strong | 128 | 64 | ddp2 | 2 |" in table
     assert "| weak | 256 | 128 | ddp2 | 2 |" in table
+    assert re.search(
+        r"- ddp2, strong scaling: 90% efficiency (from a global batch of|at none)", table
+    )
+    assert "- ddp2, weak scaling: 90% efficiency" in table
     assert (
         yaml.safe_load((out / "batch128" / "params.yaml").read_text())["train"]["batch_size"] == 128
     )
