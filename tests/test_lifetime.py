@@ -367,7 +367,19 @@ lifetime.end_compile_workers()
 ended = time.perf_counter()
 async_compile.shutdown_compile_workers()  # what Inductor's exit handler then does
 done = time.perf_counter()
-alive = [p.pid for p in [sidecar, *workers] if p.is_running() and p.status() != "zombie"]
+def alive():  # SIGKILL takes effect a moment later; a killed worker may wait as a zombie
+    found = []
+    for p in [sidecar, *workers]:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+deadline = time.monotonic() + 5
+while alive() and time.monotonic() < deadline:
+    time.sleep(0.05)
+alive = alive()
 print(json.dumps({"workers": len(workers), "alive": alive,
                   "end_s": ended - started, "handler_s": done - ended}))
 """
