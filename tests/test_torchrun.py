@@ -68,11 +68,53 @@ def _start_train(params: Path, name: str, prepared: Path, folder: Path, store: s
     )
 
 
+# Once rank 0 has said its summary line, the whole stage (the ranks' barrier and teardown,
+# torchrun, the stage itself) ends within this: on two H200s it once did not end at all.
+ENDS_AFTER_SUMMARY_S = 20
+
+
+def _train_and_time_its_end(
+    params, name, prepared, folder, store, timeout
+) -> tuple[int, str, float]:
+    """Run the train command; its exit code, its output, and the seconds from its summary
+    line (`train NAME: first epoch ...`) to its exit. A run that has not ended by `timeout`
+    is killed (its torchrun and ranks end with it) and fails the test."""
+    import threading
+
+    process = _start_train(params, name, prepared, folder, store)
+    lines: list[str] = []
+    said: list[float] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if not said and line.startswith(f"train {name}: first epoch"):
+                said.append(time.monotonic())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"train {name} had not ended after {timeout} s:\n{''.join(lines)[-3000:]}")
+    ended = time.monotonic()
+    reader.join(timeout=30)
+    output = "".join(lines)
+    assert said, output[-3000:]
+    return code, output, ended - said[0]
+
+
 def _assert_ddp_trains_like_single(params, prepared, folder, store, timeout, rtol, atol) -> None:
-    """Train variants `single` and `ddp`; their final weights must agree."""
-    for name in ("single", "ddp"):
-        result = _run_train(params, name, prepared, folder, store, timeout)
-        assert result.returncode == 0, result.stderr[-3000:]
+    """Train variants `single` and `ddp`; their final weights must agree, and the ddp stage
+    ends promptly after its summary line."""
+    result = _run_train(params, "single", prepared, folder, store, timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, output, ending = _train_and_time_its_end(params, "ddp", prepared, folder, store, timeout)
+    assert code == 0, output[-3000:]
+    assert ending < ENDS_AFTER_SUMMARY_S, output[-3000:]
     single = torch.load(folder / "single.pt", weights_only=True)["state_dict"]
     ddp = torch.load(folder / "ddp.pt", weights_only=True)["state_dict"]
     for key, value in single.items():
@@ -176,11 +218,16 @@ def test_nccl_ddp_trains_like_one_process_on_the_same_global_batches(
         pytest.skip(f"needs {nproc} GPU" + ("s" if nproc > 1 else ""))
     ddp = {**settings, "distributed": {"nproc_per_node": nproc}}
     params = _params(tmp_path, epochs=2, single=settings, ddp=ddp)
-    for name in ("single", "ddp"):
-        result = _run_train(params, name, prepared, tmp_path, mlflow_store, 400)
-        assert result.returncode == 0, result.stderr[-3000:]
+    result = _run_train(params, "single", prepared, tmp_path, mlflow_store, 400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    code, output, ending = _train_and_time_its_end(
+        params, "ddp", prepared, tmp_path, mlflow_store, 400
+    )
+    assert code == 0, output[-3000:]
+    # the compiled, graphed ddp variant once hung here on two H200s, its outputs written
+    assert ending < ENDS_AFTER_SUMMARY_S, output[-3000:]
     # DDP is built on the stream its captured steps run on (no per-step autograd warning)
-    assert "AccumulateGrad node's stream does not match" not in result.stderr
+    assert "AccumulateGrad node's stream does not match" not in output
     single = torch.load(tmp_path / "single.pt", weights_only=True)["state_dict"]
     ddp_weights = torch.load(tmp_path / "ddp.pt", weights_only=True)["state_dict"]
     torch.manual_seed(0)  # params.yaml's seed: the initial weights both runs started from
