@@ -110,11 +110,9 @@ def _smallest_batch_at(rows: list[dict[str, Any]], goal: float) -> list[str]:
     """One line per DDP variant and scaling: the smallest global batch whose efficiency
     reached `goal`, or that none of the batches measured did."""
     lines = []
-    for variant, scaling in dict.fromkeys(
-        (r["variant"], r["scaling"]) for r in rows if "efficiency" in r
-    ):
-        measured = [r for r in rows if (r["variant"], r["scaling"]) == (variant, scaling)]
-        measured = [r for r in measured if "efficiency" in r]
+    scaled = [r for r in rows if "efficiency" in r]
+    for variant, scaling in dict.fromkeys((r["variant"], r["scaling"]) for r in scaled):
+        measured = [r for r in scaled if (r["variant"], r["scaling"]) == (variant, scaling)]
         reached = [r["batch_size"] for r in measured if r["efficiency"] >= goal]
         best = max(measured, key=lambda r: r["efficiency"])
         lines.append(
@@ -200,23 +198,24 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in candidates.variants.items()
     }
     rows: list[dict[str, Any]] = []
-    runs: dict[tuple[str, int], tuple[int, TrainResult | None, Path]] = {}  # (name, batch)
+    # (name, global batch) -> (exit code, train.json, folder): each run made once
+    runs: dict[tuple[str, int], tuple[int, TrainResult | None, Path]] = {}
     for batch in args.batch_sizes:
         for scaling in args.scaling:
             out = args.out / (f"batch{batch}" if scaling == "strong" else f"weak-batch{batch}")
             out.mkdir(parents=True, exist_ok=True)
             profile = out / "profiles" if args.profile else None
-            trained: dict[str, TrainResult | None] = {}
-            # Baselines first, so every DDP row can be set against its baseline.
+            # Baselines first, so every DDP row can be set against its baseline (one process,
+            # so at `batch` in either scaling).
             for name in sorted(names, key=lambda n: n in baselines):
                 size = batch * world[name] if scaling == "weak" else batch
-                if (name, size) not in runs:  # a baseline the other scaling trained is reused
+                if (name, size) not in runs:  # a run the other scaling made is reused
                     params_path = _params_at(raw, args.candidates, size, out, scaling)
                     code, train = _run(params_path, name, args.data, out, profile)
                     runs[(name, size)] = (code, train, out)
                 code, train, ran_in = runs[(name, size)]
-                trained[name] = train
-                base = trained.get(baselines[name]) if name in baselines else None
+                base_run = runs.get((baselines[name], batch)) if name in baselines else None
+                base = base_run[1] if base_run else None  # none where --only left it out
                 row = _row(name, scaling, size, world[name], code, train, base)
                 row["profile"] = _profile_summary(ran_in / "profiles" if profile else None, name)
                 rows.append(row)

@@ -379,8 +379,7 @@ def alive():  # SIGKILL takes effect a moment later; a killed worker may wait as
 deadline = time.monotonic() + 5
 while alive() and time.monotonic() < deadline:
     time.sleep(0.05)
-alive = alive()
-print(json.dumps({"workers": len(workers), "alive": alive,
+print(json.dumps({"workers": len(workers), "alive": alive(),
                   "end_s": ended - started, "handler_s": done - ended}))
 """
 

@@ -81,13 +81,10 @@ def run(
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
-    with slots.tenancy(  # before CUDA starts: it sees the GPU taken alone; one, a DDP
-        # variant's too: it is evaluated in one process
-        name,
-        stage="evaluate",
-        gpus=int(variant.uses_cuda),
-        cpu=variant.device == "cpu",
-    ) as tenancy:
+    # Taken before CUDA starts, so it sees its GPU alone; one GPU for a DDP variant too,
+    # which is evaluated in one process.
+    gpus = int(variant.uses_cuda)
+    with slots.tenancy(name, stage="evaluate", gpus=gpus, cpu=variant.device == "cpu") as tenancy:
         with phases.phase("device"):
             device = evaluation_device(name, variant)
             engine.configure_backends(variant)
