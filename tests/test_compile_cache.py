@@ -4,9 +4,11 @@ was made under another key, and never in the way of a training."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
+import tarfile
 from dataclasses import replace
 
 import pytest
@@ -32,17 +34,18 @@ def _header(path) -> dict:
     return json.loads(path.read_bytes().partition(b"\n")[0])
 
 
-def _train(workspace, prepared, mlflow_store, cache_file):
+def _train(workspace, prepared, mlflow_store, cache_file, variant=COMPILED_CPU):
     """`accelbench train compiled` in `workspace`, whose own compile caches
-    (`.accelbench/compile-cache/`) start empty: another machine."""
+    (`.accelbench/compile-cache/`, and the CUDA JIT cache beside them) start empty: another
+    machine."""
     workspace.mkdir(exist_ok=True)
-    params = write_params(workspace, {"compiled": COMPILED_CPU}, epochs=1, batch_size=128)
+    params = write_params(workspace, {"compiled": variant}, epochs=1, batch_size=128)
     command = [
         *train_command(params, "compiled", prepared, workspace / "m.pt", workspace / "metrics"),
         *("--compile-cache", str(cache_file)),
     ]
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
         env.pop(name, None)
     done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -112,6 +115,150 @@ def test_a_damaged_cache_file_means_compiling_never_a_failure(tmp_path, content,
     path.write_bytes(content)
     loaded = compile_cache.load(path, KEY)
     assert loaded.artifacts == 0 and says in loaded.reason and "compiling" in loaded.reason
+
+
+def _jit_folder(folder, files=None):
+    """A CUDA JIT cache as the driver lays it out: an index and entries two folders deep."""
+    files = files or {"index": b"\x01" * 192, "2/1/6e6f0bd077b869": b"sass" * 1000}
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    return files
+
+
+def _contents(folder) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(tmp_path) -> None:
+    made_here = tmp_path / "a" / ".accelbench" / "cuda-jit-cache"
+    files = _jit_folder(made_here)
+    path = tmp_path / "gpu.bin"
+    compile_cache.save(path, None, jit=made_here)
+    assert _header(path)["jit"]["files"] == 2 and _header(path)["format"] == compile_cache.FORMAT
+    assert compile_cache.load(path, KEY) == compile_cache.Loaded()  # the artifacts part: none
+
+    # another checkout, whose folder does not exist yet: filled, file for file
+    there = tmp_path / "b" / ".accelbench" / "cuda-jit-cache"
+    line = compile_cache.restore_jit(path, there)
+    assert line == f"CUDA JIT cache: 2 files from {path} into {there}"
+    assert _contents(there) == files
+    assert not list(there.parent.glob(".cuda-jit-cache.*"))  # no staging folder left
+
+    # an empty folder (the driver made it, then built nothing) is filled too
+    empty = tmp_path / "c" / "cuda-jit-cache"
+    empty.mkdir(parents=True)
+    assert compile_cache.restore_jit(path, empty) is not None and _contents(empty) == files
+
+    # a folder with this machine's own entries is never touched
+    own = _jit_folder(tmp_path / "d", {"index": b"ours", "f/8/ab97849d3aedd4": b"mine"})
+    assert compile_cache.restore_jit(path, tmp_path / "d") is None
+    assert _contents(tmp_path / "d") == own
+
+    # nothing to restore: no file, a file without a JIT cache, no folder of ours
+    assert compile_cache.restore_jit(tmp_path / "missing.bin", tmp_path / "e") is None
+    compile_cache.save(tmp_path / "cpu.bin", None)
+    assert _header(tmp_path / "cpu.bin")["jit"] is None
+    assert compile_cache.restore_jit(tmp_path / "cpu.bin", tmp_path / "e") is None
+    assert compile_cache.restore_jit(path, None) is None
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_jit_cache_too_large_to_carry_is_left_out(tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "jit"
+    _jit_folder(folder)
+    monkeypatch.setattr(compile_cache, "JIT_LIMIT_BYTES", 1000)
+    compile_cache.save(tmp_path / "gpu.bin", None, jit=folder)
+    assert _header(tmp_path / "gpu.bin")["jit"] is None
+
+
+def test_a_version_1_file_without_a_jit_cache_still_loads(tmp_path) -> None:
+    path = tmp_path / "gpu.bin"
+    header = {"format": "accelbench-compile-cache/1", "key": vars(KEY), "artifacts": 3, "bytes": 5}
+    path.write_bytes(json.dumps(header).encode() + b"\n" + b"bytes")
+    here = replace(KEY, device="NVIDIA H100 80GB HBM3")
+    assert "was made for another set-up" in compile_cache.load(path, here).reason  # read
+    assert compile_cache.restore_jit(path, tmp_path / "jit") is None
+
+
+def test_a_jit_cache_that_would_write_outside_its_folder_is_not_restored(tmp_path) -> None:
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        entry = tarfile.TarInfo("../../outside")
+        entry.size = 4
+        tar.addfile(entry, io.BytesIO(b"evil"))
+    packed = packed.getvalue()
+    path = tmp_path / "gpu.bin"
+    header = {
+        "format": compile_cache.FORMAT,
+        "key": None,
+        "artifacts": 0,
+        "bytes": 0,
+        "jit": {"files": 1, "bytes": len(packed)},
+    }
+    path.write_bytes(json.dumps(header).encode() + b"\n" + packed)
+    folder = tmp_path / "w" / ".accelbench" / "cuda-jit-cache"
+    line = compile_cache.restore_jit(path, folder)
+    assert line is not None and "not restored" in line and "the driver builds it again" in line
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "w" / "outside").exists()
+    assert not folder.exists() and not list(folder.parent.glob(".cuda-jit-cache.*"))
+
+
+def test_only_the_workspaces_own_jit_cache_is_carried(tmp_path) -> None:
+    inside = {"CUDA_CACHE_PATH": ".accelbench/cuda-jit-cache"}
+    assert compile_cache.jit_folder(tmp_path, inside) == (
+        tmp_path.resolve() / ".accelbench" / "cuda-jit-cache"
+    )
+    absolute = {"CUDA_CACHE_PATH": str(tmp_path / ".accelbench" / "cuda-jit-cache")}
+    assert compile_cache.jit_folder(tmp_path, absolute) is not None
+    # the user's own cache (their other programs' kernels), a disabled one, or none
+    assert compile_cache.jit_folder(tmp_path, {"CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}) is None
+    assert compile_cache.jit_folder(tmp_path, {**inside, "CUDA_CACHE_DISABLE": "1"}) is None
+    assert compile_cache.jit_folder(tmp_path, {}) is None
+
+
+def test_the_cli_keeps_the_jit_cache_in_the_workspace_unless_the_user_chose(
+    tmp_path, monkeypatch
+) -> None:
+    from accelbench import cli
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
+        monkeypatch.setenv(name, str(tmp_path / name))  # recorded: put back afterwards
+    monkeypatch.delenv("CUDA_CACHE_PATH")
+    cli._persistent_compile_cache(tmp_path)
+    assert os.environ["CUDA_CACHE_PATH"] == str(tmp_path / ".accelbench" / "cuda-jit-cache")
+    monkeypatch.setenv("CUDA_CACHE_PATH", "/scratch/jit")
+    cli._persistent_compile_cache(tmp_path)
+    assert os.environ["CUDA_CACHE_PATH"] == "/scratch/jit"
+
+
+@pytest.mark.gpu
+def test_a_cuda_training_carries_the_jit_cache_to_a_new_checkout_at_its_path(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    """On the GPU host: cuDNN's benchmark mode has the driver build engines from PTX; the file
+    carries them, and a fresh checkout at the same path starts with them."""
+    import shutil
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    variant = {"device": "cuda", "precision": "fp32", "channels_last": True,
+               "cudnn_benchmark": True}  # fmt: skip
+    workspace = tmp_path / "w"
+    cache_file = workspace / "compile-cache" / "compiled.bin"
+    cache_file.parent.mkdir(parents=True)
+    _, log = _train(workspace, prepared, mlflow_store, cache_file, variant)
+    jit = _header(cache_file)["jit"]
+    if jit is None:
+        pytest.skip(f"the driver built nothing from PTX for {torch.cuda.get_device_name()}")
+    carried = _contents(workspace / ".accelbench" / "cuda-jit-cache")
+    assert jit["files"] <= len(carried)
+
+    shutil.rmtree(workspace / ".accelbench")  # a new checkout there: only the file came along
+    _, log = _train(workspace, prepared, mlflow_store, cache_file, variant)
+    assert f"CUDA JIT cache: {jit['files']} files from {cache_file}" in log, log
 
 
 def test_a_users_file_at_the_cache_path_is_refused_not_replaced(tmp_path) -> None:

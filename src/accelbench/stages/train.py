@@ -86,6 +86,13 @@ def run(
         settled = _too_few_gpus(needed)
     takes = needed if settled is None else 0
     with slots.tenancy(name, stage="train", gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
+        if takes and out.compile_cache is not None:  # before the driver reads its JIT cache
+            with phases.phase("step_setup"):
+                restored = compile_cache.restore_jit(
+                    out.compile_cache, compile_cache.jit_folder(root)
+                )
+            if restored:
+                log(f"train {name}: {restored}")
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken
             here = settled if settled is not None else _gpus_here(needed)
             where = placement.place(name, variant, require_gpu=inputs.require_gpu, here=here)

@@ -16,15 +16,27 @@ They are only valid for the same torch, Triton and GPU, and are only useful for 
 step code: the file's first line names those (its `CacheKey`), and a file made under
 another key is not loaded (one line says what differs). Inductor checks its own entries as
 well (shapes, settings, code), so a stale entry is a cache miss, never a wrong kernel.
+
+The file also carries the CUDA driver's JIT cache (`CUDA_CACHE_PATH`, which the CLI points
+at `.accelbench/cuda-jit-cache/`): the machine code the driver built from PTX for cuDNN's
+engines. On a machine without it, the first convolutions of a process in cuDNN's benchmark
+mode wait for the driver to build those engines, 2-4 s per stage on an H200
+(docs/results/2026-12-01-h200-jit-cache.md). It is restored only into an empty folder,
+before CUDA starts; the driver checks each entry itself (driver version, GPU), so an entry
+from another machine is a miss, never a wrong kernel.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
 import os
+import shutil
+import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +44,10 @@ from typing import TYPE_CHECKING
 from accelbench.core.params import VariantParams
 from accelbench.core.results import text_kind
 
-FORMAT = "accelbench-compile-cache/1"
+FORMAT = "accelbench-compile-cache/2"  # /1: no JIT cache after the artifacts
+READABLE = ("accelbench-compile-cache/1", FORMAT)
+JIT_ENV = "CUDA_CACHE_PATH"  # the CUDA driver's JIT cache folder (NVIDIA's variable)
+JIT_LIMIT_BYTES = 64 * 2**20  # a folder larger than this is not carried (the driver's cap: 256 MiB)
 if TYPE_CHECKING:
     import torch
 
@@ -118,7 +133,7 @@ def load(path: Path, key: CacheKey) -> Loaded:
     if not path.is_file():
         return Loaded()
     try:
-        header, payload = _read(path)
+        header, payload, _ = _read(path)
     except (OSError, ValueError) as exc:
         return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
     saved_key = header.get("key")
@@ -146,9 +161,10 @@ def load(path: Path, key: CacheKey) -> Loaded:
     return Loaded(count, added=added, seconds=time.perf_counter() - started)
 
 
-def save(path: Path, key: CacheKey | None) -> int:
+def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
     """Write what this process compiled or found cached (none: `key` is None, the variant
-    compiles nothing) to `path`, with its key on the first line; the artifacts written."""
+    compiles nothing) to `path`, with its key on the first line, followed by the CUDA JIT
+    cache folder `jit` (None: none carried); the artifacts written."""
     payload, count = b"", 0
     saved = None
     if key is not None:
@@ -158,14 +174,58 @@ def save(path: Path, key: CacheKey | None) -> int:
     if saved is not None:
         payload, info = saved
         count = sum(len(keys) for keys in info.artifacts.values())
+    packed, files = _pack(jit) if jit is not None else (b"", 0)
     header = {
         "format": FORMAT,  # first: KIND recognises the file by it
         "key": asdict(key) if key is not None and count else None,
         "artifacts": count,
         "bytes": len(payload),
+        "jit": {"files": files, "bytes": len(packed)} if files else None,
     }
-    path.write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    path.write_bytes(json.dumps(header).encode() + b"\n" + payload + packed)
     return count
+
+
+def jit_folder(root: Path, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The CUDA driver's JIT cache folder when it is this workspace's own (under `root`: the
+    CLI's default), so carried in the portable file; None when it is the user's (their other
+    programs' kernels are not the workspace's to copy) or the cache is disabled."""
+    chosen = environ.get(JIT_ENV)
+    if not chosen or environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
+        return None
+    folder = (root / chosen).resolve()
+    return folder if folder.is_relative_to(root.resolve()) else None
+
+
+def restore_jit(path: Path, folder: Path | None) -> str | None:
+    """Before CUDA starts: fill the workspace's JIT cache `folder`, when it is empty, from
+    `path`; a line for the log, or None when there was nothing to do (no file, no JIT cache
+    in it, or this machine's folder already holds one). Never fails: a damaged file only
+    means the driver builds the kernels again."""
+    if folder is None or not path.is_file() or _has_files(folder):
+        return None
+    try:
+        _, _, packed = _read(path)
+    except (OSError, ValueError):
+        return None  # `load` says so, for the whole file
+    if not packed:
+        return None
+    staging = folder.with_name(f".{folder.name}.{os.getpid()}")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
+            members = tar.getmembers()
+            tar.extractall(staging, filter="data")  # no path leaves the folder
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        if folder.is_dir():
+            folder.rmdir()  # empty (checked above); another stage filling it wins below
+        os.rename(staging, folder)
+    except (OSError, tarfile.TarError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if _has_files(folder):
+            return None  # a stage beside this one restored it first
+        return f"CUDA JIT cache in {path} not restored ({exc}): the driver builds it again"
+    files = sum(1 for m in members if m.isfile())
+    return f"CUDA JIT cache: {files} files from {path} into {folder}"
 
 
 def state(counts: tuple[int, int], loaded: Loaded) -> str | None:
@@ -194,17 +254,39 @@ def counts() -> tuple[int, int]:
     return hits, misses
 
 
-def _read(path: Path) -> tuple[dict, bytes]:
+def _read(path: Path) -> tuple[dict, bytes, bytes]:
+    """The file's header, its torch artifacts and its packed JIT cache (b"" if none)."""
     data = path.read_bytes()
-    line, _, payload = data.partition(b"\n")
+    line, _, rest = data.partition(b"\n")
     header = json.loads(line)
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
+    if not isinstance(header, dict) or header.get("format") not in READABLE:
         raise ValueError(f"not a {FORMAT} file")
-    if header.get("bytes") != len(payload):
-        raise ValueError(
-            f"{len(payload)} bytes of artifacts, the header says {header.get('bytes')}"
-        )
-    return header, payload
+    size, jit = header.get("bytes"), header.get("jit") or {}
+    if not isinstance(size, int) or not isinstance(jit.get("bytes", 0), int):
+        raise ValueError(f"a header without sizes: {line[:200]!r}")
+    if size + jit.get("bytes", 0) != len(rest):
+        raise ValueError(f"{len(rest)} bytes of artifacts, the header says {size} + {jit}")
+    return header, rest[:size], rest[size:]
+
+
+def _pack(folder: Path) -> tuple[bytes, int]:
+    """`folder`'s files as a gzipped tar, and how many; nothing when it has none or is
+    larger than JIT_LIMIT_BYTES (then the next machine's driver builds its own)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    if not files or sum(p.stat().st_size for p in files) > JIT_LIMIT_BYTES:
+        return b"", 0
+    buffer = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+            for file in files:
+                tar.add(file, arcname=str(file.relative_to(folder)), recursive=False)
+    except OSError:  # a file the driver rewrote or removed meanwhile: carry none
+        return b"", 0
+    return buffer.getvalue(), len(files)
+
+
+def _has_files(folder: Path) -> bool:
+    return folder.is_dir() and any(p.is_file() for p in folder.rglob("*"))
 
 
 def _local_graphs() -> set[str]:

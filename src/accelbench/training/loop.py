@@ -106,7 +106,9 @@ def train(job: TrainJob) -> TrainSummary | None:
             write_epochs_csv(outputs(out.metrics.epochs_csv), records)
             model_file.save(outputs(out.model))
             if out.compile_cache is not None:
-                compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), cache_key)
+                on_gpu = placement.device.type == "cuda"  # cuDNN's JIT-built engines too
+                jit = compile_cache.jit_folder(job.root) if on_gpu else None
+                compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), cache_key, jit)
         _track_outputs(job, summary, model_file, fitting.test_batches.images[:4])
     log(
         f"train {job.name}: first epoch {summary.first_epoch_s:.2f} s, steady "
