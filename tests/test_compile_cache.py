@@ -130,7 +130,10 @@ def _contents(folder) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(tmp_path) -> None:
+def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the checkout the file is made in
     made_here = tmp_path / "a" / ".accelbench" / "cuda-jit-cache"
     files = _jit_folder(made_here)
     path = tmp_path / "gpu.bin"
@@ -138,17 +141,21 @@ def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(tmp_pa
     assert _header(path)["jit"]["files"] == 2 and _header(path)["format"] == compile_cache.FORMAT
     assert compile_cache.load(path, KEY) == compile_cache.Loaded()  # the artifacts part: none
 
-    # another checkout, whose folder does not exist yet: filled, file for file
+    # a new checkout at the same path, whose folder does not exist yet: filled, file for file
     there = tmp_path / "b" / ".accelbench" / "cuda-jit-cache"
     line = compile_cache.restore_jit(path, there)
     assert line == f"CUDA JIT cache: 2 files from {path} into {there}"
     assert _contents(there) == files
     assert not list(there.parent.glob(".cuda-jit-cache.*"))  # no staging folder left
 
-    # an empty folder (the driver made it, then built nothing) is filled too
+    # an empty folder (the driver made it, then built nothing) is filled too; in a checkout
+    # at another path, the line says why the first epoch still builds cuDNN's engines
     empty = tmp_path / "c" / "cuda-jit-cache"
     empty.mkdir(parents=True)
-    assert compile_cache.restore_jit(path, empty) is not None and _contents(empty) == files
+    monkeypatch.chdir(tmp_path / "c")
+    line = compile_cache.restore_jit(path, empty)
+    assert line.endswith("made in a checkout at another path, so cuDNN's engines are built again")
+    assert _contents(empty) == files
 
     # a folder with this machine's own entries is never touched
     own = _jit_folder(tmp_path / "d", {"index": b"ours", "f/8/ab97849d3aedd4": b"mine"})

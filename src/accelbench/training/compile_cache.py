@@ -175,12 +175,13 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
         payload, info = saved
         count = sum(len(keys) for keys in info.artifacts.values())
     packed, files = _pack(jit) if jit is not None else (b"", 0)
+    carried = {"files": files, "bytes": len(packed), "checkout": checkout_digest()}
     header = {
         "format": FORMAT,  # first: KIND recognises the file by it
         "key": asdict(key) if key is not None and count else None,
         "artifacts": count,
         "bytes": len(payload),
-        "jit": {"files": files, "bytes": len(packed)} if files else None,
+        "jit": carried if files else None,
     }
     path.write_bytes(json.dumps(header).encode() + b"\n" + payload + packed)
     return count
@@ -205,7 +206,7 @@ def restore_jit(path: Path, folder: Path | None) -> str | None:
     if folder is None or not path.is_file() or _has_files(folder):
         return None
     try:
-        _, _, packed = _read(path)
+        header, _, packed = _read(path)
     except (OSError, ValueError):
         return None  # `load` says so, for the whole file
     if not packed:
@@ -225,7 +226,17 @@ def restore_jit(path: Path, folder: Path | None) -> str | None:
             return None  # a stage beside this one restored it first
         return f"CUDA JIT cache in {path} not restored ({exc}): the driver builds it again"
     files = sum(1 for m in members if m.isfile())
-    return f"CUDA JIT cache: {files} files from {path} into {folder}"
+    line = f"CUDA JIT cache: {files} files from {path} into {folder}"
+    if header["jit"].get("checkout") != checkout_digest():
+        # the driver keys cuDNN's engines by the working directory (docs/pipeline.md)
+        line += "; made in a checkout at another path, so cuDNN's engines are built again"
+    return line
+
+
+def checkout_digest() -> str:
+    """This process's working directory, hashed (the file may be pushed: no user's path in
+    it): the CUDA driver's JIT cache entries for cuDNN's engines are only reused there."""
+    return hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
 
 
 def state(counts: tuple[int, int], loaded: Loaded) -> str | None:
@@ -262,7 +273,11 @@ def _read(path: Path) -> tuple[dict, bytes, bytes]:
     if not isinstance(header, dict) or header.get("format") not in READABLE:
         raise ValueError(f"not a {FORMAT} file")
     size, jit = header.get("bytes"), header.get("jit") or {}
-    if not isinstance(size, int) or not isinstance(jit.get("bytes", 0), int):
+    if (
+        not isinstance(size, int)
+        or not isinstance(jit, dict)
+        or not isinstance(jit.get("bytes", 0), int)
+    ):
         raise ValueError(f"a header without sizes: {line[:200]!r}")
     if size + jit.get("bytes", 0) != len(rest):
         raise ValueError(f"{len(rest)} bytes of artifacts, the header says {size} + {jit}")
