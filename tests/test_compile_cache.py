@@ -4,8 +4,10 @@ was made under another key, and never in the way of a training."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import multiprocessing
 import os
 import subprocess
 import tarfile
@@ -107,8 +109,12 @@ def test_a_cache_made_elsewhere_is_not_loaded_and_the_line_says_what_differs(tmp
             b'"bytes": 0}\n',
             "unknown key",
         ),
+        (b'{"format": "accelbench-compile-cache/2", "bytes": 0, "jit": [1]}\n', "not a table"),
+        (b'{"format": "accelbench-compile-cache/2", "bytes": 0, "jit": {"bytes": "x"}}\n', "'x'"),
+        (b'{"format": "accelbench-compile-cache/2", "bytes": -3, "jit": {"bytes": 3}}\n', "-3"),
+        (b'{"format": "accelbench-compile-cache/2", "bytes": true}\nx', "True"),
     ],
-    ids=["empty", "truncated", "old-key"],
+    ids=["empty", "truncated", "old-key", "jit-list", "jit-size-text", "negative", "bool"],
 )
 def test_a_damaged_cache_file_means_compiling_never_a_failure(tmp_path, content, says) -> None:
     path = tmp_path / "gpu.bin"
@@ -130,11 +136,28 @@ def _contents(folder) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+def _with_jit(path, packed: bytes, **jit) -> None:
+    """`path`: a file whose JIT cache is `packed`, made in this checkout unless `jit` says."""
+    jit = {
+        "files": 1,
+        "bytes": len(packed),
+        "sha256": hashlib.sha256(packed).hexdigest(),
+        "checkout": compile_cache.checkout_digest(),
+        **jit,
+    }
+    header = {"format": compile_cache.FORMAT, "key": None, "artifacts": 0, "bytes": 0, "jit": jit}
+    path.write_bytes(json.dumps(header).encode() + b"\n" + packed)
+
+
+def _no_staging_left(folder) -> bool:
+    return not list(folder.parent.glob(f".{folder.name}.*"))
+
+
 def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the checkout the file is made in
-    made_here = tmp_path / "a" / ".accelbench" / "cuda-jit-cache"
+    made_here = tmp_path / "a" / ".accelbench" / "cuda-jit-cache" / "train-gpu"
     files = _jit_folder(made_here)
     path = tmp_path / "gpu.bin"
     compile_cache.save(path, None, jit=made_here)
@@ -142,20 +165,15 @@ def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(
     assert compile_cache.load(path, KEY) == compile_cache.Loaded()  # the artifacts part: none
 
     # a new checkout at the same path, whose folder does not exist yet: filled, file for file
-    there = tmp_path / "b" / ".accelbench" / "cuda-jit-cache"
+    there = tmp_path / "b" / ".accelbench" / "cuda-jit-cache" / "train-gpu"
     line = compile_cache.restore_jit(path, there)
     assert line == f"CUDA JIT cache: 2 files from {path} into {there}"
-    assert _contents(there) == files
-    assert not list(there.parent.glob(".cuda-jit-cache.*"))  # no staging folder left
+    assert _contents(there) == files and _no_staging_left(there)
 
-    # an empty folder (the driver made it, then built nothing) is filled too; in a checkout
-    # at another path, the line says why the first epoch still builds cuDNN's engines
-    empty = tmp_path / "c" / "cuda-jit-cache"
+    # an empty folder (the driver made it, then built nothing) is filled too
+    empty = tmp_path / "c" / "train-gpu"
     empty.mkdir(parents=True)
-    monkeypatch.chdir(tmp_path / "c")
-    line = compile_cache.restore_jit(path, empty)
-    assert line.endswith("made in a checkout at another path, so cuDNN's engines are built again")
-    assert _contents(empty) == files
+    assert compile_cache.restore_jit(path, empty) is not None and _contents(empty) == files
 
     # a folder with this machine's own entries is never touched
     own = _jit_folder(tmp_path / "d", {"index": b"ours", "f/8/ab97849d3aedd4": b"mine"})
@@ -169,6 +187,135 @@ def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(
     assert compile_cache.restore_jit(tmp_path / "cpu.bin", tmp_path / "e") is None
     assert compile_cache.restore_jit(path, None) is None
     assert not (tmp_path / "e").exists()
+
+
+def test_a_jit_cache_made_at_another_checkout_path_is_not_restored(tmp_path, monkeypatch) -> None:
+    """The driver keys cuDNN's engines by the checkout's path: elsewhere they would only
+    pile up beside the ones it builds again, so the line says why none were restored."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    made = tmp_path / "first" / "jit"
+    _jit_folder(made)
+    monkeypatch.chdir(tmp_path / "first")
+    compile_cache.save(tmp_path / "gpu.bin", None, jit=made)
+    monkeypatch.chdir(tmp_path / "second")
+    folder = tmp_path / "second" / "jit"
+    line = compile_cache.restore_jit(tmp_path / "gpu.bin", folder)
+    assert line == (
+        f"CUDA JIT cache in {tmp_path / 'gpu.bin'} not restored: made in a checkout at another "
+        "path, whose engines the driver does not reuse here; it builds them again"
+    )
+    assert not folder.exists()
+    # the file records a digest of the path, never the path (it may be pushed to a remote)
+    assert str(tmp_path).encode() not in (tmp_path / "gpu.bin").read_bytes()
+
+
+def test_each_variant_restores_into_its_own_folder(tmp_path, monkeypatch) -> None:
+    """In a fresh checkout gpu's restore must not leave amp nothing to restore into."""
+    monkeypatch.chdir(tmp_path)
+    environ = {"CUDA_CACHE_PATH": str(tmp_path / "made" / ".accelbench" / "cuda-jit-cache")}
+    for name in ("gpu", "amp"):
+        folder = compile_cache.use_variant_jit_folder(tmp_path / "made", name, environ)
+        assert environ["CUDA_CACHE_PATH"] == str(folder) and folder.name == f"train-{name}"
+        _jit_folder(folder, {"index": name.encode(), f"0/1/{name}": name.encode() * 100})
+        compile_cache.save(tmp_path / f"{name}.bin", None, jit=folder)
+
+    checkout = tmp_path / "fresh"
+    lines = {}
+    for name in ("gpu", "amp"):
+        environ = {"CUDA_CACHE_PATH": str(checkout / ".accelbench" / "cuda-jit-cache")}
+        folder = compile_cache.use_variant_jit_folder(checkout, name, environ)
+        lines[name] = compile_cache.restore_jit(tmp_path / f"{name}.bin", folder)
+        assert _contents(folder) == {"index": name.encode(), f"0/1/{name}": name.encode() * 100}
+    assert all(line and line.startswith("CUDA JIT cache: 2 files") for line in lines.values())
+
+    user = {"CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}
+    assert compile_cache.use_variant_jit_folder(checkout, "gpu", user) is None
+    assert user == {"CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}  # theirs: left as it was
+
+
+def _packed(files: dict) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, content in files.items():
+            entry = tarfile.TarInfo(name)
+            entry.size = len(content)
+            tar.addfile(entry, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "packed, digest, says",
+    [
+        (_packed({"../../outside": b"evil"}), None, "outside the destination"),
+        (_packed({"index": b"x" * 4000})[:-30], None, "not restored ("),  # truncated gzip
+        (_packed({"index": b"x" * 4000}), "0" * 64, "its bytes do not match their digest"),
+        (_packed({"index": b"x" * 4000}), "limit", "bytes unpacked"),
+    ],
+    ids=["path-traversal", "truncated", "corrupted", "too-large-unpacked"],
+)
+def test_a_bad_jit_cache_is_not_restored_and_says_why(
+    tmp_path, monkeypatch, packed, digest, says
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    if digest == "limit":
+        monkeypatch.setattr(compile_cache, "JIT_LIMIT_BYTES", 1000)
+    elif digest is not None:
+        _with_jit(tmp_path / "gpu.bin", packed, sha256=digest)
+    if digest in (None, "limit"):
+        _with_jit(tmp_path / "gpu.bin", packed)
+    folder = tmp_path / "w" / ".accelbench" / "cuda-jit-cache" / "train-gpu"
+    line = compile_cache.restore_jit(tmp_path / "gpu.bin", folder)
+    assert line.startswith(f"CUDA JIT cache in {tmp_path / 'gpu.bin'} not restored (")
+    assert says in line and line.endswith("the driver builds it again")
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "w" / "outside").exists()
+    assert not folder.exists() and _no_staging_left(folder)
+
+
+def test_an_interrupted_restore_leaves_no_staging_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _with_jit(tmp_path / "gpu.bin", _packed({"index": b"x"}))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("signal SIGTERM")  # what the CLI makes of SIGTERM
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", interrupted)
+    folder = tmp_path / "w" / "train-gpu"
+    with pytest.raises(KeyboardInterrupt):
+        compile_cache.restore_jit(tmp_path / "gpu.bin", folder)
+    assert not folder.exists() and _no_staging_left(folder)
+
+
+def _restore_after(barrier, path, folder, lines) -> None:
+    barrier.wait()
+    lines.put(compile_cache.restore_jit(path, folder))
+
+
+def test_two_stages_restoring_at_once_fill_the_folder_once_without_a_word(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    files = {"index": b"i" * 100, **{f"{i:x}/0/entry{i}": bytes([i]) * 5000 for i in range(8)}}
+    _with_jit(tmp_path / "gpu.bin", _packed(files))
+    context = multiprocessing.get_context("fork")
+    for attempt in range(10):
+        folder = tmp_path / str(attempt) / "train-gpu"
+        folder.mkdir(parents=True)  # the driver made it empty: the racy case
+        barrier, lines = context.Barrier(2), context.Queue()
+        workers = [
+            context.Process(
+                target=_restore_after, args=(barrier, tmp_path / "gpu.bin", folder, lines)
+            )
+            for _ in range(2)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+        said = [lines.get(timeout=5) for _ in workers]
+        assert all(line is None or line.startswith("CUDA JIT cache: 9 files") for line in said)
+        assert any(said), said
+        assert _contents(folder) == files and _no_staging_left(folder)
 
 
 def test_a_jit_cache_too_large_to_carry_is_left_out(tmp_path, monkeypatch) -> None:
@@ -188,36 +335,16 @@ def test_a_version_1_file_without_a_jit_cache_still_loads(tmp_path) -> None:
     assert compile_cache.restore_jit(path, tmp_path / "jit") is None
 
 
-def test_a_jit_cache_that_would_write_outside_its_folder_is_not_restored(tmp_path) -> None:
-    packed = io.BytesIO()
-    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
-        entry = tarfile.TarInfo("../../outside")
-        entry.size = 4
-        tar.addfile(entry, io.BytesIO(b"evil"))
-    packed = packed.getvalue()
-    path = tmp_path / "gpu.bin"
-    header = {
-        "format": compile_cache.FORMAT,
-        "key": None,
-        "artifacts": 0,
-        "bytes": 0,
-        "jit": {"files": 1, "bytes": len(packed)},
-    }
-    path.write_bytes(json.dumps(header).encode() + b"\n" + packed)
-    folder = tmp_path / "w" / ".accelbench" / "cuda-jit-cache"
-    line = compile_cache.restore_jit(path, folder)
-    assert line is not None and "not restored" in line and "the driver builds it again" in line
-    assert not (tmp_path / "outside").exists() and not (tmp_path / "w" / "outside").exists()
-    assert not folder.exists() and not list(folder.parent.glob(".cuda-jit-cache.*"))
-
-
 def test_only_the_workspaces_own_jit_cache_is_carried(tmp_path) -> None:
     inside = {"CUDA_CACHE_PATH": ".accelbench/cuda-jit-cache"}
-    assert compile_cache.jit_folder(tmp_path, inside) == (
-        tmp_path.resolve() / ".accelbench" / "cuda-jit-cache"
-    )
+    assert compile_cache.jit_folder(tmp_path, inside) == tmp_path / ".accelbench" / "cuda-jit-cache"
     absolute = {"CUDA_CACHE_PATH": str(tmp_path / ".accelbench" / "cuda-jit-cache")}
     assert compile_cache.jit_folder(tmp_path, absolute) is not None
+    # a `.accelbench` linked to a scratch disk is still the workspace's own
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / ".accelbench").symlink_to(tmp_path / "scratch")
+    assert compile_cache.jit_folder(tmp_path / "w", inside) is not None
     # the user's own cache (their other programs' kernels), a disabled one, or none
     assert compile_cache.jit_folder(tmp_path, {"CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}) is None
     assert compile_cache.jit_folder(tmp_path, {**inside, "CUDA_CACHE_DISABLE": "1"}) is None
@@ -244,7 +371,7 @@ def test_a_cuda_training_carries_the_jit_cache_to_a_new_checkout_at_its_path(
     tmp_path, prepared, mlflow_store
 ) -> None:
     """On the GPU host: cuDNN's benchmark mode has the driver build engines from PTX; the file
-    carries them, and a fresh checkout at the same path starts with them."""
+    carries them, and a fresh checkout at the same path starts with them and reuses them."""
     import shutil
 
     import torch
@@ -256,16 +383,19 @@ def test_a_cuda_training_carries_the_jit_cache_to_a_new_checkout_at_its_path(
     workspace = tmp_path / "w"
     cache_file = workspace / "compile-cache" / "compiled.bin"
     cache_file.parent.mkdir(parents=True)
-    _, log = _train(workspace, prepared, mlflow_store, cache_file, variant)
+    _train(workspace, prepared, mlflow_store, cache_file, variant)
     jit = _header(cache_file)["jit"]
     if jit is None:
         pytest.skip(f"the driver built nothing from PTX for {torch.cuda.get_device_name()}")
-    carried = _contents(workspace / ".accelbench" / "cuda-jit-cache")
-    assert jit["files"] <= len(carried)
+    folder = workspace / ".accelbench" / "cuda-jit-cache" / "train-compiled"
+    first = _contents(folder)
+    assert 0 < jit["files"] <= len(first)
 
     shutil.rmtree(workspace / ".accelbench")  # a new checkout there: only the file came along
     _, log = _train(workspace, prepared, mlflow_store, cache_file, variant)
     assert f"CUDA JIT cache: {jit['files']} files from {cache_file}" in log, log
+    # reused, not built again under new names: the second run's entries are the first's
+    assert set(_contents(folder)) == set(first)
 
 
 def test_a_users_file_at_the_cache_path_is_refused_not_replaced(tmp_path) -> None:

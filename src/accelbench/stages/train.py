@@ -88,9 +88,8 @@ def run(
     with slots.tenancy(name, stage="train", gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
         if takes and out.compile_cache is not None:  # before the driver reads its JIT cache
             with phases.phase("step_setup"):
-                restored = compile_cache.restore_jit(
-                    out.compile_cache, compile_cache.jit_folder(root)
-                )
+                jit = compile_cache.use_variant_jit_folder(root, name)
+                restored = compile_cache.restore_jit(out.compile_cache, jit)
             if restored:
                 log(f"train {name}: {restored}")
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken

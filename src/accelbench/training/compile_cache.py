@@ -21,13 +21,15 @@ The file also carries the CUDA driver's JIT cache (`CUDA_CACHE_PATH`, which the 
 at `.accelbench/cuda-jit-cache/`): the machine code the driver built from PTX for cuDNN's
 engines. On a machine without it, the first convolutions of a process in cuDNN's benchmark
 mode wait for the driver to build those engines, 2-4 s per stage on an H200
-(docs/results/2026-12-01-h200-jit-cache.md). It is restored only into an empty folder,
-before CUDA starts; the driver checks each entry itself (driver version, GPU), so an entry
-from another machine is a miss, never a wrong kernel.
+(docs/results/2026-12-01-h200-jit-cache.md). The driver keys those engines by the
+checkout's path, so the cache is restored only at the path it was made at, into a
+variant's empty folder, before CUDA starts; its bytes are checked against their digest, and
+the driver checks each entry itself (driver version, GPU).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import io
@@ -35,8 +37,10 @@ import json
 import os
 import shutil
 import tarfile
+import tempfile
 import time
-from collections.abc import Mapping
+import zlib
+from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -175,7 +179,12 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
         payload, info = saved
         count = sum(len(keys) for keys in info.artifacts.values())
     packed, files = _pack(jit) if jit is not None else (b"", 0)
-    carried = {"files": files, "bytes": len(packed), "checkout": checkout_digest()}
+    carried = {
+        "files": files,
+        "bytes": len(packed),
+        "sha256": hashlib.sha256(packed).hexdigest(),
+        "checkout": checkout_digest(),
+    }
     header = {
         "format": FORMAT,  # first: KIND recognises the file by it
         "key": asdict(key) if key is not None and count else None,
@@ -194,15 +203,33 @@ def jit_folder(root: Path, environ: Mapping[str, str] = os.environ) -> Path | No
     chosen = environ.get(JIT_ENV)
     if not chosen or environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
         return None
-    folder = (root / chosen).resolve()
-    return folder if folder.is_relative_to(root.resolve()) else None
+    # as written, links not followed: a `.accelbench` linked to a scratch disk is still ours
+    folder = Path(os.path.abspath(root / chosen))
+    return folder if folder.is_relative_to(os.path.abspath(root)) else None
+
+
+def use_variant_jit_folder(
+    root: Path, name: str, environ: MutableMapping[str, str] = os.environ
+) -> Path | None:
+    """Before CUDA starts, in a train stage: variant `name`'s own JIT cache folder inside the
+    workspace's (`train-<name>/`), set as this process's (and its torchrun workers')
+    `CUDA_CACHE_PATH`. Each variant's file then carries that variant's engines, and restores
+    them into a folder of their own: in a shared one, the first variant's restore would
+    leave the next with nothing to restore into. None where `jit_folder` is None."""
+    shared = jit_folder(root, environ)
+    if shared is None:
+        return None
+    own = shared / f"train-{name}"
+    environ[JIT_ENV] = str(own)
+    return own
 
 
 def restore_jit(path: Path, folder: Path | None) -> str | None:
-    """Before CUDA starts: fill the workspace's JIT cache `folder`, when it is empty, from
+    """Before CUDA starts: fill the variant's JIT cache `folder`, when it is empty, from
     `path`; a line for the log, or None when there was nothing to do (no file, no JIT cache
-    in it, or this machine's folder already holds one). Never fails: a damaged file only
-    means the driver builds the kernels again."""
+    in it, or this machine's folder already holds one). Never fails: a damaged file, or one
+    made at another checkout path (whose entries the driver would not reuse), only means the
+    driver builds the engines again."""
     if folder is None or not path.is_file() or _has_files(folder):
         return None
     try:
@@ -211,32 +238,43 @@ def restore_jit(path: Path, folder: Path | None) -> str | None:
         return None  # `load` says so, for the whole file
     if not packed:
         return None
-    staging = folder.with_name(f".{folder.name}.{os.getpid()}")
+    carried = header["jit"]
+    if carried.get("checkout") != checkout_digest():
+        # the driver keys cuDNN's engines by the checkout's path (docs/pipeline.md)
+        return (
+            f"CUDA JIT cache in {path} not restored: made in a checkout at another path, "
+            "whose engines the driver does not reuse here; it builds them again"
+        )
+    not_restored = f"CUDA JIT cache in {path} not restored ({{}}): the driver builds it again"
+    if hashlib.sha256(packed).hexdigest() != carried.get("sha256"):
+        return not_restored.format("its bytes do not match their digest")
+    if not hasattr(tarfile, "data_filter"):  # Python 3.11.0-3.11.3
+        return not_restored.format("this Python's tarfile cannot extract safely")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
             members = tar.getmembers()
+            if sum(m.size for m in members) > JIT_LIMIT_BYTES:
+                return not_restored.format(f"more than {JIT_LIMIT_BYTES} bytes unpacked")
             tar.extractall(staging, filter="data")  # no path leaves the folder
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        if folder.is_dir():
-            folder.rmdir()  # empty (checked above); another stage filling it wins below
-        os.rename(staging, folder)
-    except (OSError, tarfile.TarError) as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        if _has_files(folder):
+        os.rename(staging, folder)  # replaces an empty folder, never a filled one
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and _has_files(folder):
             return None  # a stage beside this one restored it first
-        return f"CUDA JIT cache in {path} not restored ({exc}): the driver builds it again"
+        return not_restored.format(exc)
+    except (EOFError, zlib.error, tarfile.TarError) as exc:
+        return not_restored.format(exc)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename
     files = sum(1 for m in members if m.isfile())
-    line = f"CUDA JIT cache: {files} files from {path} into {folder}"
-    if header["jit"].get("checkout") != checkout_digest():
-        # the driver keys cuDNN's engines by the working directory (docs/pipeline.md)
-        line += "; made in a checkout at another path, so cuDNN's engines are built again"
-    return line
+    return f"CUDA JIT cache: {files} file{'s' * (files != 1)} from {path} into {folder}"
 
 
 def checkout_digest() -> str:
     """This process's working directory, hashed (the file may be pushed: no user's path in
     it): the CUDA driver's JIT cache entries for cuDNN's engines are only reused there."""
-    return hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
+    return hashlib.sha256(os.getcwd().encode()).hexdigest()[:16]
 
 
 def state(counts: tuple[int, int], loaded: Loaded) -> str | None:
@@ -272,15 +310,15 @@ def _read(path: Path) -> tuple[dict, bytes, bytes]:
     header = json.loads(line)
     if not isinstance(header, dict) or header.get("format") not in READABLE:
         raise ValueError(f"not a {FORMAT} file")
-    size, jit = header.get("bytes"), header.get("jit") or {}
-    if (
-        not isinstance(size, int)
-        or not isinstance(jit, dict)
-        or not isinstance(jit.get("bytes", 0), int)
-    ):
-        raise ValueError(f"a header without sizes: {line[:200]!r}")
-    if size + jit.get("bytes", 0) != len(rest):
-        raise ValueError(f"{len(rest)} bytes of artifacts, the header says {size} + {jit}")
+    jit = header.get("jit")
+    if jit is not None and not isinstance(jit, dict):
+        raise ValueError(f"its JIT cache entry is not a table: {jit!r}")
+    size, jit_size = header.get("bytes"), (jit or {}).get("bytes", 0)
+    for what, value in (("artifacts", size), ("JIT cache", jit_size)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"its header gives the {what} {value!r} bytes")
+    if size + jit_size != len(rest):
+        raise ValueError(f"{len(rest)} bytes after the header, which says {size} + {jit_size}")
     return header, rest[:size], rest[size:]
 
 
