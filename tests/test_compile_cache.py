@@ -113,8 +113,18 @@ def test_a_cache_made_elsewhere_is_not_loaded_and_the_line_says_what_differs(tmp
         (b'{"format": "accelbench-compile-cache/2", "bytes": 0, "jit": {"bytes": "x"}}\n', "'x'"),
         (b'{"format": "accelbench-compile-cache/2", "bytes": -3, "jit": {"bytes": 3}}\n', "-3"),
         (b'{"format": "accelbench-compile-cache/2", "bytes": true}\nx', "True"),
+        (b"[" * 200_000 + b"\n", "nested too deeply"),
     ],
-    ids=["empty", "truncated", "old-key", "jit-list", "jit-size-text", "negative", "bool"],
+    ids=[
+        "empty",
+        "truncated",
+        "old-key",
+        "jit-list",
+        "jit-size-text",
+        "negative",
+        "bool",
+        "deep-json",
+    ],
 )
 def test_a_damaged_cache_file_means_compiling_never_a_failure(tmp_path, content, says) -> None:
     path = tmp_path / "gpu.bin"
@@ -172,7 +182,7 @@ def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(
 
     # an empty folder (the driver made it, then built nothing) is filled too
     empty = tmp_path / "c" / "train-gpu"
-    empty.mkdir(parents=True)
+    (empty / "ComputeCache" / "0").mkdir(parents=True)  # empty folders in it: still empty
     assert compile_cache.restore_jit(path, empty) is not None and _contents(empty) == files
 
     # a folder with this machine's own entries is never touched
@@ -229,17 +239,22 @@ def test_each_variant_restores_into_its_own_folder(tmp_path, monkeypatch) -> Non
         assert _contents(folder) == {"index": name.encode(), f"0/1/{name}": name.encode() * 100}
     assert all(line and line.startswith("CUDA JIT cache: 2 files") for line in lines.values())
 
+    # called again in one process (tests, library use): a sibling, never nested
+    again = compile_cache.use_variant_jit_folder(checkout, "gpu", environ)
+    assert again == checkout / ".accelbench" / "cuda-jit-cache" / "train-gpu"
+
     user = {"CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}
     assert compile_cache.use_variant_jit_folder(checkout, "gpu", user) is None
     assert user == {"CUDA_CACHE_PATH": "/root/.nv/ComputeCache"}  # theirs: left as it was
 
 
-def _packed(files: dict) -> bytes:
+def _packed(files: dict, **pax: str) -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         for name, content in files.items():
             entry = tarfile.TarInfo(name)
             entry.size = len(content)
+            entry.pax_headers = pax
             tar.addfile(entry, io.BytesIO(content))
     return buffer.getvalue()
 
@@ -251,8 +266,19 @@ def _packed(files: dict) -> bytes:
         (_packed({"index": b"x" * 4000})[:-30], None, "not restored ("),  # truncated gzip
         (_packed({"index": b"x" * 4000}), "0" * 64, "its bytes do not match their digest"),
         (_packed({"index": b"x" * 4000}), "limit", "bytes unpacked"),
+        (_packed({"index": b"x"}, mtime="nan"), None, "not restored ("),
+        (_packed({"index": b"x"}, mtime="1e300"), None, "not restored ("),
+        (_packed({"index": b"x"}, path="a\x00b"), None, "not restored ("),
     ],
-    ids=["path-traversal", "truncated", "corrupted", "too-large-unpacked"],
+    ids=[
+        "path-traversal",
+        "truncated",
+        "corrupted",
+        "too-large-unpacked",
+        "nan-time",
+        "huge-time",
+        "nul-in-name",
+    ],
 )
 def test_a_bad_jit_cache_is_not_restored_and_says_why(
     tmp_path, monkeypatch, packed, digest, says

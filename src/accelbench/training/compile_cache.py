@@ -29,6 +29,7 @@ the driver checks each entry itself (driver version, GPU).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib
@@ -219,6 +220,8 @@ def use_variant_jit_folder(
     shared = jit_folder(root, environ)
     if shared is None:
         return None
+    if shared.name.startswith("train-"):  # set by an earlier call in this process
+        shared = shared.parent
     own = shared / f"train-{name}"
     environ[JIT_ENV] = str(own)
     return own
@@ -258,12 +261,14 @@ def restore_jit(path: Path, folder: Path | None) -> str | None:
             if sum(m.size for m in members) > JIT_LIMIT_BYTES:
                 return not_restored.format(f"more than {JIT_LIMIT_BYTES} bytes unpacked")
             tar.extractall(staging, filter="data")  # no path leaves the folder
+        _remove_empty_folders(folder)  # a run that built nothing may leave some
         os.rename(staging, folder)  # replaces an empty folder, never a filled one
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and _has_files(folder):
             return None  # a stage beside this one restored it first
         return not_restored.format(exc)
-    except (EOFError, zlib.error, tarfile.TarError) as exc:
+    except (EOFError, zlib.error, tarfile.TarError, ValueError, OverflowError) as exc:
+        # damaged or crafted members: a truncated stream, a NaN or out-of-range time, a NUL
         return not_restored.format(exc)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename
@@ -307,7 +312,10 @@ def _read(path: Path) -> tuple[dict, bytes, bytes]:
     """The file's header, its torch artifacts and its packed JIT cache (b"" if none)."""
     data = path.read_bytes()
     line, _, rest = data.partition(b"\n")
-    header = json.loads(line)
+    try:
+        header = json.loads(line)
+    except RecursionError as exc:  # nested past the parser's depth: not ours
+        raise ValueError("its header is nested too deeply to be ours") from exc
     if not isinstance(header, dict) or header.get("format") not in READABLE:
         raise ValueError(f"not a {FORMAT} file")
     jit = header.get("jit")
@@ -340,6 +348,14 @@ def _pack(folder: Path) -> tuple[bytes, int]:
 
 def _has_files(folder: Path) -> bool:
     return folder.is_dir() and any(p.is_file() for p in folder.rglob("*"))
+
+
+def _remove_empty_folders(folder: Path) -> None:
+    """`folder`'s empty subfolders, deepest first (rmdir never removes a file)."""
+    for sub, _, _ in os.walk(folder, topdown=False):
+        if sub != str(folder):
+            with contextlib.suppress(OSError):
+                os.rmdir(sub)
 
 
 def _local_graphs() -> set[str]:
