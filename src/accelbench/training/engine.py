@@ -344,7 +344,10 @@ class TrainStep:
                 if isinstance(value, torch.Tensor):
                     value.copy_(saved[key]) if saved else value.zero_()
         self.graph = graph
-        self.static = (static_images, static_labels, static_loss)
+        # Detached: the captured loss's autograd graph (its gradient accumulators made on the
+        # capture stream) is freed, so an eager partial batch on another stream builds its
+        # own, and autograd's "AccumulateGrad node's stream does not match" stays silent.
+        self.static = (static_images, static_labels, static_loss.detach())
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.stream is None:
@@ -377,7 +380,7 @@ class TrainStep:
         static_images.copy_(images)
         static_labels.copy_(labels)
         self.graph.replay()
-        return static_loss.detach().float()
+        return static_loss.float()
 
 
 # DDP's "Grad strides do not match bucket view strides" (once per process) is about conv1's
