@@ -429,3 +429,46 @@ def test_make_wheelhouse_needs_the_hosts_list_and_passes_it_on():
     ) in given.stdout
     air_gapped = (REPO / "docs" / "air-gapped.md").read_text()
     assert "make wheelhouse PY=3.12 HOST_PACKAGES=host-packages.txt" in air_gapped
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Top-level names a module imports when it loads (its body, `if` and `try` blocks included;
+    imports inside functions wait until a test needs them)."""
+    import ast
+
+    names: set[str] = set()
+    for statement in ast.parse(path.read_text()).body:
+        nodes = ast.walk(statement) if isinstance(statement, ast.If | ast.Try) else [statement]
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_gpu_host_collects_every_test_module():
+    """`pytest -m gpu` runs on a host with the runtime group and its own pytest: no test module,
+    nor a tool one it imports, may import a development-only package when it loads (json5
+    once did, and the host failed to collect two files)."""
+    import importlib.metadata
+    import re
+
+    def key(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    dev_only = _dev_only_packages() - {"pytest"}  # the host's own pytest runs the suite
+    providers = importlib.metadata.packages_distributions()
+    files = sorted((REPO / "tests").glob("*.py"))
+    files += [
+        REPO / "tools" / f"{name}.py"
+        for name in set().union(*map(_module_level_imports, files))
+        if (REPO / "tools" / f"{name}.py").is_file()
+    ]
+    offenders = {
+        f"{path.relative_to(REPO)}: {name}"
+        for path in files
+        for name in _module_level_imports(path)
+        if providers.get(name) and all(key(d) in dev_only for d in providers[name])
+    }
+    assert not offenders, f"import these inside the tests that need them: {sorted(offenders)}"
