@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import lzma
 import multiprocessing
 import os
 import subprocess
@@ -64,6 +65,8 @@ def test_a_compiled_variant_carries_its_cache_to_a_machine_without_one(
     header = _header(first_file)
     assert header["artifacts"] > 0 and header["key"]["device"] == "cpu"
     assert header["key"]["step_code"] == compile_cache.step_code_digest()
+    assert header["format"] == compile_cache.FORMAT
+    assert 0 < header["bytes"] < header["raw_bytes"] / 3  # stored as xz
 
     # a fresh workspace on "another machine" (its caches empty), given the file as
     # `dvc pull` or a queued experiment's checkout would
@@ -350,6 +353,54 @@ def test_a_jit_cache_too_large_to_carry_is_left_out(tmp_path, monkeypatch) -> No
     monkeypatch.setattr(compile_cache, "JIT_LIMIT_BYTES", 1000)
     compile_cache.save(tmp_path / "gpu.bin", None, jit=folder)
     assert _header(tmp_path / "gpu.bin")["jit"] is None
+
+
+def _torch_reads(monkeypatch) -> list[bytes]:
+    """What `load` hands torch (torch answers that it could not read it)."""
+    import torch
+
+    handed: list[bytes] = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda b: handed.append(b))
+    return handed
+
+
+def _xz_file(path, stored: bytes, raw_bytes) -> None:
+    header = {"format": compile_cache.FORMAT, "key": vars(KEY), "artifacts": 3,
+              "bytes": len(stored), "raw_bytes": raw_bytes}  # fmt: skip
+    path.write_bytes(json.dumps(header).encode() + b"\n" + stored)
+
+
+def test_torch_gets_the_artifacts_unpacked_and_older_files_as_stored(tmp_path, monkeypatch) -> None:
+    handed = _torch_reads(monkeypatch)
+    raw = b"torch's artifacts " * 1000
+    _xz_file(tmp_path / "new.bin", lzma.compress(raw), len(raw))
+    old = {"format": "accelbench-compile-cache/2", "key": vars(KEY), "artifacts": 3,
+           "bytes": len(raw), "jit": None}  # fmt: skip
+    (tmp_path / "old.bin").write_bytes(json.dumps(old).encode() + b"\n" + raw)
+    for name in ("new.bin", "old.bin"):
+        loaded = compile_cache.load(tmp_path / name, KEY)
+        assert "torch could not read its artifacts" in loaded.reason
+    assert handed == [raw, raw]
+
+
+@pytest.mark.parametrize(
+    "stored, raw_bytes, says",
+    [
+        (b"\xfd7zXZ\x00 not xz after all", 10, "do not unpack"),
+        (lzma.compress(b"x" * 100), 99, "do not unpack to the 99 bytes"),
+        (lzma.compress(b"x" * 100), 101, "do not unpack to the 101 bytes"),
+        (lzma.compress(b"x" * 100) + b"tail", 100, "do not unpack to the 100 bytes"),
+        (lzma.compress(b"x"), 2**31, "2147483648"),
+        (lzma.compress(b"x"), None, "None"),
+    ],
+    ids=["garbage", "longer", "shorter", "trailing-bytes", "over-limit", "no-size"],
+)
+def test_damaged_xz_artifacts_mean_compiling(tmp_path, monkeypatch, stored, raw_bytes, says):
+    handed = _torch_reads(monkeypatch)
+    _xz_file(tmp_path / "gpu.bin", stored, raw_bytes)
+    loaded = compile_cache.load(tmp_path / "gpu.bin", KEY)
+    assert says in loaded.reason and "compiling from scratch" in loaded.reason
+    assert handed == []  # torch never sees them
 
 
 def test_a_version_1_file_without_a_jit_cache_still_loads(tmp_path) -> None:
