@@ -392,8 +392,13 @@ def test_torch_gets_the_artifacts_unpacked_and_older_files_as_stored(tmp_path, m
         (lzma.compress(b"x" * 100) + b"tail", 100, "do not unpack to the 100 bytes"),
         (lzma.compress(b"x"), 2**31, "2147483648"),
         (lzma.compress(b"x"), None, "None"),
+        (
+            lzma.compress(b"x", filters=[{"id": lzma.FILTER_LZMA2, "dict_size": 1536 * 2**20}]),
+            1,
+            "do not unpack: Memory usage limit",
+        ),
     ],
-    ids=["garbage", "longer", "shorter", "trailing-bytes", "over-limit", "no-size"],
+    ids=["garbage", "longer", "shorter", "trailing-bytes", "over-limit", "no-size", "huge-dict"],
 )
 def test_damaged_xz_artifacts_mean_compiling(tmp_path, monkeypatch, stored, raw_bytes, says):
     handed = _torch_reads(monkeypatch)

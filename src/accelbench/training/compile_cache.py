@@ -9,7 +9,7 @@ workspace starts with that folder empty, and the first epoch of a compiled varia
 PyTorch's portable cache (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`)
 serializes what this process compiled or found in its caches into bytes that another
 process hot-loads into its own caches before compiling. The train stage writes them to
-`compile-cache/<variant>.bin` (xz-compressed; a DVC output that DVC keeps in place when the
+`compile-cache/<variant>.bin` (the artifacts xz-compressed; a DVC output that DVC keeps in place when the
 stage re-runs, and that `dvc push`/`dvc pull` carry), and loads them before the next
 training compiles.
 
@@ -54,11 +54,12 @@ from accelbench.core.results import text_kind
 # /1: no JIT cache after the artifacts; /2: the artifacts as torch wrote them; /3: xz
 FORMAT = "accelbench-compile-cache/3"
 READABLE = ("accelbench-compile-cache/1", "accelbench-compile-cache/2", FORMAT)
-# torch's artifacts are mostly Python source and text: xz's fastest preset stores them in a
-# twelfth of the bytes (8.7 MB -> 0.72 MB for gpu on an H200) in 0.2-0.4 s, so every
+# torch's artifacts are mostly Python source and text: xz's preset 1 (of 0-9) stores them in
+# a twelfth of the bytes (8.7 MB -> 0.72 MB for gpu on an H200) in 0.2-0.45 s, so every
 # re-trained variant adds an eighth as much to the DVC cache and to a `dvc push`
 XZ_PRESET = 1
-ARTIFACTS_LIMIT_BYTES = 2**30  # a header promising more unpacked bytes is not ours
+ARTIFACTS_LIMIT_BYTES = 256 * 2**20  # a header promising more unpacked bytes is not ours
+XZ_MEMORY_LIMIT = 64 * 2**20  # preset 1 needs ~1 MiB to unpack; a crafted header asks GiBs
 JIT_ENV = "CUDA_CACHE_PATH"  # the CUDA driver's JIT cache folder (NVIDIA's variable)
 JIT_LIMIT_BYTES = 64 * 2**20  # a folder larger than this is not carried (the driver's cap: 256 MiB)
 if TYPE_CHECKING:
@@ -159,16 +160,16 @@ def load(path: Path, key: CacheKey) -> Loaded:
     if theirs != key:
         changed = "; ".join(key.differences(theirs))
         return Loaded(reason=f"{path} was made for another set-up ({changed}): compiling")
-    try:
-        payload = _artifacts(header, stored)
-    except ValueError as exc:
-        return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
     # the compiler's modules, which compiling imports anyway: their time is not the load's
     import torch
     import torch._dynamo
     import torch._inductor.codecache
 
     started = time.perf_counter()
+    try:
+        payload = _artifacts(header, stored)
+    except ValueError as exc:
+        return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
     before = _local_graphs()
     info = torch.compiler.load_cache_artifacts(payload)
     if info is None:
@@ -352,11 +353,11 @@ def _artifacts(header: dict, stored: bytes) -> bytes:
     size = header.get("raw_bytes")
     if type(size) is not int or not 0 <= size <= ARTIFACTS_LIMIT_BYTES:
         raise ValueError(f"its header gives the unpacked artifacts {size!r} bytes")
-    unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=XZ_MEMORY_LIMIT)
     try:
         payload = unpacker.decompress(stored, max_length=size + 1)
-    except lzma.LZMAError as exc:
-        raise ValueError(f"its artifacts do not unpack: {exc}") from exc
+    except (lzma.LZMAError, MemoryError) as exc:
+        raise ValueError(f"its artifacts do not unpack: {exc or type(exc).__name__}") from exc
     if len(payload) != size or not unpacker.eof or unpacker.unused_data:
         raise ValueError(f"its artifacts do not unpack to the {size} bytes its header gives")
     return payload
