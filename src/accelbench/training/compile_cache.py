@@ -8,9 +8,9 @@ workspace starts with that folder empty, and the first epoch of a compiled varia
 
 PyTorch's portable cache (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`)
 serializes what this process compiled or found in its caches into bytes that another
-process hot-loads into its own caches before compiling. The train stage writes them to
-`compile-cache/<variant>.bin` (the artifacts xz-compressed; a DVC output that DVC keeps in place when the
-stage re-runs, and that `dvc push`/`dvc pull` carry), and loads them before the next
+process hot-loads into its own caches before compiling. The train stage writes them,
+xz-compressed, to `compile-cache/<variant>.bin` (a DVC output that DVC keeps in place when
+the stage re-runs, and that `dvc push`/`dvc pull` carry), and loads them before the next
 training compiles.
 
 They are only valid for the same torch, Triton and GPU, and are only useful for the same
@@ -194,19 +194,23 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
         count = sum(len(keys) for keys in info.artifacts.values())
     stored = lzma.compress(payload, format=lzma.FORMAT_XZ, preset=XZ_PRESET) if payload else b""
     packed, files = _pack(jit) if jit is not None else (b"", 0)
-    carried = {
-        "files": files,
-        "bytes": len(packed),
-        "sha256": hashlib.sha256(packed).hexdigest(),
-        "checkout": checkout_digest(),
-    }
+    carried = (
+        {
+            "files": files,
+            "bytes": len(packed),
+            "sha256": hashlib.sha256(packed).hexdigest(),
+            "checkout": checkout_digest(),
+        }
+        if files
+        else None
+    )
     header = {
         "format": FORMAT,  # first: KIND recognises the file by it
         "key": asdict(key) if key is not None and count else None,
         "artifacts": count,
         "bytes": len(stored),  # xz, which unpacks to `raw_bytes`
         "raw_bytes": len(payload),
-        "jit": carried if files else None,
+        "jit": carried,
     }
     path.write_bytes(json.dumps(header).encode() + b"\n" + stored + packed)
     return count
