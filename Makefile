@@ -16,22 +16,23 @@ export DO_NOT_TRACK := true
 .PHONY: help setup hooks repro test lint format ui server lock wheelhouse container-test schema metrics plots exps clean clean-history
 
 help:  ## list the commands
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 # uv installs the environment from uv.lock; the uv that does it is the lock's own version.
 UV_VERSION := $(shell sed -n '/^name = "uv"$$/{n;s/^version = "\(.*\)"$$/\1/p;}' uv.lock)
 export UV_PROJECT_ENVIRONMENT := $(VENV)
 
 ifdef ACCELBENCH_ENV
-setup: hooks  ## create .venv from uv.lock, dev group included (only when missing or stale)
+setup:  ## create .venv from uv.lock, dev group included (only when missing or stale)
 	@echo "Using the image's environment $(ACCELBENCH_ENV) (rebuild the image after a lock change)."
 else
-setup: $(VENV)/.installed hooks
+setup: $(VENV)/.installed
 endif
 
-# The commit-message check (CONTRIBUTING.md), in a git checkout only; leaves a hooks path the
-# user set alone.
-hooks:
+# The contributors' commit-message check (CONTRIBUTING.md), in a git checkout only; leaves a
+# hooks path the user set alone. Not part of setup: a user committing a run's results
+# ("git commit -m baseline") writes their messages their own way.
+hooks:  ## contributors: check commit messages as CONTRIBUTING.md asks
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && \
 	  [ -z "$$(git config --get core.hooksPath)" ]; then \
 	  git config core.hooksPath .githooks; fi

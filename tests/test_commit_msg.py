@@ -1,7 +1,8 @@
-"""The commit-message habit (CONTRIBUTING.md) as the hook that `make setup` installs checks it."""
+"""The commit-message habit (CONTRIBUTING.md) as the hook that `make hooks` installs checks it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -39,6 +40,21 @@ def test_a_message_off_the_habit_is_refused_by_the_hook(tmp_path, message, probl
         text=True,
     )
     assert done.returncode != 0 and problem in done.stderr, done.stderr
+    assert "git commit --no-verify" in done.stderr  # the way past it, named where it stops
+
+
+def test_users_setup_leaves_their_commit_messages_alone() -> None:
+    """`make repro` (setup) once installed the hook, and the README's own `git commit -m
+    baseline` was refused; only `make hooks`, the contributors' step, installs it."""
+    environ = {"PATH": os.environ["PATH"], "ACCELBENCH_ENV": sys.prefix}
+    plans = {
+        goal: subprocess.run(
+            ["make", "-n", goal], cwd=REPO, env=environ, capture_output=True, text=True, check=True
+        ).stdout
+        for goal in ("setup", "repro", "test", "hooks")
+    }
+    assert all("hooksPath" not in plans[goal] for goal in ("setup", "repro", "test")), plans
+    assert "git config core.hooksPath .githooks" in plans["hooks"]
 
 
 def test_an_empty_message_is_refused() -> None:
