@@ -180,8 +180,14 @@ def test_closed_port_fails_fast_with_reason(payload, tmp_path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _, sha = payload
-    with pytest.raises(DownloadError, match="ConnectionError"):
-        _download(NAME, sha, tmp_path, [f"http://127.0.0.1:{port}/x"], timeout_s=2, retries=1)
+    mirrors = [f"http://127.0.0.1:{port}/{'long-path/' * 12}{i}" for i in range(3)]
+    with pytest.raises(DownloadError, match="ConnectionError") as info:
+        _download(NAME, sha, tmp_path, mirrors, timeout_s=2, retries=1)
+    message = str(info.value)
+    # The way out comes before the failures: the CLI cuts an error line at 500 characters.
+    assert message.index(mnist.MIRROR_ENV) < 250 and "docs/air-gapped.md" in message[:400]
+    # Each failure is urllib3's innermost reason, not requests' wrappers quoting the URL again.
+    assert message.count("Connection refused") == 3 and "HTTPConnectionPool" not in message
 
 
 def test_environment_mirror_goes_first() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -27,7 +28,7 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from accelbench.core.console import AccelbenchError, InputError, log
+from accelbench.core.console import AccelbenchError, InputError, clip, log
 
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -185,6 +186,27 @@ def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: st
     )
 
 
+# urllib3 names the connection before its reason: "HTTPSConnection(host='h', port=443): ..."
+_CONNECTION_PREFIX = re.compile(r"^<?\w*Connection(?:Pool)?\b[^:]*:\s*")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a mirror failed, in a phrase: requests wraps urllib3's MaxRetryError, which holds
+    the last attempt's error (a name that does not resolve, a refused connection); that
+    innermost error says it, without the wrappers' repeated host and URL."""
+    inner: BaseException = exc
+    for _ in range(4):  # requests -> MaxRetryError -> NewConnectionError (bounded: no cycles)
+        nested = getattr(inner, "reason", None)
+        if nested is None and isinstance(inner, requests.RequestException) and inner.args:
+            nested = inner.args[0]
+        if not isinstance(nested, BaseException):
+            break
+        inner = nested
+    text = _CONNECTION_PREFIX.sub("", " ".join(str(inner).split()))
+    shown = type(exc).__name__ if inner is exc else f"{type(exc).__name__}, {type(inner).__name__}"
+    return clip(f"{shown}: {text}", 160)
+
+
 def download_file(
     name: str,
     check: Callable[[Path], None],
@@ -222,13 +244,15 @@ def download_file(
             OSError,
             ValueError,
         ) as exc:
-            reason = " ".join(f"{type(exc).__name__}: {exc}".split())
-            failures.append(f"{mirror}: {reason}")
-            log(f"download: {name}: mirror {mirror} failed ({reason[:300]})")
+            reason = _reason(exc)
+            failures.append(f"{clip(mirror)}: {reason}")
+            log(f"download: {name}: mirror {mirror} failed ({reason})")
         finally:
             tmp.unlink(missing_ok=True)
+    # The remedy first: the line is cut at the CLI's limit, and the failures are logged above.
     raise DownloadError(
-        f"could not get a verified copy of {name} from any mirror ({'; '.join(failures)}). "
-        f"To use a local copy, set {variable}=/path/to/the/folder/with/{name} "
-        "(a directory, file:// or http(s) URL), or edit data's mirrors in params.yaml."
+        f"could not get a verified copy of {name} from any of {len(mirrors)} mirror(s). "
+        f"To use a local copy, set {variable} to a folder holding {name} (or a "
+        "file:// or http(s) URL), or list one in data.mirrors in params.yaml "
+        f"(docs/air-gapped.md). Each mirror: {'; '.join(failures)}"
     )
