@@ -54,6 +54,16 @@ def test_env_lists_every_variant_this_machine_cannot_run() -> None:
     ]
 
 
+def test_variants_lacking_the_same_thing_share_one_phrase() -> None:
+    """The machine's reason once, not once per variant (it once filled the error line)."""
+    variants = {"cpu": CPU, "gpu": GPU, "amp": GPU, "ddp": DDP2, "ddp_b": DDP2}
+    assert placement.refusals(variants, NONE) == [
+        "variants 'gpu', 'amp' need CUDA",
+        "variants 'ddp', 'ddp_b' ask for 2 GPUs per node (distributed.nproc_per_node) but this "
+        "machine has 0",
+    ]
+
+
 def test_a_model_trained_on_cuda_is_evaluated_on_cuda_or_refused() -> None:
     assert placement.evaluation_device("ddp", DDP2, ONE) == torch.device("cuda")  # one process
     assert placement.evaluation_device("cpu", CPU, NONE) == torch.device("cpu")

@@ -60,10 +60,15 @@ def run(inputs: EnvInputs, out_dir: Path) -> EnvFacts:
         log(f"env: GPU {', '.join(gpu.gpu_names)}, driver {facts.cuda.nvidia_driver}")
     else:
         log(f"env: no usable GPU: {facts.cuda.reason}")
-    refused = placement.refusals(inputs.variants, placement.Visible.of(probe))
+    here = placement.Visible.of(probe)
+    refused = placement.refusals(inputs.variants, here)
     if inputs.require_gpu and refused:
+        why = f"this machine has no usable GPU ({here.why_none}): " if here.why_none else ""
         raise StageError(
-            "train.require_gpu is true, but " + "; ".join(refused) + f". {placement.REFUSAL_ADVICE}"
+            f"train.require_gpu is true, but {why}"
+            + "; ".join(refused)
+            + ". Run on a machine with the GPUs they need (or lower distributed.nproc_per_node), "
+            "or set train.require_gpu: false in params.yaml to record them as skipped."
         )
     return facts
 

@@ -78,16 +78,18 @@ def gpus_needed(variant: VariantParams) -> int:
     return variant.distributed.nproc_per_node if variant.distributed else 1
 
 
-def shortfall(variant: VariantParams, here: Visible) -> str | None:
-    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run."""
+def shortfall(variant: VariantParams, here: Visible, *, why: bool = True) -> str | None:
+    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run;
+    `why`: with the machine's reason for having no GPU, where it has one."""
     needed = gpus_needed(variant)
     if here.gpus >= needed:
         return None
+    reason = here.why_none if why else ""
     if variant.distributed is None:
-        return f"needs CUDA but {here.why_none}"
+        return f"needs CUDA but {reason}" if reason else "needs CUDA"
     return (
         f"asks for {needed} GPUs per node (distributed.nproc_per_node) but "
-        f"this machine has {here.gpus}" + (f" ({here.why_none})" if here.why_none else "")
+        f"this machine has {here.gpus}" + (f" ({reason})" if reason else "")
     )
 
 
@@ -185,10 +187,19 @@ def evaluation_device(
 
 
 def refusals(variants: Mapping[str, VariantParams], here: Visible | None = None) -> list[str]:
-    """Every variant this machine cannot run, each with the reason (for train.require_gpu)."""
+    """The variants this machine cannot run, those lacking the same thing in one phrase
+    ("variants 'gpu', 'amp' need CUDA"), for train.require_gpu's refusal, which gives the
+    machine's reason (`Visible.why_none`) once, not once per variant."""
     here = here if here is not None else visible()
-    return [
-        f"variant {name!r} {missing}"
-        for name, variant in variants.items()
-        if (missing := shortfall(variant, here)) is not None
-    ]
+    lacking: dict[str, list[str]] = {}
+    for name, variant in variants.items():
+        if (missing := shortfall(variant, here, why=False)) is not None:
+            lacking.setdefault(missing, []).append(repr(name))
+    phrases = []
+    for missing, names in lacking.items():
+        if len(names) == 1:
+            phrases.append(f"variant {names[0]} {missing}")
+            continue
+        verb, rest = missing.split(" ", 1)  # shortfall's phrases open with "needs" or "asks"
+        phrases.append(f"variants {', '.join(names)} {verb.removesuffix('s')} {rest}")
+    return phrases
