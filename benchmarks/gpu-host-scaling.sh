@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # DDP scaling on an air-gapped multi-GPU host: how the GPUs are linked, then
 # benchmarks/scaling.py (with profiles) once per argument, then the GPU tests (RUN_TESTS=0 to
-# skip them). An argument is a batch size, optionally with the candidates to run:
+# skip them). An argument is a batch size, or several joined by "+" (one sweep, so a run
+# serves every row that needs it, and a DDP row gets its bound from the baseline at the
+# per-GPU batch), optionally with the candidates to run:
 #   bash benchmarks/gpu-host-scaling.sh 512 4096:gpu,ddp2,gpu_eager,ddp2_eager
+#   bash benchmarks/gpu-host-scaling.sh 256+512+1024+2048:gpu,ddp2
 # Each phase has a time limit (PHASE_LIMIT_S, TEST_LIMIT_S) so what finished comes back.
 # SCALING="strong weak" (the default) measures both: the batch as the global batch, and as
 # each GPU's batch (benchmarks/scaling.py --scaling).
@@ -23,12 +26,14 @@ source benchmarks/gpu-host-setup.sh
 dvc repro prepare > "$OUT/prepare.log" 2>&1
 for phase in "${@:-512}"; do
   batch="${phase%%:*}"
+  IFS=+ read -ra batches <<< "$batch"
+  tag="${batch//+/-}"  # file names: 256-512-1024
   only=()
   [[ "$phase" == *:* ]] && IFS=, read -ra names <<< "${phase#*:}" && only=(--only "${names[@]}")
-  timeout "${PHASE_LIMIT_S:-300}" python3 benchmarks/scaling.py --batch-sizes "$batch" \
-    --out "$OUT/scaling-$batch" --profile --scaling ${SCALING:-strong weak} "${only[@]}" 2>&1 \
-    | tee "$OUT/scaling-$batch.log"
-  tar czf "$OUT/scaling-$batch.tgz" -C "$OUT" "scaling-$batch"  # logs, metrics, profiles
+  timeout "${PHASE_LIMIT_S:-300}" python3 benchmarks/scaling.py --batch-sizes "${batches[@]}" \
+    --out "$OUT/scaling-$tag" --profile --scaling ${SCALING:-strong weak} "${only[@]}" 2>&1 \
+    | tee "$OUT/scaling-$tag.log"
+  tar czf "$OUT/scaling-$tag.tgz" -C "$OUT" "scaling-$tag"  # logs, metrics, profiles
 done
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   timeout "${TEST_LIMIT_S:-240}" python3 -m pytest -m gpu -q -p no:cacheprovider \

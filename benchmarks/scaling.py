@@ -7,7 +7,12 @@ Strong scaling (the default) trains every candidate at each batch size as the gl
 the DDP processes split it. Weak scaling keeps each GPU's batch: a DDP variant of N processes
 trains at N times the batch size, against its baseline at the batch size itself. Either way
 every epoch is the same 60,000 samples, so speedup = the baseline's steady epoch / the DDP
-variant's, and efficiency = speedup / processes.
+variant's, and efficiency = speedup / processes, each with its 95% bootstrap interval over
+the steady epochs (accelbench.core.spread). Where the sweep also trained the baseline at the
+per-GPU batch B/N, a strong-scaling row gets its bound: with the all-reduce free and the
+ranks in step, N processes at global batch B would each do 1/N of the epoch at batch B/N,
+so efficiency could reach T1(B) / T1(B/N) and no more. Efficiency below the bound is what
+DDP itself costs; the bound below 100% is per-GPU work that does not shrink with the batch.
 
 Each candidate trains through `accelbench train` (so DDP variants go through torchrun, as in
 `dvc repro`), one after another on an otherwise idle machine. The candidates file is a
@@ -41,6 +46,7 @@ from accelbench.core.results import (
     scaling_efficiency,
     speedup,
 )
+from accelbench.core.spread import Figure, ratio_of_medians
 
 
 def _run(
@@ -72,7 +78,10 @@ def _row(
     code: int,
     train: TrainResult | None,
     base: TrainResult | None,
+    base_per_gpu: TrainResult | None = None,
 ) -> dict[str, Any]:
+    """One table row. `base`: the baseline at this row's global batch (for the speedup);
+    `base_per_gpu`: the baseline at the per-GPU batch (for the bound), where trained."""
     row: dict[str, Any] = {
         "variant": name,
         "scaling": scaling,
@@ -95,7 +104,26 @@ def _row(
     ratio = speedup(base, train)
     if ratio is not None:
         row |= {"speedup": ratio, "efficiency": scaling_efficiency(ratio, train.world_size)}
+        spread = _ratio(base, train)
+        if spread is not None and spread.has_interval:
+            world = train.world_size
+            row |= {"speedup_lo": spread.lo, "speedup_hi": spread.hi}
+            row |= {"efficiency_lo": spread.lo / world, "efficiency_hi": spread.hi / world}
+    if train.world_size > 1 and batch % train.world_size == 0:
+        bound = _ratio(base, base_per_gpu)
+        if bound is not None:
+            row |= bound.fields("bound")
     return row
+
+
+def _ratio(slow: TrainResult | None, fast: TrainResult | None) -> Figure | None:
+    """slow's median steady epoch / fast's, with its bootstrap interval; None unless both
+    trained more than one epoch."""
+    if not isinstance(slow, TrainSummary) or not isinstance(fast, TrainSummary):
+        return None
+    if not slow.steady_epochs_s or not fast.steady_epochs_s:
+        return None
+    return ratio_of_medians(slow.steady_epochs_s, fast.steady_epochs_s)
 
 
 def _profile_summary(profile: Path | None, name: str) -> dict[str, Any] | None:
@@ -130,23 +158,41 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
 
     lines = [
         "| scaling | batch | per GPU | variant | procs | first epoch s | steady epoch s | "
-        "samples/s | speedup | efficiency | test acc |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "samples/s | speedup | efficiency | bound | test acc |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def spread(r: dict[str, Any], key: str, fmt: str, unit: str = "") -> str:
+        value = format(r[key], fmt) + unit
+        if r.get(f"{key}_lo") is None or r.get(f"{key}_hi") is None:
+            return value
+        lo, hi = (format(r[f"{key}_{end}"], fmt) + unit for end in ("lo", "hi"))
+        return f"{value} ({lo}–{hi})"
+
     for r in rows:
         where = f"| {r['scaling']} | {r['batch_size']} | {r['per_gpu_batch']} | {r['variant']} |"
         if r["status"] != "trained":
             lines.append(f"{where} | {r['status']}: {r.get('reason') or 'see logs/'} "
-                         "| | | | | |")  # fmt: skip
+                         "| | | | | | |")  # fmt: skip
             continue
         lines.append(
             f"{where} {r['world_size']} | "
             f"{r['first_epoch_s']:.2f} | {r['steady_epoch_s']:.4f} | "
             f"{r['steady_samples_per_s']:,.0f} | "
-            + (f"{r['speedup']:.2f}× | {r['efficiency']:.0%} | " if "speedup" in r else "| | ")
+            + (f"{spread(r, 'speedup', '.2f', '×')} | {spread(r, 'efficiency', '.0%')} | "
+               if "speedup" in r else "| | ")
+            + (f"{spread(r, 'bound', '.0%')} | " if r.get("bound") is not None else "| ")
             + f"{r['final_test_accuracy']:.2%} |"
-        )
+        )  # fmt: skip
     lines += ["", *_smallest_batch_at(rows, GOAL)]
+    if any(r.get("bound") is not None for r in rows):
+        lines += [
+            "",
+            "bound: the efficiency N processes could reach at global batch B with a free "
+            "all-reduce and ranks in step, T1(B) / T1(B/N), from the baseline trained at both "
+            "batches; below it is what DDP costs, and a bound below 100% is per-GPU work that "
+            "does not shrink with the batch. Intervals: 95% bootstrap over the steady epochs.",
+        ]
     if profiled:
         lines += [
             "",
@@ -216,7 +262,14 @@ def main(argv: list[str] | None = None) -> int:
                 code, train, ran_in = runs[(name, size)]
                 base_run = runs.get((baselines[name], batch)) if name in baselines else None
                 base = base_run[1] if base_run else None  # none where --only left it out
-                row = _row(name, scaling, size, world[name], code, train, base)
+                # the baseline at the per-GPU batch, where the sweep trained it: the bound
+                half_run = (
+                    runs.get((baselines[name], batch // world[name]))
+                    if name in baselines and scaling == "strong"
+                    else None
+                )
+                half = half_run[1] if half_run else None
+                row = _row(name, scaling, size, world[name], code, train, base, half)
                 row["profile"] = _profile_summary(ran_in / "profiles" if profile else None, name)
                 rows.append(row)
                 print(json.dumps({k: row.get(k) for k in ("scaling", "batch_size", "variant",

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from helpers import REPO, repo_params_raw
@@ -20,7 +21,7 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
         "ddp2": {"device": "cpu", "threads": 1, "distributed": {"nproc_per_node": 2}},
         "single": {"device": "cpu", "threads": 1},
     }
-    raw = repo_params_raw(variants, epochs=2, shift_px=0, schedule="constant")
+    raw = repo_params_raw(variants, epochs=3, shift_px=0, schedule="constant")
     raw["report"] = {"scaling_baselines": {"ddp2": "single"}}
     candidates = tmp_path / "candidates.yaml"
     candidates.write_text(yaml.safe_dump(raw))
@@ -44,6 +45,14 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
         assert ddp["world_size"] == 2 and "speedup" not in single
         assert ddp["speedup"] == single["steady_epoch_s"] / ddp["steady_epoch_s"]
         assert ddp["efficiency"] == ddp["speedup"] / 2
+    # intervals from the steady epochs, around each figure
+    for ddp in rows[1::2]:
+        assert ddp["speedup_lo"] <= ddp["speedup"] <= ddp["speedup_hi"]
+        assert ddp["efficiency_lo"] == ddp["speedup_lo"] / 2
+    # the bound needs the baseline at the per-GPU batch: single at 64 for ddp2 at a global 128
+    assert "bound" not in rows[1] and "bound" not in rows[3] and "bound" not in rows[7]
+    assert rows[5]["bound"] == pytest.approx(rows[4]["steady_epoch_s"] / rows[0]["steady_epoch_s"])
+    assert rows[5]["bound_lo"] <= rows[5]["bound"] <= rows[5]["bound_hi"]
     # a run that serves both scalings is made once: single at 64, ddp2 at a global 128
     assert rows[2] == rows[0] | {"scaling": "weak"}
     assert rows[5]["steady_epoch_s"] == rows[3]["steady_epoch_s"]  # set against single at 128
@@ -52,6 +61,7 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
     table = (out / "scaling.md").read_text()
     assert "| strong | 128 | 64 | ddp2 | 2 |" in table
     assert "| weak | 256 | 128 | ddp2 | 2 |" in table
+    assert "bound: the efficiency N processes could reach" in table
     assert re.search(
         r"- ddp2, strong scaling: 90% efficiency (from a global batch of|at none)", table
     )
