@@ -249,3 +249,30 @@ def test_quantized_variants_are_variants_named_once(raw) -> None:
     assert "quantize.variants ['amp', 'amp']: a variant is named twice" in _error(bad)
     bad["quantize"]["variants"] = []  # quantize nothing
     assert parse_params(bad).quantize.variants == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "edits"),
+    [
+        (["train.epochs=3"], [("  epochs: 10\n", "  epochs: 3\n")]),
+        (
+            ["quantize.variants=[cpu,amp]", "data.dataset=cifar10"],
+            [("  - cpu\n  latency", "  - cpu\n  - amp\n  latency"), ("t: mnist", "t: cifar10")],
+        ),
+    ],
+    ids=["a value", "a list and a value"],
+)
+def test_dvc_exp_run_set_param_changes_only_what_it_sets(tmp_path, overrides, edits) -> None:
+    """`dvc exp run -S` writes params.yaml back through DVC's YAML round trip: a flow-style
+    list became a block one, every list was re-indented and a comment after a list was
+    dropped, so the file a user commits after an experiment carried that churn."""
+    from dvc.utils.hydra import apply_overrides
+
+    path = tmp_path / "params.yaml"
+    expected = (REPO / "params.yaml").read_text()
+    path.write_text(expected)
+    apply_overrides(str(path), overrides)
+    for old, new in edits:
+        assert expected.count(old) == 1, old
+        expected = expected.replace(old, new)
+    assert path.read_text() == expected

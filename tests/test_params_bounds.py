@@ -186,8 +186,8 @@ def test_an_alias_bomb_is_refused_in_a_fraction_of_a_second(tmp_path) -> None:
     """Before: `accelbench check` validated the expanded document and ran out of memory (DVC
     does too, in its own reading of params.yaml, before any stage runs)."""
     path = tmp_path / "params.yaml"
-    mirrors = "  mirrors:\n    - https://ossci-datasets.s3.amazonaws.com/mnist/\n"
-    mirrors += "    - http://yann.lecun.com/exdb/mnist/\n"
+    mirrors = "  mirrors:\n  - https://ossci-datasets.s3.amazonaws.com/mnist/\n"
+    mirrors += "  - http://yann.lecun.com/exdb/mnist/\n"
     assert mirrors in TEXT
     path.write_text(_bomb() + TEXT.replace(mirrors, "  mirrors: *lol9\n"))
     stderr = _refused(_check(path, timeout=30), "refused", "more than 100000 values", "aliases")
@@ -204,7 +204,7 @@ def test_aliases_within_the_cap_still_work(tmp_path) -> None:
     """Anchors are YAML a user may write: one mirror list shared by both datasets is fine."""
     path = _edited(tmp_path, "  mirrors:\n", "  mirrors: &mirrors\n")
     text = path.read_text().replace(
-        "  cifar10_mirrors:\n    - https://www.cs.toronto.edu/~kriz/\n",
+        "  cifar10_mirrors:\n  - https://www.cs.toronto.edu/~kriz/\n",
         "  cifar10_mirrors: *mirrors\n",
     )
     path.write_text(text)
