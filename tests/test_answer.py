@@ -165,7 +165,7 @@ def test_dvc_metrics_and_the_mlflow_tags_are_figures_of_comparison_json(tmp_path
         "speedup_vs_cpu_lo", "speedup_vs_cpu_hi", "speedup_vs_fp32", "speedup_vs_fp32_lo",
         "speedup_vs_fp32_hi", "time_to_target_s",
     }  # fmt: skip
-    assert comparison["ddp"] == {"status": "skipped"}
+    assert comparison["ddp"] == {"status": "skipped", "reason": "needs 2 GPUs"}
     for tag, (figure, fmt) in tracking.FIGURE_TAGS.items():
         text = tracking.figure_text(comparison["amp"], figure, fmt)
         assert text is not None and text in md, tag

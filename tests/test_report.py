@@ -101,6 +101,8 @@ def test_report_has_speedups_scaling_and_figures(tmp_path) -> None:
         assert f"]({figure})" in md and (tmp_path / figure).stat().st_size > 10_000
     headline = json.loads((tmp_path / "comparison.json").read_text())
     assert headline["gpu"]["speedup_vs_cpu"] == 50.0
+    assert headline["amp"] == {"status": "skipped", "reason": "no GPU"}  # as the report says
+    assert "reason" not in headline["gpu"]
     assert result.pipeline_metrics["ddp.speedup_vs_cpu"] == 80.0
 
 
@@ -195,6 +197,8 @@ def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
         in md
     )
     assert "| cpu | static int8 (x86 backend) | not supported: no x86 engine |" in md
+    figures = json.loads((tmp_path / "comparison.json").read_text())["cpu"]["quantized"]
+    assert figures == quantized.metrics() and figures["quant_dynamic_int8_latency_ms"] == 0.8
 
 
 def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) -> None:

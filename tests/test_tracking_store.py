@@ -325,7 +325,7 @@ def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     cells = dict(zip(header.split("|"), rows[0].split("|"), strict=True))
     assert cells[" speedup vs cpu (95% interval) "] == " 148× (140–156×) "
     assert cells[" steady epoch (95% interval) "] == " 0.083 s (0.081–0.086 s) "
-    assert cells[" test accuracy "] == " 93.00 % "  # the run's own: the last epoch's
+    assert cells[" test accuracy "] == " 93.00% "  # the run's own: the last epoch's
     assert cells[" time to target "] == " 4.200 s "
     gpu = dict(zip(header.split("|"), rows[2].split("|"), strict=True))
     assert gpu[" result "] == " skipped " and gpu[" run status "] == " FINISHED "

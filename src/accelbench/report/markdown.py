@@ -24,6 +24,7 @@ from accelbench.core.results import (
     EvalSummary,
     Kind,
     QuantizedSummary,
+    Skipped,
     StagedOutputs,
     TrainSummary,
     json_kind,
@@ -159,9 +160,15 @@ class ComparisonEntry:
     test_accuracy: float | None = None  # evaluated
     cost: CostFigures | None = None  # trained, with prices
     shared_machine: str | None = None  # measured while other work ran on the machine
+    reason: str | None = None  # skipped: what this machine lacks
+    quantized: dict[str, float] | None = None  # quantized inference: `quant_<method>_<figure>`
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.quantized:  # nested: the pipeline run's metrics are the flat numbers above
+            out["quantized"] = self.quantized
         if self.figures is not None:
             out |= self.figures.metrics(self.speedup_baseline)
             out["steady_epoch_samples"] = self.figures.steady_epoch.samples
@@ -290,7 +297,8 @@ def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str
     if len(counts) == 1:
         samples, repeats = counts.pop()
         trainings = "one training" if repeats == 1 else f"{repeats} trainings (`train.repeats`)"
-        return f"{samples} steady epochs per variant, from {trainings}"
+        epochs = "1 steady epoch" if samples == 1 else f"{samples} steady epochs"
+        return f"{epochs} per variant, from {trainings}"
     return "each variant's steady epochs (see the details table for how many)"
 
 
@@ -775,4 +783,6 @@ def _comparison_entry(
         test_accuracy=row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
         cost=_cost_figures(row, spec),
         shared_machine=shared_machine(row),
+        reason=row.train.reason if isinstance(row.train, Skipped) else None,
+        quantized=row.quantized.metrics() if isinstance(row.quantized, QuantizedSummary) else None,
     )

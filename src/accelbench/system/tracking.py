@@ -1048,7 +1048,7 @@ def _summary_row(run: Any) -> str:
         run.info.run_name,
         figure_text(metrics, *FIGURE_TAGS["speedup"]),
         figure_text(metrics, *FIGURE_TAGS["steady_epoch"]),
-        f"{100 * accuracy:.2f} %" if accuracy is not None else None,
+        f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
         figure_text(metrics, *FIGURE_TAGS["time_to_target"]),
         tags.get("status", ""),
         tags.get("device_name", tags.get("device", "")),
