@@ -262,3 +262,41 @@ def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path) -> None:
     experiments = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").search_experiments()
     assert [e.name for e in experiments].count(tracking.EXPERIMENT) == 1
     assert (workspace / tracking.STORE_LOCK).is_file()
+
+
+def test_make_ui_serves_the_link_it_prints(tmp_path) -> None:
+    """The README's `make ui`, run as it ships: the link it prints answers, and its start-up
+    is MLflow's few lines (one worker; no warnings about MLflow's own imports)."""
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **_own_store_env(),
+        "ACCELBENCH_ENV": str(Path(sys.executable).parents[1]),  # no `uv sync`
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    (tmp_path / "uv.lock").symlink_to(REPO / "uv.lock")  # the Makefile reads uv's version there
+    log = tmp_path / "ui.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            ["make", "--no-print-directory", "-f", str(REPO / "Makefile"), "ui", f"PORT={port}"],
+            cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while "Application startup complete" not in log.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        link = next(w for line in log.read_text().splitlines() if line.startswith("Open")
+                    for w in line.split() if w.startswith("http://"))  # fmt: skip
+        with urllib.request.urlopen(link.split("#")[0], timeout=30) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+    output = log.read_text()
+    assert link.startswith(f"http://127.0.0.1:{port}/#/")
+    assert "DeprecationWarning" not in output, output
+    assert output.count("Started server process") == 1, output
