@@ -69,6 +69,7 @@ def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_d
     text = "\n".join(pipeline_time.markdown(pipeline))
     assert "| *train@cpu (up to date)* | 50.0 s | 40.0 s |" in text
     assert "| train@gpu | 20.0 s | 12.0 s | 8.0 s | imports 10.0, other 10.0 |" in text
+    assert "| compare (until this report) | 3.0 s |" in text  # its MLflow logging comes after
     assert (
         "DVC's own work between the stages (hashing, dvc.lock, starting and ending each "
         "stage's process): 3.0 s" in text

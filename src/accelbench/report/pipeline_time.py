@@ -45,6 +45,7 @@ class PipelineTime:
     stages: list[StageTiming]  # dvc.yaml's order
     this_run: set[str]  # stages that ran in this `dvc repro` (the others were up to date)
     span_s: float | None  # first stage's start to the last one's end, this `dvc repro`
+    current: str | None = None  # the stage writing the report: its timing stops there
 
     @property
     def wall_s(self) -> float:
@@ -95,10 +96,10 @@ def collect(timings: list[StageTiming], current: StageTiming) -> PipelineTime:
     measure and every stage is shown as last run."""
     stages = sorted([t for t in timings if t.stage != current.stage] + [current], key=_order)
     if current.launcher is None:
-        return PipelineTime(stages, {t.stage for t in stages}, None)
+        return PipelineTime(stages, {t.stage for t in stages}, None, current.stage)
     ran = [t for t in stages if t.launcher == current.launcher]
     start = min(t.started for t in ran)
-    return PipelineTime(stages, {t.stage for t in ran}, current.ended - start)
+    return PipelineTime(stages, {t.stage for t in ran}, current.ended - start, current.stage)
 
 
 def _s(seconds: float | None) -> str:
@@ -126,6 +127,8 @@ def markdown(pipeline: PipelineTime) -> list[str]:
     ]
     for t in pipeline.stages:
         name = t.stage if t.stage in pipeline.this_run else f"*{t.stage} (up to date)*"
+        if t.stage == pipeline.current:  # logging to MLflow and its outputs come after
+            name += " (until this report)"
         training = _s(t.training_s) if t.training_s is not None else "–"
         lines.append(
             f"| {name} | {_s(t.wall_s)} | {training} | {_s(t.overhead_s)} | {_largest(t)} |"
