@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import requests
 
 from accelbench.core.console import InputError
 from accelbench.data import mnist
@@ -188,6 +189,34 @@ def test_closed_port_fails_fast_with_reason(payload, tmp_path) -> None:
     assert message.index(mnist.MIRROR_ENV) < 250 and "docs/air-gapped.md" in message[:400]
     # Each failure is urllib3's innermost reason, not requests' wrappers quoting the URL again.
     assert message.count("Connection refused") == 3 and "HTTPConnectionPool" not in message
+
+
+def test_a_mirror_failure_is_said_by_its_innermost_reason() -> None:
+    """requests and urllib3 wrap the reason in the connection and the URL, twice; a connect
+    timeout's reason is the second of its (connection, message) pair."""
+    import urllib3
+    from urllib3.connection import HTTPSConnection
+
+    from accelbench.data.download import _reason
+
+    def wrapped(error: Exception, kind: type[requests.RequestException]) -> Exception:
+        pool = urllib3.HTTPSConnectionPool("[::1]", 443)
+        return kind(urllib3.exceptions.MaxRetryError(pool, "/mnist/x.gz", error))
+
+    conn = HTTPSConnection("ossci-datasets.s3.amazonaws.com", 443)
+    timeout = urllib3.exceptions.ConnectTimeoutError(
+        conn, "Connection to ossci-datasets.s3.amazonaws.com timed out. (connect timeout=30)"
+    )
+    assert _reason(wrapped(timeout, requests.ConnectTimeout)) == (
+        "ConnectTimeout, ConnectTimeoutError: Connection to ossci-datasets.s3.amazonaws.com "
+        "timed out. (connect timeout=30)"
+    )
+    ipv6 = HTTPSConnection("::1", 8443)
+    refused = urllib3.exceptions.NewConnectionError(ipv6, "Failed to establish a new connection")
+    reason = _reason(wrapped(refused, requests.ConnectionError))
+    assert reason.endswith("Failed to establish a new connection"), reason
+    assert _reason(OSError("disk full")) == "OSError: disk full"
+    assert _reason(requests.HTTPError("404 Client Error")) == "HTTPError: 404 Client Error"
 
 
 def test_environment_mirror_goes_first() -> None:

@@ -74,7 +74,12 @@ def download(
     refuse_foreign_download(out_dir / ARCHIVE, check, f"the verified {ARCHIVE}")
     remove_leftovers(out_dir, [ARCHIVE])
     limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
-    return [download_file(ARCHIVE, check, out_dir, mirrors, variable=MIRROR_ENV, **limits)]
+    return [
+        download_file(
+            ARCHIVE, check, out_dir, mirrors,
+            variable=MIRROR_ENV, setting="data.cifar10_mirrors", **limits,
+        )
+    ]  # fmt: skip
 
 
 # What a CIFAR-10 batch pickle may build: NumPy arrays (their reconstructor, type and dtype;

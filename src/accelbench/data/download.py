@@ -187,13 +187,14 @@ def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: st
 
 
 # urllib3 names the connection before its reason: "HTTPSConnection(host='h', port=443): ..."
-_CONNECTION_PREFIX = re.compile(r"^<?\w*Connection(?:Pool)?\b[^:]*:\s*")
+# (a host in quotes, so an IPv6 address's colons stay in it).
+_CONNECTION_PREFIX = re.compile(r"^<?\w*Connection(?:Pool)?\(host='[^']*', port=\d+\)[^:]*:\s*")
 
 
 def _reason(exc: BaseException) -> str:
     """Why a mirror failed, in a phrase: requests wraps urllib3's MaxRetryError, which holds
-    the last attempt's error (a name that does not resolve, a refused connection); that
-    innermost error says it, without the wrappers' repeated host and URL."""
+    the last attempt's error (a name that does not resolve, a refused connection, a connect
+    timeout); that innermost error says it, without the wrappers' repeated host and URL."""
     inner: BaseException = exc
     for _ in range(4):  # requests -> MaxRetryError -> NewConnectionError (bounded: no cycles)
         nested = getattr(inner, "reason", None)
@@ -202,9 +203,12 @@ def _reason(exc: BaseException) -> str:
         if not isinstance(nested, BaseException):
             break
         inner = nested
-    text = _CONNECTION_PREFIX.sub("", " ".join(str(inner).split()))
+    # urllib3's connection errors carry (connection, message): the message is the reason
+    args = inner.args
+    said = args[-1] if inner is not exc and len(args) > 1 and isinstance(args[-1], str) else inner
+    text = _CONNECTION_PREFIX.sub("", " ".join(str(said).split()))
     shown = type(exc).__name__ if inner is exc else f"{type(exc).__name__}, {type(inner).__name__}"
-    return clip(f"{shown}: {text}", 160)
+    return f"{shown}: {text}"
 
 
 def download_file(
@@ -214,6 +218,7 @@ def download_file(
     mirrors: list[str],
     *,
     variable: str,
+    setting: str = "data.mirrors",
     timeout_s: float = 30.0,
     retries: int = 2,
     deadline_s: float = 600.0,
@@ -245,14 +250,14 @@ def download_file(
             ValueError,
         ) as exc:
             reason = _reason(exc)
-            failures.append(f"{clip(mirror)}: {reason}")
-            log(f"download: {name}: mirror {mirror} failed ({reason})")
+            failures.append(f"{clip(mirror)}: {clip(reason, 160)}")
+            log(f"download: {name}: mirror {mirror} failed ({clip(reason, 300)})")
         finally:
             tmp.unlink(missing_ok=True)
     # The remedy first: the line is cut at the CLI's limit, and the failures are logged above.
     raise DownloadError(
         f"could not get a verified copy of {name} from any of {len(mirrors)} mirror(s). "
         f"To use a local copy, set {variable} to a folder holding {name} (or a "
-        "file:// or http(s) URL), or list one in data.mirrors in params.yaml "
+        f"file:// or http(s) URL), or list one in {setting} in params.yaml "
         f"(docs/air-gapped.md). Each mirror: {'; '.join(failures)}"
     )
