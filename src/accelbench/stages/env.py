@@ -63,13 +63,11 @@ def run(inputs: EnvInputs, out_dir: Path) -> EnvFacts:
     here = placement.Visible.of(probe)
     refused = placement.refusals(inputs.variants, here)
     if inputs.require_gpu and refused:
-        why = f"this machine has no usable GPU ({here.why_none}): " if here.why_none else ""
+        why = f" No usable GPU here: {here.why_none}." if here.why_none else ""
         raise StageError(
-            f"train.require_gpu is true, but {why}"
-            + "; ".join(refused)
-            + ". Run on a machine with the GPUs they need (or lower distributed.nproc_per_node), "
-            "or set train.require_gpu: false in params.yaml to record them as skipped."
-        )
+            "train.require_gpu is true, but " + "; ".join(refused) + f".{why} "
+            + placement.REFUSAL_ADVICE
+        )  # fmt: skip
     return facts
 
 

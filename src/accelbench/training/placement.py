@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 REFUSAL_ADVICE = (
-    "Run on a machine with the GPUs it needs (or lower distributed.nproc_per_node), or set "
+    "Run on a machine with the GPUs needed (or lower distributed.nproc_per_node), or set "
     "train.require_gpu: false in params.yaml to record such variants as skipped."
 )
 
