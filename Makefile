@@ -71,7 +71,7 @@ format: setup  ## apply ruff's fixes and formatting
 UI_WARNINGS := ignore:starlette.middleware.wsgi is deprecated:UserWarning
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
 	@python -c 'import sys; from pathlib import Path; from accelbench.system.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
-	PYTHONWARNINGS="$(UI_WARNINGS)" mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
+	PYTHONWARNINGS="$(UI_WARNINGS)$${PYTHONWARNINGS:+,$$PYTHONWARNINGS}" mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 	  --host $(HOST) --port $(PORT) --workers 1
 
 # A team's tracking server (docs/teams.md): the database and artifact store come from
