@@ -7,10 +7,12 @@
 #   bash benchmarks/gpu-host-scaling.sh 512 4096:gpu,ddp2,gpu_eager,ddp2_eager
 #   bash benchmarks/gpu-host-scaling.sh 256+512+1024+2048:gpu,ddp2
 # Each phase has a time limit (PHASE_LIMIT_S, TEST_LIMIT_S) so what finished comes back.
+# PROFILE=1 (the default; PROFILE= to leave it out) traces each run's steps of epoch 2.
 # SCALING="strong weak" (the default) measures both: the batch as the global batch, and as
 # each GPU's batch (benchmarks/scaling.py --scaling).
 # Writes to $OUT (default: ./scaling-run).
 set -uo pipefail
+PROFILE="${PROFILE-1}"
 OUT="${OUT:-$PWD/scaling-run}"
 mkdir -p "$OUT"
 source benchmarks/gpu-host-setup.sh
@@ -31,7 +33,7 @@ for phase in "${@:-512}"; do
   only=()
   [[ "$phase" == *:* ]] && IFS=, read -ra names <<< "${phase#*:}" && only=(--only "${names[@]}")
   timeout "${PHASE_LIMIT_S:-300}" python3 benchmarks/scaling.py --batch-sizes "${batches[@]}" \
-    --out "$OUT/scaling-$tag" --profile --scaling ${SCALING:-strong weak} "${only[@]}" 2>&1 \
+    --out "$OUT/scaling-$tag" ${PROFILE:+--profile} --scaling ${SCALING:-strong weak} "${only[@]}" 2>&1 \
     | tee "$OUT/scaling-$tag.log"
   tar czf "$OUT/scaling-$tag.tgz" -C "$OUT" "scaling-$tag"  # logs, metrics, profiles
 done

@@ -78,10 +78,8 @@ def _row(
     code: int,
     train: TrainResult | None,
     base: TrainResult | None,
-    base_per_gpu: TrainResult | None = None,
 ) -> dict[str, Any]:
-    """One table row. `base`: the baseline at this row's global batch (for the speedup);
-    `base_per_gpu`: the baseline at the per-GPU batch (for the bound), where trained."""
+    """One table row; `base`: the baseline at this row's global batch (for the speedup)."""
     row: dict[str, Any] = {
         "variant": name,
         "scaling": scaling,
@@ -109,11 +107,27 @@ def _row(
             world = train.world_size
             row |= {"speedup_lo": spread.lo, "speedup_hi": spread.hi}
             row |= {"efficiency_lo": spread.lo / world, "efficiency_hi": spread.hi / world}
-    if train.world_size > 1 and batch % train.world_size == 0:
-        bound = _ratio(base, base_per_gpu)
+    return row
+
+
+Runs = dict[tuple[str, int], tuple[int, "TrainResult | None", Path]]
+
+
+def _add_bounds(
+    rows: list[dict[str, Any]], runs: Runs, baselines: dict[str, str], world: dict[str, int]
+) -> None:
+    """Each strong-scaling DDP row's bound, from its baseline at the global batch and at the
+    per-GPU batch, wherever the sweep trained both: whatever became of the DDP run itself
+    (a host with too few GPUs still gets its bounds) and in whatever order the batches ran."""
+    for row in rows:
+        name, batch = row["variant"], row["batch_size"]
+        n = world.get(name, 1)
+        if row["scaling"] != "strong" or n < 2 or name not in baselines or batch % n:
+            continue
+        whole, part = (runs.get((baselines[name], size)) for size in (batch, batch // n))
+        bound = _ratio(whole[1], part[1]) if whole and part else None
         if bound is not None:
             row |= bound.fields("bound")
-    return row
 
 
 def _ratio(slow: TrainResult | None, fast: TrainResult | None) -> Figure | None:
@@ -171,19 +185,18 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
 
     for r in rows:
         where = f"| {r['scaling']} | {r['batch_size']} | {r['per_gpu_batch']} | {r['variant']} |"
+        bound = spread(r, "bound", ".0%") if r.get("bound") is not None else ""
         if r["status"] != "trained":
-            lines.append(f"{where} | {r['status']}: {r.get('reason') or 'see logs/'} "
-                         "| | | | | | |")  # fmt: skip
-            continue
-        lines.append(
-            f"{where} {r['world_size']} | "
-            f"{r['first_epoch_s']:.2f} | {r['steady_epoch_s']:.4f} | "
-            f"{r['steady_samples_per_s']:,.0f} | "
-            + (f"{spread(r, 'speedup', '.2f', '×')} | {spread(r, 'efficiency', '.0%')} | "
-               if "speedup" in r else "| | ")
-            + (f"{spread(r, 'bound', '.0%')} | " if r.get("bound") is not None else "| ")
-            + f"{r['final_test_accuracy']:.2%} |"
-        )  # fmt: skip
+            cells = [f"{r['status']}: {r.get('reason') or 'see logs/'}", *[""] * 5, bound, ""]
+        else:
+            cells = [
+                str(r["world_size"]), f"{r['first_epoch_s']:.2f}", f"{r['steady_epoch_s']:.4f}",
+                f"{r['steady_samples_per_s']:,.0f}",
+                spread(r, "speedup", ".2f", "×") if "speedup" in r else "",
+                spread(r, "efficiency", ".0%") if "speedup" in r else "",
+                bound, f"{r['final_test_accuracy']:.2%}",
+            ]  # fmt: skip
+        lines.append(f"{where} " + " | ".join(cells) + " |")
     lines += ["", *_smallest_batch_at(rows, GOAL)]
     if any(r.get("bound") is not None for r in rows):
         lines += [
@@ -245,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows: list[dict[str, Any]] = []
     # (name, global batch) -> (exit code, train.json, folder): each run made once
-    runs: dict[tuple[str, int], tuple[int, TrainResult | None, Path]] = {}
+    runs: Runs = {}
     for batch in args.batch_sizes:
         for scaling in args.scaling:
             out = args.out / (f"batch{batch}" if scaling == "strong" else f"weak-batch{batch}")
@@ -262,16 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                 code, train, ran_in = runs[(name, size)]
                 base_run = runs.get((baselines[name], batch)) if name in baselines else None
                 base = base_run[1] if base_run else None  # none where --only left it out
-                # the baseline at the per-GPU batch, where the sweep trained it: the bound
-                half_run = (
-                    runs.get((baselines[name], batch // world[name]))
-                    if name in baselines and scaling == "strong"
-                    else None
-                )
-                half = half_run[1] if half_run else None
-                row = _row(name, scaling, size, world[name], code, train, base, half)
+                row = _row(name, scaling, size, world[name], code, train, base)
                 row["profile"] = _profile_summary(ran_in / "profiles" if profile else None, name)
                 rows.append(row)
+                _add_bounds(rows, runs, baselines, world)
                 print(json.dumps({k: row.get(k) for k in ("scaling", "batch_size", "variant",
                       "status", "steady_epoch_s", "speedup", "efficiency")}), flush=True)  # fmt: skip
                 (args.out / "scaling.json").write_text(json.dumps(rows, indent=2) + "\n")

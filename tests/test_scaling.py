@@ -86,3 +86,35 @@ def test_h200_candidates_pair_each_ddp_variant_with_a_baseline_of_the_same_setti
     for ddp, base in baselines.items():
         assert variants[base].distributed is None
         assert settings_differing(variants[ddp], variants[base]) == [], (ddp, base)
+
+
+def test_a_bound_needs_only_the_baselines_in_any_batch_order() -> None:
+    """A host with too few GPUs skips the DDP run, yet its two baselines bound it; and the
+    baseline at the per-GPU batch may come later in the sweep (`--batch-sizes 1024 512`)."""
+    import importlib.util
+    from pathlib import Path
+
+    from accelbench.core.results import Skipped
+    from helpers import trained_summary
+
+    spec = importlib.util.spec_from_file_location("scaling", REPO / "benchmarks" / "scaling.py")
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    here = Path(".")
+    runs = {
+        ("gpu", 1024): (0, trained_summary(0.12, steady_epochs_s=[0.12, 0.12, 0.13]), here),
+        ("ddp2", 1024): (0, Skipped("needs 2 GPUs", "cuda"), here),
+        ("ddp4", 1024): (0, Skipped("needs 4 GPUs", "cuda"), here),
+    }
+    rows = [
+        scaling._row("ddp2", "strong", 1024, 2, 0, runs[("ddp2", 1024)][1], runs[("gpu", 1024)][1]),
+        scaling._row("ddp4", "strong", 1024, 4, 0, runs[("ddp4", 1024)][1], runs[("gpu", 1024)][1]),
+    ]
+    world, baselines = {"gpu": 1, "ddp2": 2, "ddp4": 4}, {"ddp2": "gpu", "ddp4": "gpu"}
+    scaling._add_bounds(rows, runs, baselines, world)
+    assert "bound" not in rows[0]  # gpu at 512 has not run yet
+    runs[("gpu", 512)] = (0, trained_summary(0.15, steady_epochs_s=[0.15, 0.15, 0.16]), here)
+    scaling._add_bounds(rows, runs, baselines, world)
+    assert rows[0]["status"] == "skipped" and rows[0]["bound"] == pytest.approx(0.12 / 0.15)
+    assert "bound" not in rows[1]  # ddp4 needs gpu at 256
+    assert "| skipped: needs 2 GPUs |" in scaling._markdown(rows, False)
