@@ -74,7 +74,9 @@ def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_d
         "DVC's own work between the stages (hashing, dvc.lock, starting and ending each "
         "stage's process): 3.0 s" in text
     )
-    assert json.loads(json.dumps(pipeline.to_json()))["stages"]["train@cpu"]["this_run"] is False
+    stages = json.loads(json.dumps(pipeline.to_json()))["stages"]
+    assert stages["train@cpu"]["this_run"] is False
+    assert stages["compare"]["until_this_report"] and not stages["env"]["until_this_report"]
 
 
 def test_back_to_back_repros_are_told_apart_by_their_dvc_process() -> None:

@@ -199,6 +199,8 @@ def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
     assert "| cpu | static int8 (x86 backend) | not supported: no x86 engine |" in md
     figures = json.loads((tmp_path / "comparison.json").read_text())["cpu"]["quantized"]
     assert figures == quantized.metrics() and figures["quant_dynamic_int8_latency_ms"] == 0.8
+    entry = json.loads((tmp_path / "comparison.json").read_text())["cpu"]
+    assert entry["quantized_unsupported"] == {"static_int8": "no x86 engine"}
 
 
 def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) -> None:

@@ -162,6 +162,7 @@ class ComparisonEntry:
     shared_machine: str | None = None  # measured while other work ran on the machine
     reason: str | None = None  # skipped: what this machine lacks
     quantized: dict[str, float] | None = None  # quantized inference: `quant_<method>_<figure>`
+    quantized_unsupported: dict[str, str] | None = None  # method -> why this torch cannot
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}
@@ -169,6 +170,8 @@ class ComparisonEntry:
             out["reason"] = self.reason
         if self.quantized:  # nested: the pipeline run's metrics are the flat numbers above
             out["quantized"] = self.quantized
+        if self.quantized_unsupported:
+            out["quantized_unsupported"] = self.quantized_unsupported
         if self.figures is not None:
             out |= self.figures.metrics(self.speedup_baseline)
             out["steady_epoch_samples"] = self.figures.steady_epoch.samples
@@ -774,6 +777,7 @@ def _comparison_entry(
 ) -> ComparisonEntry:
     """A variant's status and figures with their intervals, as far as it got."""
     trained = row.train if isinstance(row.train, TrainSummary) else None
+    quantized = row.quantized if isinstance(row.quantized, QuantizedSummary) else None
     return ComparisonEntry(
         status=row.train.status,
         speedup_baseline=spec.speedup_baseline,
@@ -784,5 +788,6 @@ def _comparison_entry(
         cost=_cost_figures(row, spec),
         shared_machine=shared_machine(row),
         reason=row.train.reason if isinstance(row.train, Skipped) else None,
-        quantized=row.quantized.metrics() if isinstance(row.quantized, QuantizedSummary) else None,
+        quantized=quantized.metrics() if quantized else None,
+        quantized_unsupported=quantized.unsupported if quantized else None,
     )

@@ -85,7 +85,12 @@ class PipelineTime:
             "between_stages_s": self.between_stages_s,
             "phases_s": self.phase_totals(),
             "stages": {
-                t.stage: {**t.to_json(), "this_run": t.stage in self.this_run} for t in self.stages
+                t.stage: {
+                    **t.to_json(),
+                    "this_run": t.stage in self.this_run,
+                    "until_this_report": t.stage == self.current,  # its timing stops there
+                }
+                for t in self.stages
             },
         }
 
