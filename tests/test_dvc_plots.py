@@ -124,6 +124,9 @@ def test_dvc_plots_show_draws_each_figure_once_with_every_variant(tmp_path) -> N
     ]
     time_spec = html[html.index(f'<div id = "{ids[0]}"') : html.index(f'<div id = "{ids[1]}"')]
     assert '"variant": "cpu"' in time_spec and '"variant": "gpu"' in time_spec
+    # titled by its variant, not by the CSV's path (cpu's is the one with data here)
+    assert '"text": "Confusion matrix of cpu (test set)"' in html
+    assert '"text": "metrics/cpu/confusion.csv"' not in html
     assert re.findall(r'<img src="([^"]+)"', html) == ["static/workspace_reports_summary.png"]
 
 
@@ -196,3 +199,25 @@ def test_dvc_plots_page_renders_offline_with_the_bundled_template(tmp_path) -> N
     marks, refused, _ = _open_offline(default, tmp_path / "default.png")
     assert any("cdn.jsdelivr.net" in url for url in refused), refused
     assert not any(marks.values()), marks
+
+
+@pytest.mark.parametrize("template", ["variants", "variants_log"])
+@pytest.mark.parametrize("epochs", [2, 3, 10])
+def test_the_epoch_axis_labels_whole_epochs_once_each(template, epochs) -> None:
+    """With 2 epochs Vega put a tick at 1.5, which the integer format wrote as a second "2"
+    (a walkthrough saw an axis reading 1, 2, 2)."""
+    import json
+
+    import vl_convert
+
+    spec = (REPO / ".dvc" / "plots" / f"{template}.json").read_text()
+    rows = [{"epoch": i, "train_time_s": 10.0 + i, "variant": "cpu", "rev": "workspace"}
+            for i in range(1, epochs + 1)]  # fmt: skip
+    spec = spec.replace('"<DVC_METRIC_DATA>"', json.dumps(rows))
+    for placeholder, value in (("X", "epoch"), ("Y", "train_time_s"), ("TITLE", "t")):
+        spec = spec.replace(f"<DVC_METRIC_{placeholder}>", value)
+    spec = spec.replace("<DVC_METRIC_X_LABEL>", "epoch").replace("<DVC_METRIC_Y_LABEL>", "s")
+    svg = vl_convert.vegalite_to_svg(spec)
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    x_labels = labels[: labels.index("epoch")]  # the x axis is drawn first, then its title
+    assert x_labels == [str(i) for i in range(1, epochs + 1)], x_labels
