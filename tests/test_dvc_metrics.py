@@ -136,3 +136,21 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     make("plots")
     page = (repo / "dvc_plots" / "index.html").read_text()
     assert "cdn.jsdelivr" not in page and "vegaEmbed" in page
+
+
+def test_make_exps_lists_the_variants_in_params_order() -> None:
+    """As the report's table does (it was alphabetical: amp, cpu, ddp, gpu, ...)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("exp_table", REPO / "tools" / "exp_table.py")
+    exp_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exp_table)
+    variants = {"cpu": {}, "gpu": {}, "amp": {}}
+    metrics = {
+        f"reports/metrics/{name}.json": {"data": {"steady_epoch_s": seconds}}
+        for name, seconds in (("amp", 0.07), ("gpu", 0.13), ("cpu", 12.7), ("extra", 1.0))
+    }
+    shown = [{"rev": "workspace", "name": None, "data": {
+        "params": {"params.yaml": {"data": {"variants": variants}}}, "metrics": metrics}}]  # fmt: skip
+    rows = [line.split()[0] for line in exp_table.table(shown).splitlines()[2:]]
+    assert rows == ["cpu", "gpu", "amp", "extra"]  # one params no longer names goes last

@@ -70,7 +70,14 @@ def table(shown: list[Mapping[str, Any]], width: int = 120) -> str:
         lines.append(f"{name}  {settings}".rstrip()[:width])
         metrics = rev["data"].get("metrics") or {}
         rows = [("  variant", *(heading for heading, _ in COLUMNS))]
-        for path, content in sorted(metrics.items()):
+        raw = (rev["data"].get("params") or {}).get("params.yaml", {}).get("data") or {}
+        order = list(raw.get("variants") or {})  # params.yaml's order, as the report's table
+
+        def place(item: tuple[str, Any], order: list[str] = order) -> tuple[int, str]:
+            stem = PurePosixPath(item[0]).stem
+            return (order.index(stem) if stem in order else len(order), stem)
+
+        for path, content in sorted(metrics.items(), key=place):
             if PurePosixPath(path).parent != PurePosixPath(METRICS_DIR):
                 continue
             figures = (content or {}).get("data") or {}
