@@ -38,6 +38,19 @@ def test_sigterm_marks_the_run_killed_and_writes_no_outputs(
     assert not (tmp_path / "metrics" / "train.json").exists()
 
 
+def test_ctrl_c_is_named_in_the_interrupted_line(tmp_path, monkeypatch, capsys) -> None:
+    """Ctrl-C's KeyboardInterrupt has no message: the line read "interrupted ()"."""
+    from accelbench.stages import env
+
+    def pressed(*_args) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(env, "main", pressed)
+    params = write_params(tmp_path)
+    assert main(["--params", str(params), "env", "--out", str(tmp_path / "env")]) == 130
+    assert "accelbench env: interrupted (Ctrl-C)" in capsys.readouterr().err
+
+
 def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
     path = write_params(tmp_path, batch_size=0)
     assert main(["--params", str(path), "download", "--out", str(tmp_path / "raw")]) == 2

@@ -241,7 +241,7 @@ def _run(
         else:
             stage.main(args, params, root)
     except KeyboardInterrupt as exc:
-        print(f"accelbench {args.stage}: interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
+        print(f"accelbench {args.stage}: interrupted ({str(exc) or 'Ctrl-C'})", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # every error ends in one line; the traceback only on request
         if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
