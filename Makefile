@@ -119,7 +119,7 @@ exps: setup  ## DVC experiments side by side: changed params, each variant's fig
 # what a user commits after a run, so they stay; the run history (MLflow store, DVC cache
 # and experiment queue) goes only by its own target.
 OUTPUTS = data models metrics env checkpoints $(filter-out reports/metrics reports/plots,$(wildcard reports/*))
-HISTORY := mlflow.db mlartifacts mlruns .accelbench compile-cache .dvc/cache .dvc/tmp
+HISTORY := mlflow.db mlflow.db.lock mlartifacts mlruns .accelbench compile-cache .dvc/cache .dvc/tmp
 
 clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC cache)
 	rm -rf $(OUTPUTS)

@@ -22,6 +22,7 @@ OUTPUTS = [
 ]
 HISTORY = [
     "mlflow.db",
+    "mlflow.db.lock",  # the lock beside a store named by a sqlite:/// URI
     "mlartifacts/1/abc/artifacts/eval.json",
     "mlruns/0/meta.yaml",
     ".accelbench/pipeline-run",
