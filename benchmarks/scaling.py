@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from accelbench.core.params import parse_params
+from accelbench.core.progress import fmt_interval
 from accelbench.core.results import (
     MetricsFiles,
     TrainResult,
@@ -122,7 +123,9 @@ def _add_bounds(
     for row in rows:
         name, batch = row["variant"], row["batch_size"]
         n = world.get(name, 1)
-        if row["scaling"] != "strong" or n < 2 or name not in baselines or batch % n:
+        if "bound" in row or row["scaling"] != "strong" or n < 2 or name not in baselines:
+            continue  # a bound once drawn stays: each training adds rows, not baselines to them
+        if batch % n:
             continue
         whole, part = (runs.get((baselines[name], size)) for size in (batch, batch // n))
         bound = _ratio(whole[1], part[1]) if whole and part else None
@@ -177,11 +180,8 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
     ]
 
     def spread(r: dict[str, Any], key: str, fmt: str, unit: str = "") -> str:
-        value = format(r[key], fmt) + unit
-        if r.get(f"{key}_lo") is None or r.get(f"{key}_hi") is None:
-            return value
-        lo, hi = (format(r[f"{key}_{end}"], fmt) + unit for end in ("lo", "hi"))
-        return f"{value} ({lo}–{hi})"
+        return fmt_interval(r[key], r.get(f"{key}_lo"), r.get(f"{key}_hi"),
+                            lambda value: format(value, fmt) + unit)  # fmt: skip
 
     for r in rows:
         where = f"| {r['scaling']} | {r['batch_size']} | {r['per_gpu_batch']} | {r['variant']} |"

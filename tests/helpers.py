@@ -300,3 +300,13 @@ def copy_repo(dest: Path) -> None:
         ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"],
     ):
         subprocess.run(["git", *args], cwd=dest, check=True, capture_output=True)
+
+
+def load_script(path: Path):
+    """A script or tool that is not a package module (benchmarks/, tools/, docker/), by path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

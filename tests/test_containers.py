@@ -6,7 +6,6 @@ pipeline in it; these tests check the files themselves, fast.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -17,16 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from helpers import load_script
 
-
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-flavours = _load(REPO / "docker" / "requirements_for_flavour.py")
+flavours = load_script(REPO / "docker" / "requirements_for_flavour.py")
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 

@@ -140,11 +140,9 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
 
 def test_make_exps_lists_the_variants_in_params_order() -> None:
     """As the report's table does (it was alphabetical: amp, cpu, ddp, gpu, ...)."""
-    import importlib.util
+    from helpers import load_script
 
-    spec = importlib.util.spec_from_file_location("exp_table", REPO / "tools" / "exp_table.py")
-    exp_table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(exp_table)
+    exp_table = load_script(REPO / "tools" / "exp_table.py")
     variants = {"cpu": {}, "gpu": {}, "amp": {}}
     metrics = {
         f"reports/metrics/{name}.json": {"data": {"steady_epoch_s": seconds}}

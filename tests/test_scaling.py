@@ -91,15 +91,12 @@ def test_h200_candidates_pair_each_ddp_variant_with_a_baseline_of_the_same_setti
 def test_a_bound_needs_only_the_baselines_in_any_batch_order() -> None:
     """A host with too few GPUs skips the DDP run, yet its two baselines bound it; and the
     baseline at the per-GPU batch may come later in the sweep (`--batch-sizes 1024 512`)."""
-    import importlib.util
     from pathlib import Path
 
     from accelbench.core.results import Skipped
-    from helpers import trained_summary
+    from helpers import load_script, trained_summary
 
-    spec = importlib.util.spec_from_file_location("scaling", REPO / "benchmarks" / "scaling.py")
-    scaling = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scaling)
+    scaling = load_script(REPO / "benchmarks" / "scaling.py")
     here = Path(".")
     runs = {
         ("gpu", 1024): (0, trained_summary(0.12, steady_epochs_s=[0.12, 0.12, 0.13]), here),

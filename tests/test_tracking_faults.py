@@ -197,13 +197,18 @@ def test_the_workspace_is_found_as_dvc_finds_it_else_by_the_params_file(tmp_path
     )
 
 
-def test_make_ui_refuses_a_busy_port_before_printing_a_link() -> None:
-    """Before: `make ui` on a busy port exited 0 and printed a link to the other program."""
-    env = {
+def _make_env() -> dict[str, str]:
+    """`make`'s environment in these tests: this interpreter's tools, no `uv sync`."""
+    return {
         **_own_store_env(),
-        "ACCELBENCH_ENV": str(Path(sys.executable).parents[1]),  # no `uv sync`
+        "ACCELBENCH_ENV": str(Path(sys.executable).parents[1]),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
+
+
+def test_make_ui_refuses_a_busy_port_before_printing_a_link() -> None:
+    """Before: `make ui` on a busy port exited 0 and printed a link to the other program."""
+    env = _make_env()
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
@@ -272,11 +277,7 @@ def test_make_ui_serves_the_link_it_prints(tmp_path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {
-        **_own_store_env(),
-        "ACCELBENCH_ENV": str(Path(sys.executable).parents[1]),  # no `uv sync`
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
+    env = _make_env()
     (tmp_path / "uv.lock").symlink_to(REPO / "uv.lock")  # the Makefile reads uv's version there
     log = tmp_path / "ui.log"
     with log.open("w") as sink:

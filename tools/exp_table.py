@@ -58,7 +58,8 @@ def _cell(figures: Mapping[str, Any], key: str) -> str:
 
 def table(shown: list[Mapping[str, Any]], width: int = 120) -> str:
     revisions = [r for r in _revisions(shown) if r.get("data")]
-    params = {id(r): _flat((r["data"].get("params") or {}).get("params.yaml", {}).get("data") or {}) for r in revisions}  # fmt: skip
+    raw = {id(r): (r["data"].get("params") or {}).get("params.yaml", {}).get("data") or {} for r in revisions}  # fmt: skip
+    params = {key: _flat(values) for key, values in raw.items()}
     keys = sorted({k for p in params.values() for k in p})
     changed = [k for k in keys if len({json.dumps(p.get(k)) for p in params.values()}) > 1]
     lines = []
@@ -70,8 +71,7 @@ def table(shown: list[Mapping[str, Any]], width: int = 120) -> str:
         lines.append(f"{name}  {settings}".rstrip()[:width])
         metrics = rev["data"].get("metrics") or {}
         rows = [("  variant", *(heading for heading, _ in COLUMNS))]
-        raw = (rev["data"].get("params") or {}).get("params.yaml", {}).get("data") or {}
-        order = list(raw.get("variants") or {})  # params.yaml's order, as the report's table
+        order = list(raw[id(rev)].get("variants") or {})  # params.yaml's, as the report's table
 
         def place(item: tuple[str, Any], order: list[str] = order) -> tuple[int, str]:
             stem = PurePosixPath(item[0]).stem
