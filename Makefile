@@ -114,8 +114,9 @@ plots: setup  ## dvc plots show, drawn offline: dvc_plots/index.html (REV=HEAD: 
 exps: setup  ## DVC experiments side by side: changed params, each variant's figures (120 columns)
 	dvc exp show --json --no-pager | python tools/exp_table.py
 
-# Pipeline outputs that git does not track (`dvc repro` restores them from the DVC cache or
-# re-runs their stages). dvc.lock and compare's figures (reports/metrics, reports/plots) are
+# Pipeline outputs that git does not track (`dvc checkout` restores them from the DVC cache;
+# `dvc repro` re-runs their stages: DVC's run cache skips the train stages, whose compile
+# cache is a persistent output). dvc.lock and compare's figures (reports/metrics, reports/plots) are
 # what a user commits after a run, so they stay; the run history (MLflow store, DVC cache
 # and experiment queue) goes only by its own target.
 OUTPUTS = data models metrics env checkpoints $(filter-out reports/metrics reports/plots,$(wildcard reports/*))
@@ -123,6 +124,20 @@ HISTORY := mlflow.db mlflow.db.lock mlartifacts mlruns .accelbench compile-cache
 
 clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC cache)
 	rm -rf $(OUTPUTS)
+	@echo "Kept dvc.lock, reports/metrics, reports/plots and the run history. \`dvc checkout\` puts"
+	@echo "the outputs back from the DVC cache; \`dvc repro\` re-runs their stages (training again)."
 
-clean-history:  ## DELETE the run history: MLflow store and artifacts, DVC cache and queue, compile caches
-	rm -rf $(HISTORY)
+# It cannot be undone, so it lists what it deletes and asks; where no one can answer (no
+# terminal: CI, a script) it deletes only with YES=1, and otherwise deletes nothing.
+clean-history:  ## DELETE the run history, after asking: MLflow store and artifacts, DVC cache and queue, compile caches
+	@found="$$(for p in $(HISTORY); do if [ -e "$$p" ] || [ -L "$$p" ]; then echo "$$p"; fi; done)"; \
+	if [ -z "$$found" ]; then echo "No run history here: nothing to delete."; exit 0; fi; \
+	echo "make clean-history deletes the run history, for good:"; du -sh $$found | sed 's/^/  /'; \
+	if [ "$(YES)" != 1 ]; then \
+	  if [ ! -t 0 ]; then \
+	    echo "Nothing deleted: no terminal to ask on. Run \`make clean-history YES=1\` to delete without asking." >&2; \
+	    exit 1; fi; \
+	  printf 'Delete them? [y/N] '; read -r answer || answer=; \
+	  case "$$answer" in [yY]|[yY][eE][sS]) ;; *) echo "Nothing deleted."; exit 0;; esac; \
+	fi; \
+	rm -rf $$found && echo "Deleted."

@@ -104,7 +104,7 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
         "dvc.lock", "reports/metrics/cpu.json", "reports/plots/epochs.csv",
         "reports/plots/per_class.csv",
     ]  # fmt: skip
-    subprocess.run(["make", "--no-print-directory", "clean-history"], cwd=repo, check=True)
+    subprocess.run(["make", "--no-print-directory", "clean-history", "YES=1"], cwd=repo, check=True)
     assert not (repo / ".dvc" / "cache").exists()
 
     shown = _metrics_show(repo)

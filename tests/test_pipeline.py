@@ -105,6 +105,20 @@ def test_dvc_repro_end_to_end_then_nothing_to_redo(tmp_path, monkeypatch) -> Non
     assert "Running stage 'train@" not in out and "Running stage 'compare'" not in out
     assert len(client.search_runs([experiment.experiment_id])) == len(runs_before)
 
+    # `make clean`, then `dvc checkout` as it says: the outputs are back and nothing retrains
+    cleaned = subprocess.run(
+        ["make", "--no-print-directory", "clean"], cwd=repo, capture_output=True, text=True
+    )
+    assert cleaned.returncode == 0 and "`dvc checkout` puts" in cleaned.stdout
+    assert not (repo / "models").exists() and not (repo / "reports" / "comparison.md").exists()
+    _dvc(repo, "checkout", mirror=mirror)
+    third = _dvc(repo, "repro", mirror=mirror)
+    out = third.stdout + third.stderr
+    assert "Running stage 'env'" in out
+    assert "Running stage 'train@" not in out and "Running stage 'compare'" not in out
+    assert (repo / "models" / "cpu.pt").is_file()
+    assert "| cpu | trained |" in (repo / "reports" / "comparison.md").read_text()
+
 
 def test_killed_dvc_repro_resumes_and_redoes_only_what_is_incomplete(tmp_path) -> None:
     import signal
