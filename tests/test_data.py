@@ -219,15 +219,38 @@ def test_a_mirror_failure_is_said_by_its_innermost_reason() -> None:
     assert _reason(requests.HTTPError("404 Client Error")) == "HTTPError: 404 Client Error"
 
 
-def test_environment_mirror_goes_first() -> None:
+def test_environment_mirror_goes_first(tmp_path) -> None:
     mirrors = ["https://a/", "https://b/"]
     variable = mnist.MIRROR_ENV
-    assert mirrors_with_override(mirrors, variable, {}) == mirrors
-    env = {variable: "/srv/mnist"}
-    assert mirrors_with_override(mirrors, variable, env) == ["/srv/mnist", *mirrors]
+    assert mirrors_with_override(mirrors, variable, "x", {}) == mirrors
+    env = {variable: str(tmp_path)}
+    assert mirrors_with_override(mirrors, variable, "x", env) == [str(tmp_path), *mirrors]
+    env = {variable: tmp_path.as_uri()}
+    assert mirrors_with_override(mirrors, variable, "x", env) == [tmp_path.as_uri(), *mirrors]
     env = {variable: "https://b/"}
-    assert mirrors_with_override(mirrors, variable, env) == ["https://b/", "https://a/"]
-    assert mirrors_with_override(mirrors, "ACCELBENCH_CIFAR10_MIRROR", env) == mirrors
+    assert mirrors_with_override(mirrors, variable, "x", env) == ["https://b/", "https://a/"]
+    assert mirrors_with_override(mirrors, "ACCELBENCH_CIFAR10_MIRROR", "x", env) == mirrors
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("missing", "no such folder"),
+        ("file", "a file, not a folder"),
+        ("ftp://host/mnist/", "unsupported mirror scheme 'ftp'"),
+    ],
+)
+def test_environment_mirror_that_cannot_be_used_is_refused(tmp_path, value, problem) -> None:
+    """A user who set the variable means that copy: a typo in it is an error before any
+    download, not a silent fall-back to the internet mirrors."""
+    (tmp_path / "file").write_text("x")
+    override = value if "://" in value else str(tmp_path / value)
+    env = {mnist.MIRROR_ENV: override}
+    with pytest.raises(InputError) as raised:
+        mirrors_with_override(["https://a/"], mnist.MIRROR_ENV, "the four MNIST .gz files", env)
+    message = str(raised.value)
+    assert message.startswith(f"${mnist.MIRROR_ENV}={override}: {problem}")
+    assert "the four MNIST .gz files" in message and "unset it" in message
 
 
 def test_unsupported_scheme_is_reported(payload, tmp_path) -> None:

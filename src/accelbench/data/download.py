@@ -43,13 +43,28 @@ class ChecksumError(ValueError):
 
 
 def mirrors_with_override(
-    mirrors: Iterable[str], variable: str, env: Mapping[str, str] | None = None
+    mirrors: Iterable[str], variable: str, holding: str, env: Mapping[str, str] | None = None
 ) -> list[str]:
-    """The mirror list, with the one in $`variable` (if set) tried first."""
+    """The mirror list, with the one in $`variable` (if set) tried first. The variable is the
+    user's own instruction to use a copy (`holding` says of what), so a local one that is not
+    a folder is refused before any download, rather than passed over for the internet."""
     env = os.environ if env is None else env
     ordered = list(mirrors)
     override = env.get(variable, "").strip()
     if override:
+        try:
+            local = _local_dir(override)
+            problem = None if local is None or local.is_dir() else "no such folder"
+            if local is not None and local.exists() and not local.is_dir():
+                problem = "a file, not a folder"
+        except ValueError as exc:
+            problem = str(exc)
+        if problem:
+            raise InputError(
+                f"${variable}={clip(override)}: {problem}. Set it to a folder holding "
+                f"{holding} (or a file:// or http(s) URL), or unset it to use the mirrors in "
+                "params.yaml"
+            )
         ordered = [override] + [m for m in ordered if m != override]
     return ordered
 

@@ -19,7 +19,7 @@ def select(params: Params) -> DataParams:
 
 
 def _mnist(inputs: DataParams, out_dir: Path) -> list[Path]:
-    mirrors = mirrors_with_override(inputs.mirrors, mnist.MIRROR_ENV)
+    mirrors = mirrors_with_override(inputs.mirrors, mnist.MIRROR_ENV, "the four MNIST .gz files")
     log(f"download: mirrors in order: {', '.join(mirrors)}")
     return mnist.download(
         out_dir,
@@ -31,7 +31,7 @@ def _mnist(inputs: DataParams, out_dir: Path) -> list[Path]:
 
 
 def _cifar10(inputs: DataParams, out_dir: Path) -> list[Path]:
-    mirrors = mirrors_with_override(inputs.cifar10_mirrors, cifar10.MIRROR_ENV)
+    mirrors = mirrors_with_override(inputs.cifar10_mirrors, cifar10.MIRROR_ENV, cifar10.ARCHIVE)
     log(f"download: CIFAR-10 mirrors in order: {', '.join(mirrors)}")
     return cifar10.download(
         out_dir,
