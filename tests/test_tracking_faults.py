@@ -182,6 +182,11 @@ def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
     assert f"MLflow: sqlite:///{workspace / 'mlflow.db'}" in after.stdout
     assert "Pipeline run `pipeline " in after.stdout and "| cpu |" in after.stdout
     assert list(sub.iterdir()) == [] and not (workspace / "docs" / "mlflow.db").exists()
+    # as docs/reliability.md has it: plain `accelbench runs`, with no params file where it runs
+    plain = [sys.executable, "-m", "accelbench.cli", "runs"]
+    again = subprocess.run(plain, cwd=sub, env=_own_store_env(), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == after.stdout
 
 
 def test_the_workspace_is_found_as_dvc_finds_it_else_by_the_params_file(tmp_path) -> None:

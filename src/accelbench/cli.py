@@ -231,13 +231,14 @@ def _run(
         # Imported by name: a stage's code is its own module's imports, no other stage's
         # (dvc.yaml's deps list exactly them).
         stage = _stage_arguments(args.stage, stage_args, args) if args.stage in STAGES else None
+        if args.stage == "runs":  # the workspace's store, from any of its subfolders: no params
+            tracking = importlib.import_module("accelbench.system.tracking")
+            print(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
+            return 0
         with phases.phase("params"):
             params = load_params(args.params)
         if args.stage == "check":
             print(f"{args.params}: valid ({', '.join(params.variants)})")
-        elif args.stage == "runs":  # the workspace's store, from any of its subfolders
-            tracking = importlib.import_module("accelbench.system.tracking")
-            print(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
         else:
             stage.main(args, params, root)
     except KeyboardInterrupt as exc:
