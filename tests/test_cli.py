@@ -365,6 +365,24 @@ def test_a_user_error_is_one_line_and_a_documented_exit_code(
     assert err.splitlines()[-1] == error  # the error is the last thing said, on one line
 
 
+def test_a_full_disk_is_named_not_reported_as_a_bug(tmp_path, monkeypatch, capsys) -> None:
+    """A write to a full disk raises an OSError without a path (compare's report); it read
+    "unexpected OSError: [Errno 28] ... (and report it)"."""
+    import errno
+
+    from accelbench.stages import env
+
+    def full(*_args) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(env, "main", full)
+    params = write_params(tmp_path)
+    assert main(["--params", str(params), "env", "--out", str(tmp_path / "env")]) == 1
+    err = capsys.readouterr().err
+    assert "accelbench env: error: No space left on device (free some space" in err
+    assert "unexpected" not in err and "report it" not in err
+
+
 def test_the_traceback_comes_only_on_request(tmp_path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("not a model\n")

@@ -253,6 +253,28 @@ def test_environment_mirror_that_cannot_be_used_is_refused(tmp_path, value, prob
     assert "the four MNIST .gz files" in message and "unset it" in message
 
 
+def test_a_full_disk_stops_the_download_at_once(payload, tmp_path, monkeypatch) -> None:
+    """A write that fails for want of space is this machine's, not the mirror's: it was
+    logged as the mirror failing, the next mirrors were tried, and the error blamed them."""
+    import errno
+
+    from accelbench.data import download
+
+    _, sha = payload
+    tried = []
+
+    def full(mirror, *_args) -> None:
+        tried.append(mirror)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(download, "_fetch", full)
+    with pytest.raises(OSError) as raised:
+        _download(NAME, sha, tmp_path, ["https://a/", "https://b/"])
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / NAME)
+    assert tried == ["https://a/"]
+    assert list(tmp_path.iterdir()) == []  # no .part left
+
+
 def test_unsupported_scheme_is_reported(payload, tmp_path) -> None:
     _, sha = payload
     with pytest.raises(DownloadError, match="unsupported mirror scheme 'ftp'"):

@@ -253,6 +253,22 @@ def test_a_full_disk_leaves_the_old_report_whole_and_no_temporaries(
     assert _temporaries(root) == []
 
 
+def test_a_model_too_large_for_the_disk_is_a_full_disk(small_disk) -> None:
+    """torch.save's own error on a full disk read "unexpected pos ... vs ..." (a bug report,
+    to the CLI); it is the OSError it is, naming the file, and the old file stays whole."""
+    import torch
+
+    from accelbench.core.results import atomic_torch_save
+
+    model = small_disk / "cpu.pt"
+    atomic_torch_save({"weights": torch.zeros(16)}, model)
+    before = model.read_bytes()
+    with pytest.raises(OSError) as raised:
+        atomic_torch_save({"weights": torch.zeros(4 << 20)}, model)  # 16 MiB on an 8 MiB disk
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(model)
+    assert model.read_bytes() == before and _temporaries(small_disk) == []
+
+
 # --- evaluate and quantize: refused before any work ------------------------------------------
 
 

@@ -229,3 +229,31 @@ def test_a_renamed_energy_column_fails_instead_of_costing_the_stated_wattage(tmp
     path.write_text(path.read_text().replace("gpu_energy_j", "gpu_energy"))
     with pytest.raises(InputError, match="gpu_energy"):
         read_epoch_records(path)
+
+
+def test_a_torch_save_that_fills_the_disk_is_an_os_error(tmp_path, monkeypatch) -> None:
+    """torch's zip writer reports a full disk as "RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos ..."; the old file stays, no temporary is left."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from accelbench.core import results
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"old")
+
+    def failing(_payload, _path) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 79488")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(torch, "save", failing)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(OSError) as raised:
+        results.atomic_torch_save({"w": 1}, path)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
+    # with room on the disk, torch's error is not a full disk's: it goes on as it was
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(1 << 30, 0, 1 << 30))
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        results.atomic_torch_save({"w": 1}, path)
+    assert path.read_bytes() == b"old" and sorted(tmp_path.iterdir()) == [path]

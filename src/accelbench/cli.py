@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 from accelbench.core import phases
 from accelbench.core.console import (
     DEBUG_ENV,
+    DISK_FULL_ERRNOS,
     EXIT_FAILURE,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
@@ -138,17 +139,18 @@ def _one_line(exc: BaseException) -> tuple[str, int]:
     an OS error names its path; anything else is a failure worth a bug report."""
     if isinstance(exc, AccelbenchError):
         return str(exc), exc.exit_code
-    if isinstance(exc, OSError) and exc.filename is not None:
+    if isinstance(exc, OSError) and (exc.filename is not None or exc.errno in DISK_FULL_ERRNOS):
         what = exc.strerror or type(exc).__name__
         code = EXIT_INPUT if exc.errno in _INPUT_ERRNOS else EXIT_FAILURE
         advice = (
             "check the path and its permissions"
             if code == EXIT_INPUT
-            else "free some space and run again"
-            if exc.errno == errno.ENOSPC
+            else "free some space, or raise the quota or `ulimit -f`, and run again"
+            if exc.errno in DISK_FULL_ERRNOS
             else f"run again with --debug or {DEBUG_ENV}=1 for details"
         )
-        return f"{exc.filename}: {what} ({advice})", code
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return f"{where}{what} ({advice})", code
     detail = clip(str(exc).strip().splitlines()[0], 200) if str(exc).strip() else ""
     return (
         f"unexpected {type(exc).__name__}{': ' + detail if detail else ''} "

@@ -8,6 +8,7 @@ the input was fine); 130 interrupted. `accelbench doctor` adds 3 (CPU only).
 
 from __future__ import annotations
 
+import errno
 import reprlib
 import sys
 
@@ -15,6 +16,9 @@ EXIT_FAILURE = 1
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
 DEBUG_ENV = "ACCELBENCH_DEBUG"
+# A write that failed because the disk (or a quota, or `ulimit -f`) is full: the machine's
+# state, not a bad input or a bug; whoever meets one stops at once and says so.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class AccelbenchError(Exception):

@@ -10,8 +10,10 @@ a renamed field fails loudly where it is read instead of becoming an "n/a" in th
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -720,13 +722,23 @@ def _torch_payload(path: Path, not_ours: str) -> Any:
         raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
 
 
+# Below this much free space, a failed torch.save is taken for a full disk.
+NEARLY_FULL_BYTES = 16 << 20
+
+
 def atomic_torch_save(payload: Any, path: Path) -> None:
     """torch.save to a temporary, then rename; a failed save (a full disk) leaves the old
-    file and no temporary."""
+    file and no temporary. torch's zip writer reports a full disk as a RuntimeError ("unexpected
+    pos 79488 vs 79440"): on a nearly full disk that is raised as the OSError it is."""
     import torch
 
     with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+        try:
+            torch.save(payload, tmp)
+        except RuntimeError as exc:
+            if shutil.disk_usage(path.parent).free >= NEARLY_FULL_BYTES:
+                raise
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from accelbench.core.console import AccelbenchError, InputError, clip, log
+from accelbench.core.console import DISK_FULL_ERRNOS, AccelbenchError, InputError, clip, log
 
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -264,6 +264,9 @@ def download_file(
             OSError,
             ValueError,
         ) as exc:
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+                # this machine's disk, not the mirror: the next mirror would fail the same way
+                raise OSError(exc.errno, exc.strerror, str(final)) from exc
             reason = _reason(exc)
             failures.append(f"{clip(mirror)}: {clip(reason, 160)}")
             log(f"download: {name}: mirror {mirror} failed ({clip(reason, 300)})")
