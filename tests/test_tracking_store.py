@@ -118,8 +118,6 @@ def test_the_pipeline_run_is_found_by_the_checkout_not_the_host(
     assert tracking.finish_pipeline(moved, [report], {"runs": 2}) == parent
     assert client.get_run(parent).info.status == "FINISHED"
     assert not (moved / tracking.PIPELINE_RUN_FILE).exists()
-    assert tracking.finish_pipeline(moved, [report], {}) is None  # nothing open any more
-
     again = _log_variant(moved, "cpu")
     assert client.get_run(again).data.tags["mlflow.parentRunId"] != parent
 
@@ -300,6 +298,46 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
     assert query["searchFilter"] == [tracking.variants_filter(newer_parent)]
     assert query["orderByKey"] == ["metrics.`steady_epoch_s`"]
     assert query["workflowType"] == ["machine_learning"]
+
+
+def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
+    tmp_path, mlflow_store
+) -> None:
+    """A `dvc repro` that re-ran compare alone (a changed target accuracy or price) opened no
+    pipeline run: with a skipped variant compare opened one holding only that variant, so
+    `accelbench runs` and the UI link showed no trained variant; without one the new report
+    was logged nowhere."""
+    ids = _pipeline(tmp_path)
+    trained = [ids["cpu"], ids["amp"]]
+    client = MlflowClient()
+    experiment_id = tracking.setup(tmp_path)
+    first = tracking.finish_pipeline(tmp_path, [], {}, trained)
+    assert tracking.VARIANT_RUNS_TAG not in client.get_run(first).data.tags  # its own children
+
+    tracking.record_skipped(tmp_path, "gpu", {}, "no CUDA device")  # compare, re-run alone
+    second = tracking.finish_pipeline(tmp_path, [], {"cpu.test_accuracy": 0.99}, trained)
+    assert second not in (None, first)
+    run = client.get_run(second)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"cpu.test_accuracy": 0.99}
+    parent, children = tracking.pipeline_summary(tmp_path)
+    assert parent.info.run_id == second
+    assert sorted(r.info.run_name for r in children) == ["amp", "cpu", "gpu"]
+    view = client.get_experiment(experiment_id).tags[tracking.VIEW_TAG]
+    shown = client.search_runs(
+        [experiment_id], json.loads(json.loads(view)["state"])["searchFilter"]
+    )
+    assert sorted(r.info.run_name for r in shown) == ["amp", "cpu"]
+    link = tracking.training_view_url("http://ui", tmp_path / "mlflow.db")
+    assert link.endswith(f"viewStateShareKey={tracking.VIEW_ID}")
+    # the link without the saved view filters by the same runs
+    path = tracking.ui_path(experiment_id, second, None, tracking.named_variant_runs(run.data.tags))
+    query = parse_qs(urlsplit(path.split("#", 1)[1]).query)
+    assert query["searchFilter"] == [tracking.variants_filter(second, trained)]
+
+    # nothing skipped, so nothing opened a run: the report still gets its pipeline run
+    third = tracking.finish_pipeline(tmp_path, [], {}, [ids["cpu"]])
+    assert third not in (None, first, second)
+    assert tracking.named_variant_runs(client.get_run(third).data.tags) == [ids["cpu"]]
 
 
 def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:

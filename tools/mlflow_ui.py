@@ -29,7 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
-from accelbench.system.tracking import EXPERIMENT, ROLE_TAG, TRAINING_VIEW, VIEW_TAG, ui_path
+from accelbench.system.tracking import (
+    EXPERIMENT,
+    ROLE_TAG,
+    TRAINING_VIEW,
+    VIEW_TAG,
+    named_variant_runs,
+    ui_path,
+)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -180,9 +187,15 @@ def pipeline_runs(
         if not pipelines:
             raise SystemExit(f"--pipeline {pipeline}: no such pipeline run in the store")
     parent = max(pipelines, key=lambda r: int(r["info"]["start_time"]))
-    children = [r for r in runs if _tags(r).get("mlflow.parentRunId") == parent["info"]["run_id"]]
+    parent_id = parent["info"]["run_id"]
+    named = named_variant_runs(_tags(parent))  # trained under earlier pipeline runs
+    children = [
+        r
+        for r in runs
+        if _tags(r).get("mlflow.parentRunId") == parent_id or r["info"]["run_id"] in named
+    ]
     view = next((t["value"] for t in found.get("tags", []) if t["key"] == VIEW_TAG), None)
-    return experiment_id, parent, children, ui_path(experiment_id, parent["info"]["run_id"], view)
+    return experiment_id, parent, children, ui_path(experiment_id, parent_id, view, named)
 
 
 def see_variants(browser, link: str, children: list[dict], screenshot: Path) -> dict[str, str]:

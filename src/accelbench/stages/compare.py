@@ -84,8 +84,8 @@ def run(
             {row.name: row.eval.per_class for row in rows if isinstance(row.eval, EvalSummary)},
             outputs,
         )
-    _track_variants(root, tracked, result.comparison)
-    run_id = tracking.finish_pipeline(root, result.files, result.pipeline_metrics)
+    reported = _track_variants(root, tracked, result.comparison)
+    run_id = tracking.finish_pipeline(root, result.files, result.pipeline_metrics, reported)
     if run_id:
         log(f"compare: report logged to MLflow pipeline run {run_id}")
     log(f"compare: wrote {out_dir / 'comparison.md'}")
@@ -112,10 +112,11 @@ def _track_variants(
     root: Path,
     tracked: list[tuple[RunRecord, Row, MetricsFiles]],
     comparison: Mapping[str, markdown.ComparisonEntry],
-) -> None:
+) -> list[str]:
     """Each variant's evaluation and figures in the run that trained it (logged without
     re-opening it, so its duration stays its training's), and each skipped variant as a run
-    that says why: done here, once, so that evaluate and a skipped train never start MLflow."""
+    that says why: done here, once, so that evaluate and a skipped train never start MLflow.
+    Returns the runs of the evaluated variants, the ones the report compares."""
     by_run: dict[str, Mapping[str, Any]] = {}
     for record, row, files in tracked:
         if isinstance(row.eval, EvalSummary) and record.mlflow_run_id:
@@ -131,6 +132,7 @@ def _track_variants(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
             )
     tracking.log_variant_figures(root, by_run)
+    return list(by_run)
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

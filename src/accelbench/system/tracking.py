@@ -37,7 +37,7 @@ import sqlite3
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -65,6 +65,9 @@ MACHINE_TAG = "accelbench.boot_id"  # the running kernel: the host and its conta
 PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
 PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
 CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
+# A pipeline run's trained variants where some trained under an earlier pipeline run (a
+# `dvc repro` that re-ran compare alone): their run ids, comma-separated.
+VARIANT_RUNS_TAG = "accelbench.variant_runs"
 # A CUDA variant's GPUs, as CUDA_VISIBLE_DEVICES named them: those it took (system/slots.py)
 GPUS_TAG = "accelbench.gpus"
 KIND_TAG = "mlflow.experimentKind"
@@ -870,12 +873,33 @@ def _no_distribution_scan() -> Iterator[None]:
 
 
 @tolerant
-def finish_pipeline(root: Path, artifacts: list[Path], metrics: Mapping[str, float]) -> str | None:
-    """Log the comparison to the open pipeline run and finish it; None if no run is open."""
-    setup(root)
-    run_id = open_pipeline_run_id(root)
-    if run_id is None:
-        return None
+def finish_pipeline(
+    root: Path,
+    artifacts: list[Path],
+    metrics: Mapping[str, float],
+    variant_runs: Sequence[str] = (),
+) -> str | None:
+    """Log the comparison to the open pipeline run, or to a new one where none is open (a
+    `dvc repro` that re-ran compare alone), and finish it; returns its id.
+
+    `variant_runs`: the trained variants' runs the comparison reports on. Where some trained
+    under an earlier pipeline run, this one names them all (`VARIANT_RUNS_TAG`), and the
+    saved view shows them: the newest pipeline's variants are the ones its report compares.
+    """
+    experiment_id = setup(root)
+    run_id = pipeline_run_id(root, experiment_id)
+    client = MlflowClient()
+    parents = {
+        rid: run.data.tags.get("mlflow.parentRunId")
+        for rid in variant_runs
+        if (run := _run_in_store(client, rid)) is not None
+    }
+    if any(parent != run_id for parent in parents.values()):
+        shown = list(parents)
+        client.set_tag(run_id, VARIANT_RUNS_TAG, ",".join(shown))
+        _once_more_on_conflict(
+            lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run_id, shown))
+        )
     with mlflow.start_run(run_id=run_id):
         for path in artifacts:
             mlflow.log_artifact(str(path))
@@ -912,17 +936,26 @@ VIEW_COLUMNS = {  # column -> width (px), None: the UI's
 }
 
 
-def variants_filter(pipeline_run_id: str) -> str:
+def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
     """The runs-table filter for a pipeline run's trained variants (skipped ones carry no
-    figure: their runs say why, under the pipeline run)."""
+    figure: their runs say why, under the pipeline run): its children, or the runs it names
+    (`VARIANT_RUNS_TAG`: some trained under an earlier pipeline run)."""
+    if variant_runs:
+        ids = ", ".join(f"'{run_id}'" for run_id in variant_runs)
+        return f"attributes.run_id IN ({ids}) and tags.status = 'trained'"
     return f"tags.`mlflow.parentRunId` = '{pipeline_run_id}' and tags.status = 'trained'"
 
 
-def variants_view(pipeline_run_id: str) -> str:
+def named_variant_runs(tags: Mapping[str, str]) -> list[str]:
+    """The variant runs a pipeline run's tags name (VARIANT_RUNS_TAG); none: its children."""
+    return [run_id for run_id in tags.get(VARIANT_RUNS_TAG, "").split(",") if run_id]
+
+
+def variants_view(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
     """The VIEW_TAG value that shows `pipeline_run_id`'s trained variants, fastest first: a
     saved view's envelope (name, creation time in ms, the view state as a JSON string)."""
     state = {
-        "searchFilter": variants_filter(pipeline_run_id),
+        "searchFilter": variants_filter(pipeline_run_id, variant_runs),
         "orderByKey": VIEW_SORT,
         "orderByAsc": True,
         "selectedColumns": [c for c in VIEW_COLUMNS if c != "duration"],
@@ -934,20 +967,35 @@ def variants_view(pipeline_run_id: str) -> str:
     )
 
 
-def ui_path(experiment_id: str, pipeline_run_id: str | None = None, view: str | None = None) -> str:
+def _view_filter(view: str | None) -> str | None:
+    """The search filter of a saved view (a VIEW_TAG value); None if it is not one."""
+    try:
+        return json.loads(json.loads(view)["state"])["searchFilter"]
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def ui_path(
+    experiment_id: str,
+    pipeline_run_id: str | None = None,
+    view: str | None = None,
+    variant_runs: Sequence[str] = (),
+) -> str:
     """The experiment's runs in the UI's model-training view, relative to the server's URL.
 
-    With `pipeline_run_id`: that pipeline's trained variants, fastest first; through the saved
-    view where `view` (the experiment's VIEW_TAG value) is that pipeline's (the key columns
-    shown), else by the link's own filter and sort (the UI's default columns).
+    With `pipeline_run_id`: that pipeline's trained variants (`variant_runs` where it names
+    them), fastest first; through the saved view where `view` (the experiment's VIEW_TAG
+    value) shows them (the key columns shown), else by the link's own filter and sort (the
+    UI's default columns).
     """
     runs = f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
     if pipeline_run_id is None:
         return runs
-    if view is not None and f"'{pipeline_run_id}'" in view:
+    wanted = variants_filter(pipeline_run_id, variant_runs)
+    if _view_filter(view) == wanted:
         return f"{runs}&viewStateShareKey={VIEW_ID}"
     facets = {
-        "searchFilter": variants_filter(pipeline_run_id),
+        "searchFilter": wanted,
         "orderByKey": VIEW_SORT,
         "orderByAsc": "true",
     }
@@ -976,12 +1024,22 @@ def training_view_url(base_url: str, store: Path) -> str:
                     "SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?",
                     (row[0], VIEW_TAG),
                 ).fetchone()
+                named = (
+                    pipeline
+                    and db.execute(
+                        "SELECT key, value FROM tags WHERE run_uuid = ? AND key = ?",
+                        (pipeline[0], VARIANT_RUNS_TAG),
+                    ).fetchall()
+                )
     except sqlite3.Error:  # no store yet, or not one of MLflow's
         row = None
     if not row:
         return f"{base_url}/#/experiments?{TRAINING_VIEW}"
     return base_url + ui_path(
-        str(row[0]), pipeline[0] if pipeline else None, view[0] if view else None
+        str(row[0]),
+        pipeline[0] if pipeline else None,
+        view[0] if view else None,
+        named_variant_runs(dict(named or [])),
     )
 
 
@@ -1034,6 +1092,14 @@ def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
         filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
         order_by=["attributes.start_time ASC"],
     )
+    if named := named_variant_runs(parent.data.tags):  # trained under earlier pipeline runs
+        own = {run.info.run_id for run in children}
+        earlier = client.search_runs(
+            [experiment_id],
+            filter_string=variants_filter(parent.info.run_id, named),
+            order_by=["attributes.start_time ASC"],
+        )
+        children = [run for run in earlier if run.info.run_id not in own] + children
     return parent, children
 
 
@@ -1092,7 +1158,9 @@ def summary_markdown(root: Path) -> str:
         ) from exc
     if parent is None:
         return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
-    link = ui_path(parent.info.experiment_id, parent.info.run_id, view)
+    link = ui_path(
+        parent.info.experiment_id, parent.info.run_id, view, named_variant_runs(parent.data.tags)
+    )
     # fastest first (as the UI's view); variants without a steady epoch after them, in order
     ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
     skipped = [r for r in children if r.data.tags.get("status") == "skipped"]
