@@ -369,3 +369,24 @@ def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     assert gpu[" result "] == " skipped " and gpu[" run status "] == " FINISHED "
     assert "- gpu: no CUDA device" in lines
     assert f"viewStateShareKey={tracking.VIEW_ID}" in table
+
+
+def test_speedups_over_another_baseline_are_tagged_and_headed_as_such(
+    tmp_path, mlflow_store
+) -> None:
+    """With report.speedup_baseline: cpu2, the figure is `speedup_vs_cpu2`: no `speedup` tag
+    was written and `accelbench runs` read "speedup vs cpu" with n/a in every row."""
+    ids = _pipeline(tmp_path)
+    over_cpu2 = {
+        ids[name]: {k.replace("_vs_cpu", "_vs_cpu2"): v for k, v in FIGURES[name].items()}
+        for name in FIGURES
+    }
+    tracking.log_variant_figures(tmp_path, over_cpu2, "cpu2")
+    amp = MlflowClient().get_run(ids["amp"])
+    assert amp.data.tags["speedup"] == "148× (140–156×)"
+    assert amp.data.tags[tracking.SPEEDUP_BASELINE_TAG] == "cpu2"
+    lines = tracking.summary_markdown(tmp_path).splitlines()
+    header = next(line for line in lines if line.startswith("| variant |"))
+    assert header.split(" | ")[1] == "speedup vs cpu2 (95% interval)"
+    amp_row = next(line for line in lines if line.startswith("| amp |"))
+    assert amp_row.split(" | ")[1] == "148× (140–156×)"

@@ -84,7 +84,7 @@ def run(
             {row.name: row.eval.per_class for row in rows if isinstance(row.eval, EvalSummary)},
             outputs,
         )
-    reported = _track_variants(root, tracked, result.comparison)
+    reported = _track_variants(root, tracked, result.comparison, inputs.spec.speedup_baseline)
     run_id = tracking.finish_pipeline(root, result.files, result.pipeline_metrics, reported)
     if run_id:
         log(f"compare: report logged to MLflow pipeline run {run_id}")
@@ -112,6 +112,7 @@ def _track_variants(
     root: Path,
     tracked: list[tuple[RunRecord, Row, MetricsFiles]],
     comparison: Mapping[str, markdown.ComparisonEntry],
+    speedup_baseline: str | None,
 ) -> list[str]:
     """Each variant's evaluation and figures in the run that trained it (logged without
     re-opening it, so its duration stays its training's), and each skipped variant as a run
@@ -131,7 +132,7 @@ def _track_variants(
             tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
             )
-    tracking.log_variant_figures(root, by_run)
+    tracking.log_variant_figures(root, by_run, speedup_baseline)
     return list(by_run)
 
 

@@ -748,6 +748,16 @@ FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
     "time_to_target": ("time_to_target_s", fmt_seconds),
     "speedup_vs_fp32": ("speedup_vs_fp32", fmt_ratio),
 }
+# The variant every `speedup` tag is over (report.speedup_baseline), as a tag of each run.
+SPEEDUP_BASELINE_TAG = "speedup_baseline"
+
+
+def figure_tags(speedup_baseline: str | None) -> dict[str, tuple[str, Callable[[float], str]]]:
+    """FIGURE_TAGS with the speedup over `speedup_baseline` (none: no speedup tag)."""
+    tags = {k: v for k, v in FIGURE_TAGS.items() if k != "speedup"}
+    if speedup_baseline is None:
+        return tags
+    return {"speedup": (f"speedup_vs_{speedup_baseline}", fmt_ratio)} | tags
 
 
 def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], str]) -> str | None:
@@ -761,10 +771,15 @@ def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], 
 
 
 @tolerant
-def log_variant_figures(root: Path, figures: Mapping[str, Mapping[str, float | None]]) -> None:
-    """Each variant's headline figures (`steady_epoch_s`, `speedup_vs_cpu`, their `_lo`/`_hi`
-    95% interval, ...), keyed by the variant's MLflow run id, as metrics of that run, and the
-    key ones as text tags (`FIGURE_TAGS`); None (a figure this variant has not) is left out.
+def log_variant_figures(
+    root: Path,
+    figures: Mapping[str, Mapping[str, float | None]],
+    speedup_baseline: str | None = "cpu",
+) -> None:
+    """Each variant's headline figures (`steady_epoch_s`, `speedup_vs_<baseline>`, their
+    `_lo`/`_hi` 95% interval, ...), keyed by the variant's MLflow run id, as metrics of that
+    run, and the key ones as text tags (`figure_tags`), with the baseline the speedup is over;
+    None (a figure this variant has not) is left out.
 
     Logged through the client, so the runs keep their train stage's start and end. A figure
     the run already has (training logged `steady_epoch_s`, and `test_accuracy` per epoch, the
@@ -779,7 +794,11 @@ def log_variant_figures(root: Path, figures: Mapping[str, Mapping[str, float | N
             continue
         numbers = _numbers(values)
         logged = run.data.metrics
-        tags = {tag: figure_text(numbers, *figure) for tag, figure in FIGURE_TAGS.items()}
+        tags = {
+            tag: figure_text(numbers, *figure)
+            for tag, figure in figure_tags(speedup_baseline).items()
+        }
+        tags[SPEEDUP_BASELINE_TAG] = speedup_baseline
         client.log_batch(
             run_id,
             metrics=[Metric(k, v, now, 0) for k, v in numbers.items() if k not in logged],
@@ -1112,7 +1131,7 @@ def _summary_row(run: Any) -> str:
     accuracy = metrics.get("test_accuracy")
     cells = [
         run.info.run_name,
-        figure_text(metrics, *FIGURE_TAGS["speedup"]),
+        tags.get("speedup"),  # over the report's baseline, as log_variant_figures wrote it
         figure_text(metrics, *FIGURE_TAGS["steady_epoch"]),
         f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
         figure_text(metrics, *FIGURE_TAGS["time_to_target"]),
@@ -1126,7 +1145,7 @@ def _summary_row(run: Any) -> str:
 
 SUMMARY_COLUMNS = (
     "variant",
-    "speedup vs cpu (95% interval)",
+    "speedup vs {baseline} (95% interval)",
     "steady epoch (95% interval)",
     "test accuracy",
     "time to target",
@@ -1135,6 +1154,12 @@ SUMMARY_COLUMNS = (
     "run status",
     "run id",
 )
+
+
+def _speedup_baseline(runs: list[Any]) -> str:
+    """The variant the runs' speedups are over, as compare tagged them ("cpu" before it)."""
+    named = {r.data.tags[SPEEDUP_BASELINE_TAG] for r in runs if SPEEDUP_BASELINE_TAG in r.data.tags}
+    return named.pop() if len(named) == 1 else "cpu" if not named else "/".join(sorted(named))
 
 
 def summary_markdown(root: Path) -> str:
@@ -1169,7 +1194,7 @@ def summary_markdown(root: Path) -> str:
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
         f"Its variants in the UI (`make ui`), fastest first: http://127.0.0.1:5000{link}",
         "",
-        "| " + " | ".join(SUMMARY_COLUMNS) + " |",
+        "| " + " | ".join(SUMMARY_COLUMNS).format(baseline=_speedup_baseline(children)) + " |",
         "|" + "---|" * len(SUMMARY_COLUMNS),
         *(_summary_row(run) for run in ranked),
     ]
