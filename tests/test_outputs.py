@@ -272,6 +272,24 @@ def test_a_model_too_large_for_the_disk_is_a_full_disk(small_disk) -> None:
 # --- evaluate and quantize: refused before any work ------------------------------------------
 
 
+def test_compare_refuses_another_variants_evaluation_in_a_folder(
+    tmp_path, untracked, mlflow_store
+) -> None:
+    """`accelbench evaluate --model models/cpu.pt --metrics metrics/gpu` put cpu's figures in
+    gpu's folder, and compare published them as gpu's (`dvc metrics show` too)."""
+    root = tmp_path / "workspace"
+    inputs = _workspace(root)
+    run_json = root / "metrics" / "cpu" / "run.json"
+    write_json(run_json, RunRecord("amp", "trained", None).to_json())
+    with pytest.raises(InputError) as raised:
+        _compare(root, inputs)
+    assert str(raised.value).startswith(
+        f"{run_json}: the evaluation of variant 'amp', in the folder of 'cpu'; evaluate 'cpu' "
+        "again (`dvc repro evaluate@cpu`"
+    )
+    assert not (root / "reports").exists()  # refused before any output
+
+
 def test_quantize_refuses_a_foreign_file_before_loading_anything(tmp_path) -> None:
     files = MetricsFiles(tmp_path / "metrics")
     files.folder.mkdir()

@@ -73,8 +73,15 @@ def run(
         row = Row(name, variant, train, evaluated, read_epoch_records(files.epochs_csv))
         if name in inputs.quantized:
             row.quantized = read_quantized(files.quantized_json)
+        record = read_run_record(files.run_json)
+        if record.variant != name:  # `accelbench evaluate --metrics` named another's folder
+            raise InputError(
+                f"{files.run_json}: the evaluation of variant {record.variant!r}, in the folder "
+                f"of {name!r}; evaluate {name!r} again (`dvc repro evaluate@{name}`, or "
+                f"`accelbench evaluate` with its model and --metrics {files.folder})"
+            )
         rows.append(row)
-        tracked.append((read_run_record(files.run_json), row, files))
+        tracked.append((record, row, files))
     with phases.phase("outputs"), staged() as outputs:  # all new or all old, never in place
         pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
         result = markdown.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
