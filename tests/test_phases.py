@@ -128,3 +128,12 @@ def test_the_legend_says_what_every_phase_covers_in_the_phases_order() -> None:
     legend = "\n".join(pipeline_time.markdown(pipeline)).split("Phases: ")[1]
     assert legend.startswith("*startup*: Python start and the CLI's own imports")
     assert legend.index("*training*:") < legend.index("*launch*:")
+
+
+def test_a_removed_variants_stages_leave_the_pipeline_table() -> None:
+    """A variant removed from params.yaml kept its timing files, and the report listed its
+    `train@amp (up to date)` and `evaluate@amp (up to date)` as stages of the pipeline."""
+    kept = [_timing(s, 1000.0, 3.0) for s in ("env", "train@cpu", "evaluate@cpu", "quantize@cpu")]
+    gone = [_timing(s, 900.0, 3.0) for s in ("train@amp", "evaluate@amp", "quantize@amp")]
+    stages = {"train@cpu", "evaluate@cpu", "quantize@cpu", "train@gpu", "evaluate@gpu"}
+    assert pipeline_time.of_pipeline(kept + gone, stages) == kept

@@ -95,6 +95,13 @@ class PipelineTime:
         }
 
 
+def of_pipeline(timings: list[StageTiming], stages: set[str]) -> list[StageTiming]:
+    """The timings of the pipeline's stages now: those of a variant since removed from
+    params.yaml (`train@old`, whose timing file stays) are left out. `stages`: the
+    `<stage>@<variant>` stages params.yaml defines; stages without a variant always stay."""
+    return [t for t in timings if "@" not in t.stage or t.stage in stages]
+
+
 def collect(timings: list[StageTiming], current: StageTiming) -> PipelineTime:
     """`current` is the compare stage's own timing so far. This `dvc repro`'s stages are those
     its `dvc` process ran (the same launcher as compare's); run by hand, there is no repro to

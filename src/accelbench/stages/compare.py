@@ -83,7 +83,10 @@ def run(
         rows.append(row)
         tracked.append((record, row, files))
     with phases.phase("outputs"), staged() as outputs:  # all new or all old, never in place
-        pipeline = pipeline_time.collect(phases.read_all(root), phases.RECORDER.timing())
+        stages = {f"{stage}@{v}" for v in inputs.variants for stage in ("train", "evaluate")}
+        stages |= {f"quantize@{v}" for v in inputs.quantized}
+        timings = pipeline_time.of_pipeline(phases.read_all(root), stages)
+        pipeline = pipeline_time.collect(timings, phases.RECORDER.timing())
         result = markdown.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
         dvc_plots.write_plot_data(
             out_dir / dvc_plots.PLOTS_DIR,
