@@ -197,11 +197,18 @@ def test_compare_refuses_a_foreign_file_at_an_output_path(tmp_path, untracked) -
     assert _snapshot(reports) == before and _temporaries(root) == []  # nothing written
 
     (reports / "comparison.json").unlink()
-    write_json(reports / "metrics" / "gone.json", {"steady_epoch_s": 1.0})  # a removed variant
+    # a variant the last report had, since removed from params.yaml; and a user's own figures,
+    # numbers only like a variant's, that no report ever had
+    write_json(reports / "metrics" / "gone.json", {"steady_epoch_s": 1.0})
+    write_json(reports / "comparison.json", {"cpu": {"status": "trained"}, "gone": {"status": "x"}})
+    write_json(reports / "metrics" / "paper.json", {"test_accuracy": 0.992})
     _compare(root, inputs)
     _compare(root, inputs)  # again, over its own outputs
-    assert sorted(p.name for p in (reports / "metrics").iterdir()) == ["budget.json", "cpu.json"]
+    assert sorted(p.name for p in (reports / "metrics").iterdir()) == [
+        "budget.json", "cpu.json", "paper.json"
+    ]  # fmt: skip
     assert json.loads((reports / "metrics" / "budget.json").read_text()) == {"owner": "finance"}
+    assert json.loads((reports / "metrics" / "paper.json").read_text()) == {"test_accuracy": 0.992}
 
 
 @pytest.fixture

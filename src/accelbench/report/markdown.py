@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -115,22 +115,33 @@ PIPELINE_TIME_JSON = json_kind(
 )
 
 
+def reported_variants(comparison_json: Path) -> set[str]:
+    """The variants an earlier comparison.json (compare's own) reported on; none without one."""
+    if not comparison_json.is_file() or not _comparison_json(comparison_json):
+        return set()
+    return set(json_payload(comparison_json))
+
+
 def write_variant_metrics(
     folder: Path,
     metrics: Mapping[str, Mapping[str, Any]],
     outputs: StagedOutputs | None = None,
+    earlier: Collection[str] = (),
 ) -> None:
     """One small file per variant with the figures a user compares, numbers only, the same
     keys in each: `dvc metrics show` prints a row per variant (120 columns wide for the default
     variants) and `dvc exp show` a column per figure. A skipped variant's file is empty; every
-    other figure is in comparison.json, the report and MLflow. Written through `outputs`
-    (by default, its own `staged()`): all new or all old."""
+    other figure is in comparison.json, the report and MLflow. The file of a variant the
+    earlier report had (`earlier`) and this one has not is removed; any other file stays,
+    however much it looks like one. Written through `outputs` (by default, its own
+    `staged()`): all new or all old."""
     if outputs is None:
         with staged() as outputs:
-            return write_variant_metrics(folder, metrics, outputs)
-    for stale in sorted(folder.glob("*.json")):  # a variant since removed from params.yaml
-        if stale.stem not in metrics and stale.is_file() and _variant_metrics_file(stale):
-            outputs.remove(stale, VARIANT_METRICS)  # one of ours; any other file stays
+            return write_variant_metrics(folder, metrics, outputs, earlier)
+    for name in sorted(set(earlier) - set(metrics)):  # since removed from params.yaml
+        stale = folder / f"{name}.json"
+        if stale.is_file() and _variant_metrics_file(stale):
+            outputs.remove(stale, VARIANT_METRICS)
     for name, values in metrics.items():
         numbers = {k: v for k, v in values.items() if isinstance(v, int | float)}
         outputs(folder / f"{name}.json", VARIANT_METRICS).write_text(
@@ -751,7 +762,10 @@ def write_report(
     outputs(out_dir / "comparison.md", COMPARISON_MD).write_text("\n".join(md))
     comparison = {row.name: _comparison_entry(row, figures.get(row.name), spec) for row in rows}
     write_variant_metrics(
-        out_dir / METRICS_DIR, {n: e.dvc_metrics() for n, e in comparison.items()}, outputs
+        out_dir / METRICS_DIR,
+        {n: e.dvc_metrics() for n, e in comparison.items()},
+        outputs,
+        earlier=reported_variants(out_dir / "comparison.json"),
     )
     entries = {name: entry.to_json() for name, entry in comparison.items()}
     outputs(out_dir / "comparison.json", COMPARISON_JSON).write_text(
