@@ -257,3 +257,32 @@ def test_a_torch_save_that_fills_the_disk_is_an_os_error(tmp_path, monkeypatch) 
     with pytest.raises(RuntimeError, match="unexpected pos"):
         results.atomic_torch_save({"w": 1}, path)
     assert path.read_bytes() == b"old" and sorted(tmp_path.iterdir()) == [path]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("steady_epoch_s", "fast", "steady_epoch_s = 'fast', not float or null"),
+        ("epochs", 2.5, "epochs = 2.5, not int"),
+        ("epochs", True, "epochs = True, not int"),
+        ("device", 3, "device = 3, not str"),
+        ("final_test_accuracy", 7, "final_test_accuracy = 7, not a fraction in 0..1"),
+        ("best_test_accuracy", float("nan"), "best_test_accuracy = nan, not a fraction in 0..1"),
+    ],
+)
+def test_a_tampered_train_json_names_the_field_before_compare_uses_it(field, value, says) -> None:
+    """A hand-edited train.json failed later as "unexpected TypeError ... report it", or was
+    reported as it said ("Test accuracy 700.00%")."""
+    payload = trained_summary(1.0).to_json() | {field: value}
+    with pytest.raises(InputError) as raised:
+        train_from_json(payload, "metrics/cpu/train.json")
+    assert str(raised.value) == (f"metrics/cpu/train.json: {says}; re-run the stage that writes it")
+
+
+def test_a_tampered_eval_json_names_the_field() -> None:
+    scores = {str(d): ClassScores(0.99, 0.99, 0.99) for d in range(10)}
+    payload = EvalSummary(0.99, 0.03, 0.99, 5000.0, scores).to_json()
+    assert eval_from_json(payload, "eval.json").test_accuracy == 0.99
+    for value, says in (("high", "'high', not float"), (7.0, "7.0, not a fraction in 0..1")):
+        with pytest.raises(InputError, match=f"eval.json: test_accuracy = {says}"):
+            eval_from_json(payload | {"test_accuracy": value}, "eval.json")

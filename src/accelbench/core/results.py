@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import json
 import os
 import shutil
+import types
+import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from accelbench.core import phases
-from accelbench.core.console import InputError
+from accelbench.core.console import InputError, echo
 
 TRAIN_JSON = "train.json"
 EPOCHS_CSV = "epochs.csv"
@@ -276,16 +279,48 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def _strict(cls: type, payload: Mapping[str, Any], source: str) -> Any:
-    """`cls(**payload)`, with a message naming the file and the keys that do not fit."""
+@functools.cache
+def _scalar_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """The fields of `cls` whose values are plain scalars, and the types each takes (None
+    included where optional); lists, mappings and nested records are checked by their own."""
+    scalars = (bool, int, float, str, type(None))
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if all(kind in scalars for kind in kinds):
+            out[name] = kinds
+    return out
+
+
+def _misfit(value: Any, kinds: tuple[type, ...]) -> bool:
+    """`value` is not one of `kinds` (an int is a float, a bool is neither)."""
+    if isinstance(value, bool):
+        return bool not in kinds
+    if isinstance(value, int) and float in kinds:
+        return False
+    return not isinstance(value, kinds)
+
+
+def _strict(cls: type, payload: Mapping[str, Any], source: str, typed: bool = True) -> Any:
+    """`cls(**payload)`, with a message naming the file and the keys that do not fit: unknown
+    or missing, and where the values are `typed` (JSON's, not a CSV's text) a value of the
+    wrong type (a number as text) or an accuracy outside 0..1."""
     required = {f.name for f in fields(cls) if f.default is MISSING}
     unknown = set(payload) - {f.name for f in fields(cls)}
     missing = required - set(payload)
+    redo = "re-run the stage that writes it"
     if unknown or missing:
         raise InputError(
             f"{source}: not a {cls.__name__} (unknown keys: {sorted(unknown) or 'none'}, "
-            f"missing keys: {sorted(missing) or 'none'}); re-run the stage that writes it"
+            f"missing keys: {sorted(missing) or 'none'}); {redo}"
         )
+    for name, kinds in _scalar_types(cls).items() if typed else ():
+        value = payload.get(name)
+        if name in payload and _misfit(value, kinds):
+            allowed = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise InputError(f"{source}: {name} = {echo(value)}, not {allowed}; {redo}")
+        if name.endswith("accuracy") and isinstance(value, float | int) and not 0 <= value <= 1:
+            raise InputError(f"{source}: {name} = {value!r}, not a fraction in 0..1; {redo}")
     return cls(**payload)
 
 
@@ -768,7 +803,7 @@ class EpochRecord:
     def from_dict(cls, values: Mapping[str, Any], source: str = EPOCHS_CSV) -> EpochRecord:
         """From `as_dict`'s output (a checkpoint's) or an epochs.csv row (text, empty for
         None); an InputError names `source` and what does not fit."""
-        record = _strict(cls, values, source)
+        record = _strict(cls, values, source, typed=False)  # converted below
         converted = {}
         for f in fields(cls):
             value = getattr(record, f.name)
