@@ -2,6 +2,9 @@
 PYTHON ?= python3
 # The image (and so the devcontainer) brings its own environment and says where: ACCELBENCH_ENV.
 VENV   := $(or $(ACCELBENCH_ENV),.venv)
+# BIN is absolute, for PATH and the recipes (quoted there: a checkout's path may hold
+# spaces); make's own targets name the relative $(VENV)/bin/uv, as make cannot name a file
+# whose path holds a space.
 BIN    := $(abspath $(VENV))/bin
 PORT   ?= 5000
 HOST   ?= 127.0.0.1
@@ -42,13 +45,13 @@ hooks:  ## contributors: check commit messages as CONTRIBUTING.md asks
 # anything else from the environment. Byte-compiled at install, as pip does: without .pyc
 # files (a read-only environment, PYTHONDONTWRITEBYTECODE) every stage process recompiles
 # MLflow and its stack from source, seconds per stage.
-$(VENV)/.installed: uv.lock pyproject.toml | $(BIN)/uv
-	$(BIN)/uv sync --locked --quiet --compile-bytecode --extra plots --extra team
-	touch $@
+$(VENV)/.installed: uv.lock pyproject.toml | $(VENV)/bin/uv
+	"$(BIN)/uv" sync --locked --quiet --compile-bytecode --extra plots --extra team
+	touch "$@"
 
-$(BIN)/uv:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "uv==$(UV_VERSION)"
+$(VENV)/bin/uv:
+	$(PYTHON) -m venv "$(VENV)"
+	"$(BIN)/python" -m pip install --quiet "uv==$(UV_VERSION)"
 
 repro: setup  ## run the whole DVC pipeline (dvc repro)
 	dvc repro
@@ -71,7 +74,7 @@ format: setup  ## apply ruff's fixes and formatting
 UI_WARNINGS := ignore:starlette.middleware.wsgi is deprecated:UserWarning
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
 	@python -c 'import sys; from pathlib import Path; from accelbench.system.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
-	PYTHONWARNINGS="$(UI_WARNINGS)$${PYTHONWARNINGS:+,$$PYTHONWARNINGS}" mlflow server --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
+	PYTHONWARNINGS="$(UI_WARNINGS)$${PYTHONWARNINGS:+,$$PYTHONWARNINGS}" mlflow server --backend-store-uri "sqlite:///$(CURDIR)/mlflow.db" \
 	  --host $(HOST) --port $(PORT) --workers 1
 
 # A team's tracking server (docs/teams.md): the database and artifact store come from
@@ -79,8 +82,8 @@ ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HO
 server: setup  ## MLflow server for a team: runs in PostgreSQL, artifacts proxied (docs/teams.md)
 	accelbench server --host $(HOST) --port $(PORT)
 
-lock: | $(BIN)/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)
-	$(BIN)/uv lock
+lock: | $(VENV)/bin/uv  ## re-resolve uv.lock after a change to pyproject.toml (all three platforms)
+	"$(BIN)/uv" lock
 
 # The wheelhouse leaves out what the target host has, and only the host can say what that is.
 ifneq ($(filter wheelhouse,$(MAKECMDGOALS)),)
@@ -90,7 +93,7 @@ endif
 endif
 
 wheelhouse: setup  ## wheels for an air-gapped host: make wheelhouse PY=3.12 HOST_PACKAGES=FILE
-	$(BIN)/python tools/wheelhouse.py --python-version $(PY) --host-packages $(HOST_PACKAGES) --out .whl
+	"$(BIN)/python" tools/wheelhouse.py --python-version $(PY) --host-packages $(HOST_PACKAGES) --out .whl
 
 container-test: setup  ## build the image and run the pipeline in it (root, buildah + podman; ~15 min)
 	bash tools/container-test.sh

@@ -4,6 +4,7 @@ runtime package on every platform."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -155,3 +156,32 @@ def test_every_locked_file_has_a_hash() -> None:
     ]
     assert len(files) > 500
     assert all(f.get("hash", "").startswith("sha256:") for f in files)
+
+
+@pytest.mark.slow
+def test_make_setup_in_a_checkout_whose_path_holds_a_space(tmp_path) -> None:
+    """`make setup` in "/home/me/my projects/accelbench" ran `/home/me/my projects/...
+    /bin/uv` unquoted: "/bin/sh: 1: /home/me/my: not found", and every target failed."""
+    from helpers import copy_repo
+
+    checkout = tmp_path / "my projects" / "accelbench"
+    checkout.mkdir(parents=True)
+    copy_repo(checkout)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "ACCELBENCH_ENV")}
+    setup = subprocess.run(
+        ["make", "--no-print-directory", "setup", f"PYTHON={sys.executable}"],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert setup.returncode == 0, setup.stdout[-2000:] + setup.stderr[-2000:]
+    check = subprocess.run(
+        [str(checkout / ".venv" / "bin" / "accelbench"), "check"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0 and "params.yaml: valid" in check.stdout, check.stderr
