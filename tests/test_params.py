@@ -105,6 +105,30 @@ def test_missing_and_malformed_files(tmp_path) -> None:
         load_params(broken)
 
 
+def test_a_yaml_error_says_where_and_what_without_the_parsers_asides(tmp_path) -> None:
+    """A duplicate key's error quoted ruamel's excerpt of the file, a caret and its advice
+    ("To suppress this check see: https://yaml.dev/..."), cut off at 300 characters."""
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  seed: 1\n  epochs: 2\n  seed: 0\n")
+    with pytest.raises(ParamsError) as raised:
+        load_params(path)
+    assert str(raised.value) == (
+        f'{path}: not valid YAML: line 4, column 3: found duplicate key "seed" with value "0" '
+        '(original value: "1")'
+    )
+
+
+@pytest.mark.parametrize(("key", "kind"), [("true", "boolean"), ("1", "number"), ("null", "null")])
+def test_a_variant_key_yaml_reads_as_no_name_says_to_quote_it(raw, key, kind) -> None:
+    """`true:` as a variant's name read "variants.1.[key] = True: Input should be a valid
+    string": the wrong path, and no word on why."""
+    raw["variants"][yaml.safe_load(key)] = {"device": "cpu"}
+    assert _error(raw) == (
+        f"params.yaml: variants: the key {key} is read by YAML as a {kind}, not a name; "
+        f'quote it ("{key}":) or choose another name'
+    )
+
+
 def test_the_loader_belongs_to_the_variant_that_uses_it(raw) -> None:
     raw["train"]["loader"] = {"num_workers": 2}
     assert "train.loader: moved: set it on the variant that uses it" in _error(raw)

@@ -408,6 +408,15 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         raise ParamsError(
             f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
         )
+    for section, keys in raw.items():  # YAML reads `true:`, `1:`, `null:` as no string
+        if isinstance(keys, dict) and (odd := [k for k in keys if not isinstance(k, str)]):
+            key = odd[0]
+            text = "null" if key is None else str(key).lower() if isinstance(key, bool) else key
+            kind = "null" if key is None else "boolean" if isinstance(key, bool) else "number"
+            raise ParamsError(
+                f"{source}: {section}: the key {text} is read by YAML as a {kind}, not a name; "
+                f'quote it ("{text}":) or choose another name'
+            )
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:
@@ -507,6 +516,15 @@ def read_yaml(text: str) -> Any:
         parser.dispose()
 
 
+def _yaml_problem(exc: Exception) -> str:
+    """The YAML parser's problem and where it is ("line 29, column 3: found duplicate key
+    "seed" ..."), without its excerpt of the text nor ruamel's advice on silencing checks."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if not problem or mark is None:
+        return clip(" ".join(str(exc).split()), 300)
+    return clip(f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}", 300)
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     from ruamel.yaml import YAMLError
 
@@ -526,8 +544,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except UnicodeDecodeError:
         raise ParamsError(f"{path}: not a text file (expected YAML)") from None
     except YAMLError as exc:
-        where = clip(" ".join(str(exc).split()), 300)
-        raise ParamsError(f"{path}: not valid YAML: {where}") from None
+        raise ParamsError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
     except ParamsError as exc:
         raise ParamsError(f"{path}: {exc}") from None
     return parse_params(raw, str(path))
