@@ -51,6 +51,44 @@ def test_ctrl_c_is_named_in_the_interrupted_line(tmp_path, monkeypatch, capsys) 
     assert "accelbench env: interrupted (Ctrl-C)" in capsys.readouterr().err
 
 
+def test_an_error_an_interrupt_caused_is_reported_as_the_interrupt(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """DVC killed mid-stage while quantize imported torch: the SIGTERM's KeyboardInterrupt
+    left torch._dynamo half-imported, and the stage ended "unexpected AttributeError:
+    partially initialized module 'torch._dynamo' ... (report it)"."""
+    from accelbench import cli
+    from accelbench.stages import env
+
+    def importing(*_args) -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands mid-import, say
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise AttributeError("partially initialized module 'torch._dynamo'") from None
+
+    monkeypatch.setattr(env, "main", importing)
+    monkeypatch.setattr(cli, "_interrupted_by", [])  # this process's record, for this test
+    previous = signal.getsignal(signal.SIGTERM)
+    params = write_params(tmp_path)
+    try:
+        assert main(["--params", str(params), "env", "--out", str(tmp_path / "env")]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err
+    assert "accelbench env: interrupted (signal SIGTERM)" in err and "unexpected" not in err
+    # Ctrl-C has no handler of ours: the error is known by the interrupt it was raised in
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise AttributeError("partially initialized") from None
+    except AttributeError as exc:
+        monkeypatch.setattr(cli, "_interrupted_by", [])
+        assert cli._interruption(exc) == "Ctrl-C"
+    assert cli._interruption(ValueError("a bug")) is None
+
+
 def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
     path = write_params(tmp_path, batch_size=0)
     assert main(["--params", str(path), "download", "--out", str(tmp_path / "raw")]) == 2

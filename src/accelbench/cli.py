@@ -89,6 +89,10 @@ def _stage_arguments(name: str, stage_args: list[str], into: argparse.Namespace)
     return module
 
 
+# The signal that interrupted this process, once one did: what follows is its consequence.
+_interrupted_by: list[str] = []
+
+
 def _interrupt_on_sigterm() -> None:
     """SIGTERM (a scheduler's pre-emption, `kill`, `dvc` stopping) unwinds like Ctrl-C, so
     open MLflow runs are marked KILLED and temporary files are cleaned up."""
@@ -97,9 +101,27 @@ def _interrupt_on_sigterm() -> None:
         # Once: a second SIGTERM (a launcher and a watchdog both saying so) must not cut
         # short the clean-up the first one started (MLflow's run ended as KILLED, say).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+        _interrupted_by.append(f"signal {signal.Signals(signum).name}")
+        raise KeyboardInterrupt(_interrupted_by[-1])
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _interruption(exc: BaseException) -> str | None:
+    """What interrupted the process, where `exc` came of it: a SIGTERM that arrived before it,
+    or a Ctrl-C it was raised while handling. An interrupt that lands inside an import (torch's)
+    can surface as that module's AttributeError ("partially initialized module"), not as
+    itself."""
+    if _interrupted_by:
+        return _interrupted_by[0]
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return str(cause) or "Ctrl-C"
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 COMPILE_CACHE = Path(".accelbench") / "compile-cache"
@@ -249,6 +271,9 @@ def _run(
     except Exception as exc:  # every error ends in one line; the traceback only on request
         if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             traceback.print_exc()
+        if (why := _interruption(exc)) is not None:
+            print(f"accelbench {args.stage}: interrupted ({why})", file=sys.stderr)
+            return EXIT_INTERRUPTED
         message, code = _one_line(exc)
         # Messages quote values cut short already; this bounds every line whatever it quotes.
         message = "\n".join(clip(line, MAX_LINE) for line in message.splitlines())
