@@ -141,6 +141,22 @@ def test_headline_of_a_machine_without_a_gpu_says_only_the_cpu_trained() -> None
     assert "faster than" not in text and "skipped on this machine: gpu" in text
 
 
+def test_headline_says_why_there_are_no_speedups_when_the_baseline_did_not_train() -> None:
+    """report.speedup_baseline: gpu on a machine without one gave a speedup column of n/a in
+    every row, and nothing said why."""
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0),
+        Row("gpu", GPU, Skipped("needs CUDA but no NVIDIA driver found", "cuda")),
+    ]
+    text = " ".join(headline(rows, variant_figures(rows, "gpu", 0.99), ENV, "gpu", 0.99))
+    assert (
+        "No speedups: their baseline, gpu, was skipped on this machine (needs CUDA but no "
+        "NVIDIA driver found); report.speedup_baseline in params.yaml names it." in text
+    )
+    with_cpu = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
+    assert "No speedups" not in with_cpu
+
+
 def test_dvc_metrics_and_the_mlflow_tags_are_figures_of_comparison_json(tmp_path) -> None:
     """DVC's metrics pick figures comparison.json has (same names, same values), and each
     MLflow tag names a figure the report writes and reads as the report writes it."""

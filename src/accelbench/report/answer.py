@@ -18,6 +18,7 @@ from accelbench.core.results import (
     EvalResult,
     EvalSummary,
     QuantizedResult,
+    Skipped,
     TrainResult,
     TrainSummary,
 )
@@ -239,6 +240,17 @@ def headline(
         if name not in (fastest, baseline) and f.speedup is not None
     ]
     sentences = [sentence + (f" (others: {'; '.join(others)})." if others else ".")]
+    if baseline is not None and baseline not in figures:  # every speedup column reads n/a
+        base = by_name.get(baseline)
+        why = (
+            f"was skipped on this machine ({base.train.reason})"
+            if base is not None and isinstance(base.train, Skipped)
+            else "has no steady epoch (one epoch trained)"
+        )
+        sentences.append(
+            f"No speedups: their baseline, {baseline}, {why}; report.speedup_baseline in "
+            "params.yaml names it."
+        )
     for name, f in figures.items():
         if f.over_fp32 is not None:
             sentences.append(
