@@ -297,6 +297,17 @@ def test_compare_refuses_another_variants_evaluation_in_a_folder(
     assert not (root / "reports").exists()  # refused before any output
 
 
+def test_compare_refuses_a_trained_variant_without_epochs(tmp_path, untracked) -> None:
+    """An epochs.csv emptied to its header was accepted: the cost read $0.0000."""
+    root = tmp_path / "workspace"
+    inputs = _workspace(root)
+    epochs_csv = root / "metrics" / "cpu" / "epochs.csv"
+    epochs_csv.write_text(epochs_csv.read_text().splitlines()[0] + "\n")
+    with pytest.raises(InputError, match=r"epochs\.csv: no epochs, though train\.json says"):
+        _compare(root, inputs)
+    assert not (root / "reports").exists()
+
+
 def test_quantize_refuses_a_foreign_file_before_loading_anything(tmp_path) -> None:
     files = MetricsFiles(tmp_path / "metrics")
     files.folder.mkdir()

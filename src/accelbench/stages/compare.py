@@ -71,6 +71,11 @@ def run(
         files = MetricsFiles(metrics_dir / name)
         train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
         row = Row(name, variant, train, evaluated, read_epoch_records(files.epochs_csv))
+        if row.trained and not row.epochs:  # the timings, the cost and the curves are in it
+            raise InputError(
+                f"{files.epochs_csv}: no epochs, though {files.train_json.name} says {name!r} "
+                f"trained; train it again (`dvc repro train@{name}`)"
+            )
         if name in inputs.quantized:
             row.quantized = read_quantized(files.quantized_json)
         record = read_run_record(files.run_json)
