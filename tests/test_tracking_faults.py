@@ -5,6 +5,7 @@ busy port, and processes creating one new store at once all succeed."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -187,6 +188,34 @@ def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
     again = subprocess.run(plain, cwd=sub, env=_own_store_env(), capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert again.stdout == after.stdout
+
+
+def test_runs_reads_a_store_on_a_read_only_mount(tmp_path) -> None:
+    """`accelbench runs` took the store's set-up lock to read it: beside a store on a
+    read-only mount (a colleague's results, shared) it failed "Read-only file system:
+    '.../mlflow.db.lock'" and advised starting a server. Needs root (a bind mount)."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    _python(workspace, TRAIN)
+    _python(workspace, "from pathlib import Path; from accelbench.system import tracking; "
+            "tracking.finish_pipeline(Path('.'), [], {})")  # fmt: skip
+    shared, mounted = tmp_path / "shared", tmp_path / "mounted"
+    shared.mkdir()
+    mounted.mkdir()
+    shutil.copy2(workspace / tracking.STORE, shared / tracking.STORE)
+    mount = subprocess.run(["mount", "--bind", str(shared), str(mounted)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mount.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)], check=True)
+        env = {**_own_store_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{mounted / 'mlflow.db'}"}
+        runs = [sys.executable, "-m", "accelbench.cli", "runs"]
+        shown = subprocess.run(runs, cwd=workspace, env=env, capture_output=True, text=True)
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert "Pipeline run `pipeline " in shown.stdout and "| cpu |" in shown.stdout
+    assert sorted(p.name for p in shared.iterdir()) == [tracking.STORE]  # nothing written
 
 
 def test_the_workspace_is_found_as_dvc_finds_it_else_by_the_params_file(tmp_path) -> None:

@@ -27,6 +27,7 @@ pipeline run, named after the experiment.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -240,8 +241,17 @@ def _store_locked(path: Path | None) -> Iterator[None]:
     import fcntl
     import time
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        # A store in a place this process cannot write (a read-only mount, someone else's
+        # folder): it can only read it, and readers need no lock.
+        yield
+        return
+    with handle:
         deadline = time.monotonic() + STORE_LOCK_TIMEOUT_S
         while True:
             try:
