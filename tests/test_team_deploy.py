@@ -101,3 +101,45 @@ def test_users_are_told_the_url_to_set() -> None:
     assert server.users_url("127.0.0.1", 5000) == "http://127.0.0.1:5000"
     assert server.users_url("0.0.0.0", 5001).endswith(":5001")
     assert "0.0.0.0" not in server.users_url("0.0.0.0", 5001)
+
+
+def test_the_hosts_users_are_told_are_allowed_unless_a_users_list_says_otherwise(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv(server.ALLOWED_HOSTS_ENV, raising=False)
+    monkeypatch.setenv("PYTHONWARNINGS", "error::UserWarning")
+    url = server.users_url("0.0.0.0", 5001)
+    env, warning = server.server_env("postgresql://u@h/db", [], url)
+    allowed = env[server.ALLOWED_HOSTS_ENV].split(",")
+    assert warning is None and server.refused_url(env[server.ALLOWED_HOSTS_ENV], url) is None
+    assert {"localhost:*", "127.0.0.1:*", "10.*", "192.168.*"} <= set(allowed)  # MLflow's
+    # `make ui`'s filter, the user's own after it (the later wins)
+    assert env["PYTHONWARNINGS"] == f"{server.UI_WARNINGS},error::UserWarning"
+    assert f"UI_WARNINGS := {server.UI_WARNINGS}\n" in (REPO / "Makefile").read_text()
+
+    # a list of the user's own goes to MLflow as given; one that refuses the URL is named
+    for extra, environ in (([], "mlbox:5001"), (["--allowed-hosts", "mlbox:5001"], "other:1")):
+        monkeypatch.setenv(server.ALLOWED_HOSTS_ENV, environ)
+        env, warning = server.server_env("postgresql://u@h/db", extra, url)
+        assert env[server.ALLOWED_HOSTS_ENV] == environ
+        host = url.removeprefix("http://")
+        assert warning.startswith("accelbench server: warning: the allowed hosts (mlbox:5001)")
+        assert f"refuse {host}" in warning and "\n" not in warning
+    env, warning = server.server_env("postgresql://u@h/db", ["--allowed-hosts=*"], url)
+    assert warning is None
+
+
+def test_the_docs_allowed_hosts_keep_mlflows_defaults() -> None:
+    """docs/teams.md's own list (which replaces MLflow's defaults), and the deploy files'."""
+    import re
+
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    for path in ("docs/teams.md", "deploy/compose.yaml", "deploy/accelbench-server.service"):
+        [example] = re.findall(r"ALLOWED_HOSTS='?([^'\s]+)", (REPO / path).read_text())
+        hosts = example.split(",")
+        for host in ("mlbox:5000", "localhost:5000", "127.0.0.1:5000", "10.0.0.5:5000",
+                     "192.168.1.9:5000", "172.16.0.1:5000", "172.24.3.4:5000", "172.31.9.9:5000"):  # fmt: skip
+            assert is_allowed_host_header(hosts, host), (path, host)
+        for host in ("172.32.0.1:5000", "8.8.8.8:5000", "evil.example:5000"):
+            assert not is_allowed_host_header(hosts, host), (path, host)

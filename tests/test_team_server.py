@@ -400,8 +400,15 @@ def test_refuses_what_is_not_a_postgresql_database_or_a_folder(tmp_path) -> None
         assert_refused(
             run_server("--database", good, "--artifacts", folder, "--port", taken),
             f"port {taken} on 127.0.0.1 is in use",
-            "--port",
+            f"--port {int(taken) + 1} (make server PORT={int(taken) + 1})",
         )
+    # a host name that does not resolve: where the server is, not who may log in
+    assert_refused(
+        run_server("--database", f"postgresql://{DB_USER}@nosuchhost.invalid/mlflow", "--artifacts",
+                   folder),
+        "failed to resolve host",
+        "start PostgreSQL there, or fix the host and port",
+    )  # fmt: skip
     # nothing listens at `port`: the database is named, and what to do
     assert_refused(
         run_server("--database", good, "--artifacts", folder),
@@ -417,12 +424,46 @@ def test_refuses_a_wrong_password_or_a_missing_database(postgres, tmp_path) -> N
     result = run_server("--database", wrong, "--artifacts", folder)
     assert_refused(result, "password authentication failed", "fix the user or password")
     assert "wrong-pw" not in result.stderr
-    assert_refused(
-        run_server("--database", postgres.uri("no_such_db"), "--artifacts", folder),
-        'database "no_such_db" does not exist',
-        f"createdb -h 127.0.0.1 -p {postgres.port} -U {DB_USER} no_such_db",
-    )
     assert not Path(folder).exists() or not any(Path(folder).iterdir())
+
+
+def test_a_missing_database_is_refused_with_the_command_an_admin_runs(postgres, tmp_path) -> None:
+    """Before: the hint was `createdb -U alice ...`, which a role made by plain `createuser`
+    (docs/teams.md) may not run: "permission denied to create database"."""
+    folder = str(tmp_path / "artifacts")
+    as_admin = {**os.environ, "PGPASSWORD": DB_PASSWORD}  # the cluster's superuser: mlflow
+    where = ["-h", "127.0.0.1", "-p", str(postgres.port)]
+    subprocess.run(
+        [postgres.bin / "psql", *where, "-U", DB_USER, "-d", "postgres", "-c",
+         "CREATE ROLE alice LOGIN PASSWORD 'alice-pw'"],  # what `createuser -P alice` makes
+        env=as_admin, check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    uri = f"postgresql://alice:alice-pw@127.0.0.1:{postgres.port}/alice_db"
+    result = run_server("--database", uri, "--artifacts", folder)
+    assert_refused(result, 'database "alice_db" does not exist', "as a PostgreSQL admin")
+    hint = result.stderr.split("): ")[-1].strip()
+    command = shlex.split(hint)
+    assert command[0] == "createdb" and command[-3:] == ["-O", "alice", "alice_db"], hint
+    # alice may not run it herself; the admin may, and then alice's database is there
+    own = subprocess.run(
+        [postgres.bin / "createdb", *where, "-U", "alice", "alice_db"],
+        env={**os.environ, "PGPASSWORD": "alice-pw"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert own.returncode != 0 and "permission denied" in own.stderr, own.stderr
+    subprocess.run(
+        [postgres.bin / "createdb", *command[1:], "-U", DB_USER], env=as_admin, check=True,
+        timeout=60,
+    )  # fmt: skip
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(uri.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as connection:
+            assert connection.execute(sqlalchemy.text("SELECT current_database()")).scalar() == (
+                "alice_db"
+            )
+    finally:
+        engine.dispose()
 
 
 # --- the pipeline through the server ----------------------------------------------------------
@@ -612,4 +653,41 @@ def test_the_systemd_units_command_serves_from_its_environment_file(postgres, tm
         assert (named.status_code, stranger.status_code) == (200, 403)
     finally:
         server.stop()
+    assert "warning: the allowed hosts" not in server.log.read_text()  # they allow its URL
     assert (tmp_path / "artifacts").is_dir()
+
+
+def test_the_url_users_are_told_is_allowed_and_the_workers_start_quietly(
+    postgres, tmp_path
+) -> None:
+    """`accelbench server --host 0.0.0.0`, MLFLOW_SERVER_ALLOWED_HOSTS unset. Before: it told
+    users http://<hostname>:PORT, which MLflow's default allowed hosts refused (403 Invalid Host
+    header), and each worker printed Starlette's deprecation warning."""
+    database = postgres.createdb("mlflow_names")
+    port = free_port()
+    command = [
+        ACCELBENCH, "server", "--database", postgres.uri(database, password=False),
+        "--artifacts", str(tmp_path / "artifacts"), "--host", "0.0.0.0", "--port", str(port),
+        "--", "--workers", "2",
+    ]  # fmt: skip
+    env = server_env(PGPASSWORD=DB_PASSWORD)
+    env.pop("MLFLOW_SERVER_ALLOWED_HOSTS", None)
+    server = start_server(command, port, tmp_path / "server.log", env)
+    try:
+        told = f"http://{socket.gethostname()}:{port}"
+        assert f"users set MLFLOW_TRACKING_URI={told}\n" in server.log.read_text()
+        api = f"{server.url}/api/2.0/mlflow/experiments/search?max_results=1"
+        for host, status in (
+            (f"{socket.gethostname()}:{port}", 200),
+            (f"{socket.getfqdn()}:{port}", 200),
+            (f"localhost:{port}", 200),  # MLflow's defaults stay
+            (f"10.1.2.3:{port}", 200),
+            ("mlbox.example:1", 403),
+        ):
+            got = requests.get(api, headers={"Host": host}, timeout=10).status_code
+            assert got == status, (host, got)
+    finally:
+        server.stop()
+    output = server.log.read_text()
+    assert output.count("Started server process") == 2, output  # both workers ran
+    assert "starlette.middleware.wsgi" not in output, output

@@ -29,6 +29,10 @@ from accelbench.core.console import EXIT_INPUT, InputError, clip
 DATABASE_ENV = "MLFLOW_BACKEND_STORE_URI"  # MLflow's own names: `mlflow server` reads both
 ARTIFACTS_ENV = "MLFLOW_ARTIFACTS_DESTINATION"
 JOBS_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+ALLOWED_HOSTS_ENV = "MLFLOW_SERVER_ALLOWED_HOSTS"
+# `make ui`'s filter (the Makefile's UI_WARNINGS): Starlette's deprecation of the WSGI
+# middleware MLflow mounts, once per worker; a user's own PYTHONWARNINGS, after it, wins.
+UI_WARNINGS = "ignore:starlette.middleware.wsgi is deprecated:UserWarning"
 DEFAULT_HOST = "127.0.0.1"  # this machine only, unless --host says otherwise
 DEFAULT_PORT = 5000
 CONNECT_TIMEOUT_S = 5
@@ -149,11 +153,14 @@ def _advice(message: str, url) -> str:
     if "password authentication failed" in message or "no password supplied" in message:
         return "fix the user or password (in the URI, PGPASSWORD or ~/.pgpass)"
     if "does not exist" in message and url.database and f'"{url.database}"' in message:
+        # as an admin: a role made by plain `createuser` may not create databases
         return (
-            f"create it: createdb -h {url.host or 'localhost'} -p {url.port or 5432} "
-            f"-U {url.username or '$USER'} {url.database}"
+            f"create it, as a PostgreSQL admin (or a role with CREATEDB): createdb -h "
+            f"{url.host or 'localhost'} -p {url.port or 5432} -O {url.username or '$USER'} "
+            f"{url.database}"
         )
-    if "timeout" in message or "translate host name" in message or "Connection refused" in message:
+    unreachable = ("timeout", "translate host name", "resolve host", "Connection refused")
+    if any(words in message for words in unreachable):
         return "start PostgreSQL there, or fix the host and port in --database"
     return "fix --database, or the database's access rules (pg_hba.conf)"
 
@@ -196,7 +203,10 @@ def check_port(host: str, port: int) -> None:
     if not 0 < port < 65536:
         raise InputError(f"--port {port}: not a port (1-65535)")
     if problem := port_problem(host, port):
-        raise InputError(f"{problem}; stop it, or choose another: --port {port + 1}")
+        raise InputError(
+            f"{problem}; stop it, or choose another: --port {port + 1} "
+            f"(make server PORT={port + 1})"
+        )
 
 
 def server_command(host: str, port: int, artifacts: str, extra: list[str]) -> list[str]:
@@ -212,6 +222,60 @@ def users_url(host: str, port: int) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _given_allowed_hosts(extra: list[str]) -> str | None:
+    """The allowed hosts the user gave: `-- --allowed-hosts LIST` (the last, as MLflow reads
+    it), else $MLFLOW_SERVER_ALLOWED_HOSTS; None for neither (empty counts as not set, as
+    MLflow reads it)."""
+    given = None
+    for i, arg in enumerate(extra):
+        if arg == "--allowed-hosts" and i + 1 < len(extra):
+            given = extra[i + 1]
+        elif arg.startswith("--allowed-hosts="):
+            given = arg.split("=", 1)[1]
+    return given or os.environ.get(ALLOWED_HOSTS_ENV) or None
+
+
+def default_allowed_hosts() -> str:
+    """MLflow's own default allowed hosts (localhost, private addresses), which a list of one's
+    own replaces, plus this machine's host name and FQDN, bare and with any port: the names
+    `users_url` gives users."""
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
+    names = [n for n in (socket.gethostname(), socket.getfqdn()) if n]
+    ours = [form for name in names for form in (name, f"{name}:*")]
+    return ",".join(dict.fromkeys([*get_default_allowed_hosts(), *ours]))
+
+
+def refused_url(allowed: str, url: str) -> str | None:
+    """A warning, if the `allowed` hosts list refuses the Host header of `url`, else None."""
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    host = urlsplit(url).netloc
+    if is_allowed_host_header([h.strip() for h in allowed.split(",")], host):
+        return None
+    return (
+        f"accelbench server: warning: the allowed hosts ({allowed}) refuse {host}, so "
+        f"MLFLOW_TRACKING_URI={url} gets 403 Invalid Host header; add {host} to them "
+        f"({ALLOWED_HOSTS_ENV} or --allowed-hosts; docs/teams.md)"
+    )
+
+
+def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
+    """The environment `mlflow server` runs in, and a warning if the hosts it allows refuse
+    `url` (what users are told to set)."""
+    env = {**os.environ, DATABASE_ENV: database}
+    # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
+    # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
+    env.setdefault(JOBS_ENV, "false")
+    given = os.environ.get("PYTHONWARNINGS")
+    env["PYTHONWARNINGS"] = UI_WARNINGS + (f",{given}" if given else "")
+    allowed = _given_allowed_hosts(extra)
+    if allowed is None:  # MLflow's defaults refuse the host name users are told to type
+        env[ALLOWED_HOSTS_ENV] = default_allowed_hosts()
+        return env, None
+    return env, refused_url(allowed, url)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -244,15 +308,15 @@ def main(argv: list[str]) -> int:
         print(f"accelbench server: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     command = server_command(args.host, args.port, artifacts, extra)
+    url = users_url(args.host, args.port)
+    env, warning = server_env(database, extra, url)
     print(
         f"accelbench server: runs in {shown(database)}, artifacts in {artifacts}; users set "
-        f"MLFLOW_TRACKING_URI={users_url(args.host, args.port)}",
+        f"MLFLOW_TRACKING_URI={url}",
         file=sys.stderr,
         flush=True,
     )
-    env = {**os.environ, DATABASE_ENV: database}
-    # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
-    # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
-    env.setdefault(JOBS_ENV, "false")
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     os.execve(command[0], command, env)
     return 1  # not reached: execve replaced this process
