@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import requests
 import yaml
 from mlflow.tracking import MlflowClient
 
-from helpers import REPO, copy_repo, repo_params_raw, shared_mnist
+from helpers import REPO, copy_repo, repo_params_raw, shared_mnist, write_params
 
 BIN = Path(sys.executable).parent
 ACCELBENCH = str(BIN / "accelbench")
@@ -589,7 +590,7 @@ def test_a_server_restarted_mid_training_costs_the_pipeline_nothing(team_server,
     try:
         out = log.read_text()
         assert out.count("WARNING: MLflow tracking at") == 1, out[-4000:]
-        assert "Training goes on and writes its DVC outputs" in out
+        assert "The stage goes on and writes its DVC outputs" in out
         # every stage output, every epoch
         train = json.loads((repo / "metrics" / "cpu" / "train.json").read_text())
         assert train["status"] == "trained" and train["epochs"] == epochs
@@ -651,6 +652,19 @@ def test_the_systemd_units_command_serves_from_its_environment_file(postgres, tm
         named = requests.get(api, headers={"Host": f"mlbox:{port}"}, timeout=5)
         stranger = requests.get(api, headers={"Host": "other:1"}, timeout=5)
         assert (named.status_code, stranger.status_code) == (200, 403)
+        # a name the list leaves out: `accelbench runs` says so, not "start the server"
+        checkout = tmp_path / "checkout"
+        (checkout / ".dvc").mkdir(parents=True)
+        write_params(checkout)
+        runs = subprocess.run(
+            [ACCELBENCH, "runs"], cwd=checkout, capture_output=True, text=True, timeout=120,
+            env=pipeline_env(tmp_path, f"http://localhost:{port}"),
+        )  # fmt: skip
+        assert runs.returncode == 1, runs.stdout + runs.stderr
+        assert f"refuses the host name localhost:{port}" in runs.stderr, runs.stderr
+        assert (
+            "MLFLOW_SERVER_ALLOWED_HOSTS" in runs.stderr and "start the server" not in runs.stderr
+        )
     finally:
         server.stop()
     assert "warning: the allowed hosts" not in server.log.read_text()  # they allow its URL
@@ -691,3 +705,58 @@ def test_the_url_users_are_told_is_allowed_and_the_workers_start_quietly(
     output = server.log.read_text()
     assert output.count("Started server process") == 2, output  # both workers ran
     assert "starlette.middleware.wsgi" not in output, output
+
+
+LOG_A_PIPELINE = """
+    from pathlib import Path
+    from accelbench.system import tracking
+    with tracking.variant_run(Path("."), "cpu", {}, {"status": "trained"}):
+        tracking.log_metrics({"steady_epoch_s": 1.5, "test_accuracy": 0.8799})
+    tracking.finish_pipeline(Path("."), [], {})
+"""
+
+
+def test_runs_and_make_ui_lead_to_the_server(team_server, tmp_path) -> None:
+    """Before: runs logged to a server printed MLflow's "View run" lines (two a run);
+    `accelbench runs` linked the UI of `make ui`, which served the checkout's empty store."""
+    server = team_server[0]
+    checkout = tmp_path / "checkout"
+    (checkout / ".dvc").mkdir(parents=True)
+    write_params(checkout)
+    env = pipeline_env(tmp_path, server.url)
+    env.pop("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", None)
+
+    def log_a_pipeline(**extra: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(LOG_A_PIPELINE)],
+            cwd=checkout, env={**env, **extra}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout + out.stderr
+
+    assert "View run" not in log_a_pipeline()
+    # a user who wants MLflow's links back
+    loud = log_a_pipeline(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="false")
+    assert f"View run cpu at: {server.url}/" in loud, loud
+
+    runs = subprocess.run(
+        [ACCELBENCH, "runs"], cwd=checkout, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert runs.returncode == 0, runs.stderr
+    [link_line] = [line for line in runs.stdout.splitlines() if line.startswith("Its variants")]
+    link = link_line.split(": ", 1)[1]
+    assert link.startswith(f"{server.url}/#/experiments/") and "make ui" not in link_line
+    assert "viewStateShareKey" in link
+    assert requests.get(link.split("#")[0], timeout=10).status_code == 200
+
+    (checkout / "uv.lock").symlink_to(REPO / "uv.lock")  # the Makefile reads uv's version
+    ui = subprocess.run(
+        ["make", "--no-print-directory", "-f", str(REPO / "Makefile"), "ui", f"PORT={free_port()}"],
+        cwd=checkout, env={**env, "ACCELBENCH_ENV": str(BIN.parent)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ui.returncode != 0 and "Open" not in ui.stdout, ui.stdout + ui.stderr
+    [refusal] = [line for line in ui.stderr.splitlines() if line.startswith("make ui:")]
+    assert f"open {link} (or run `accelbench runs`)" in refusal
+    assert "`MLFLOW_TRACKING_URI= make ui`" in refusal
+    assert not (checkout / "mlflow.db").exists()

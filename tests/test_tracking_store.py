@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -390,3 +391,52 @@ def test_speedups_over_another_baseline_are_tagged_and_headed_as_such(
     assert header.split(" | ")[1] == "speedup vs cpu2 (95% interval)"
     amp_row = next(line for line in lines if line.startswith("| amp |"))
     assert amp_row.split(" | ")[1] == "148× (140–156×)"
+
+
+def test_accelbench_runs_shows_the_evaluated_accuracy(tmp_path, mlflow_store) -> None:
+    """Before: the last per-epoch `test_accuracy` the run logged, which after a tracking outage
+    mid-training is an early epoch's (87.99% against the evaluated 97.17%)."""
+    ids = _pipeline(tmp_path)
+    client = MlflowClient()
+    client.log_metric(ids["cpu"], "test_accuracy", 0.8799, step=1)  # the epoch before the outage
+    client.log_metric(ids["cpu"], "eval_test_accuracy", 0.9717)  # as compare logs it
+    rows = {
+        line.split(" | ")[0]: line.split(" | ")
+        for line in tracking.summary_markdown(tmp_path).splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["| cpu"][3] == "97.17%"
+    assert rows["| amp"][3] == "93.00%"  # no evaluation logged: the last epoch's
+
+
+def test_a_store_that_cannot_be_read_is_not_a_server_to_start(tmp_path, mlflow_store) -> None:
+    (tmp_path / "mlflow.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(tracking.TrackingUnreachable) as error:
+        tracking.summary_markdown(tmp_path)
+    assert f"cannot read MLflow tracking at {mlflow_store}" in str(error.value)
+    assert "server" not in str(error.value).split(")")[-1]
+    assert "move it aside" in str(error.value)
+
+
+def test_setup_hides_mlflows_run_links_unless_asked(tmp_path, mlflow_store, monkeypatch) -> None:
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    tracking.setup(tmp_path)
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false")
+    tracking.setup(tmp_path)
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "false"
+
+
+def test_make_ui_refuses_a_tracking_server(tmp_path, monkeypatch, capsys) -> None:
+    """Before: `make ui` with MLFLOW_TRACKING_URI naming a server served the checkout's own,
+    empty, mlflow.db. (tests/test_team_server.py checks the link against a real server.)"""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert tracking.ui_intro("127.0.0.1", "5000", tmp_path / "mlflow.db") == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1
+    assert f"the runs are on that server, open http://127.0.0.1:{closed} (or" in err
+    assert not (tmp_path / "mlflow.db").exists()

@@ -43,7 +43,7 @@ from contextlib import closing, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import mlflow
 import psutil
@@ -125,6 +125,20 @@ HTTP_DEFAULTS = {
 _outage: str | None = None  # set once tracking failed: the rest of this process skips it
 
 
+def _environment_defaults() -> None:
+    """MLflow's settings for accelbench, each unless the user set it: no telemetry, short HTTP
+    retries, and no "View run ... at" lines (two per run logged to a server)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def is_server(uri: str) -> bool:
+    """Whether the tracking URI is a tracking server's (over HTTP), not a store of one's own."""
+    return uri.startswith(("http://", "https://"))
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
@@ -148,7 +162,7 @@ def _report_outage(exc: BaseException) -> None:
         _outage = describe_failure(exc)
         print(
             f"accelbench: WARNING: MLflow tracking at {mlflow.get_tracking_uri()} failed "
-            f"({_outage}). Training goes on and writes its DVC outputs; this process "
+            f"({_outage}). The stage goes on and writes its DVC outputs; this process "
             "logs nothing more to MLflow.",
             file=sys.stderr,
             flush=True,
@@ -276,9 +290,7 @@ def setup(root: Path) -> str:
     file lock: the experiments of `dvc queue start -j 2` start at once on a new workspace, and
     two processes migrating one new database fail ("duplicate column name").
     """
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    _environment_defaults()
     own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
     uri = tracking_uri(root)
     mlflow.set_tracking_uri(uri)
@@ -1087,9 +1099,42 @@ def port_problem(host: str, port: int) -> str | None:
     return None
 
 
+def server_view_url(uri: str) -> str:
+    """The newest pipeline's variants on the tracking server at `uri` (`ui_path`), read
+    without writing; the server's URL alone if it cannot be read."""
+    base = uri.rstrip("/")
+    _environment_defaults()
+    try:
+        with _mlflow_logs_held():
+            client = MlflowClient(uri)
+            experiment = client.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
+                return f"{base}/#/experiments?{TRAINING_VIEW}"
+            pipelines = client.search_runs(
+                [experiment.experiment_id],
+                filter_string=f"tags.`{ROLE_TAG}` = 'pipeline'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+    except Exception:  # down, or refusing: the server's own page says why
+        return base
+    pipeline = pipelines[0].info.run_id if pipelines else None
+    return base + ui_path(experiment.experiment_id, pipeline, experiment.tags.get(VIEW_TAG))
+
+
 def ui_intro(host: str, port: str, store: Path) -> int:
     """`make ui`'s first step: refuse a port another program holds (one line on stderr, exit
-    1, before any link that would open that program), else print the link to the runs."""
+    1, before any link that would open that program), or a tracking server in
+    MLFLOW_TRACKING_URI (the runs are there, not in `store`), else print the link to the runs."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if is_server(uri):
+        print(
+            f"make ui: MLFLOW_TRACKING_URI is {uri}: the runs are on that server, open "
+            f"{server_view_url(uri)} (or run `accelbench runs`); `MLFLOW_TRACKING_URI= make ui` "
+            "serves this checkout's own store",
+            file=sys.stderr,
+        )
+        return 1
     problem = port_problem(host, int(port)) if port.isdigit() else f"PORT={port!r} is not a number"
     if problem:
         print(
@@ -1138,7 +1183,9 @@ class TrackingUnreachable(AccelbenchError):
 
 def _summary_row(run: Any) -> str:
     metrics, tags = run.data.metrics, run.data.tags
-    accuracy = metrics.get("test_accuracy")
+    # compare's evaluation of the trained model; else the last epoch the run logged (an
+    # older run, or one whose evaluation was not logged)
+    accuracy = metrics.get("eval_test_accuracy", metrics.get("test_accuracy"))
     cells = [
         run.info.run_name,
         tags.get("speedup"),  # over the report's baseline, as log_variant_figures wrote it
@@ -1172,6 +1219,22 @@ def _speedup_baseline(runs: list[Any]) -> str:
     return named.pop() if len(named) == 1 else "cpu" if not named else "/".join(sorted(named))
 
 
+def _unreadable(uri: str, exc: BaseException) -> str:
+    """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
+    failure = describe_failure(exc)
+    if not is_server(uri):
+        advice = "a store MLflow cannot read: move it aside, or set MLFLOW_TRACKING_URI to another"
+    elif "Invalid Host header" in failure or "Invalid Host header" in str(exc):
+        advice = (
+            f"the server runs but refuses the host name {urlsplit(uri).netloc}: use a name it "
+            f"allows, or add this one to MLFLOW_SERVER_ALLOWED_HOSTS on the server "
+            "(docs/teams.md)"
+        )
+    else:
+        advice = "start the server, or set MLFLOW_TRACKING_URI to one that runs"
+    return f"cannot read MLflow tracking at {uri} ({failure}); {advice}"
+
+
 def summary_markdown(root: Path) -> str:
     """`accelbench runs`: the newest pipeline run's variants, fastest first, and the link to
     them in the UI. Reading creates no store where there is none."""
@@ -1187,22 +1250,25 @@ def summary_markdown(root: Path) -> str:
                 else None
             )
     except Exception as exc:  # MlflowException, requests and sqlite errors, ...
-        raise TrackingUnreachable(
-            f"cannot read MLflow tracking at {tracking_uri(root)} ({describe_failure(exc)}); "
-            "start the server, or set MLFLOW_TRACKING_URI to one that runs"
-        ) from exc
+        raise TrackingUnreachable(_unreadable(tracking_uri(root), exc)) from exc
     if parent is None:
         return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
     link = ui_path(
         parent.info.experiment_id, parent.info.run_id, view, named_variant_runs(parent.data.tags)
     )
+    uri = tracking_uri(root)
+    where = (  # on the server itself; this checkout's store through `make ui`
+        f"in the UI, fastest first: {uri.rstrip('/')}{link}"
+        if is_server(uri)
+        else f"in the UI (`make ui`), fastest first: http://127.0.0.1:5000{link}"
+    )
     # fastest first (as the UI's view); variants without a steady epoch after them, in order
     ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
     skipped = [r for r in children if r.data.tags.get("status") == "skipped"]
     lines = [
-        f"MLflow: {tracking_uri(root)}, experiment `{EXPERIMENT}`",
+        f"MLflow: {uri}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
-        f"Its variants in the UI (`make ui`), fastest first: http://127.0.0.1:5000{link}",
+        f"Its variants {where}",
         "",
         "| " + " | ".join(SUMMARY_COLUMNS).format(baseline=_speedup_baseline(children)) + " |",
         "|" + "---|" * len(SUMMARY_COLUMNS),
