@@ -147,3 +147,37 @@ def test_a_colleagues_clone_pulls_the_same_results_and_reruns_nothing(ssh_remote
         assert status.split() == ["env:", "always", "changed"], status
         assert _files(clone) == expected, name
         assert git(clone, "status", "--porcelain", env=env) == "", name
+
+
+def test_dvcs_ssh_remote_does_not_check_the_host_key(ssh_remote, tmp_path) -> None:
+    """What docs/teams.md warns: DVC's ssh plugin (sshfs) connects with asyncssh's
+    `known_hosts=None`, so a host key that is not the one in ~/.ssh/known_hosts, or no
+    known_hosts at all, does not stop a push; and DVC has no remote option that turns the
+    check on. If this fails, DVC started checking: correct the doc."""
+    ssh_url, home = ssh_remote
+    env = pipeline_env(tmp_path, None, HOME=str(home))
+    repo = tmp_path / "tiny"
+    repo.mkdir()
+    git(repo, "init", "-q", env=env)
+    dvc(repo, "init", "-q", env=env)
+    (repo / "data.txt").write_text("pushed past a wrong host key\n")
+    dvc(repo, "add", "data.txt", env=env)
+    dvc(repo, "remote", "add", "--local", "-d", "team", ssh_url, env=env)
+
+    known_hosts = home / ".ssh" / "known_hosts"
+    impostor = tmp_path / "impostor_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
+    host = known_hosts.read_text().split()[0]
+    known_hosts.write_text(
+        f"{host} {' '.join(impostor.with_suffix('.pub').read_text().split()[:2])}\n"
+    )
+    assert "1 file pushed" in dvc(repo, "push", env=env).stdout
+
+    known_hosts.unlink()
+    (repo / "data.txt").write_text("and with no known_hosts at all\n")
+    dvc(repo, "add", "data.txt", env=env)
+    assert "1 file pushed" in dvc(repo, "push", env=env).stdout
+
+    option = dvc(repo, "remote", "modify", "--local", "team", "known_hosts", str(known_hosts),
+                 env=env, check=False)  # fmt: skip
+    assert option.returncode != 0 and "known_hosts" in option.stderr, option.stderr
