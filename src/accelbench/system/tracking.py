@@ -1223,7 +1223,10 @@ def _unreadable(uri: str, exc: BaseException) -> str:
     """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
     failure = describe_failure(exc)
     if not is_server(uri):
-        advice = "a store MLflow cannot read: move it aside, or set MLFLOW_TRACKING_URI to another"
+        advice = (
+            "try again once no stage writes to it (locked); if it stays unreadable, move it "
+            "aside, or set MLFLOW_TRACKING_URI to another store"
+        )
     elif "Invalid Host header" in failure or "Invalid Host header" in str(exc):
         advice = (
             f"the server runs but refuses the host name {urlsplit(uri).netloc}: use a name it "
