@@ -201,3 +201,12 @@ def test_the_shared_machine_note_names_training_and_inference() -> None:
     assert shared_notes([both])[1] == f"- gpu: {shared_machine(both)}."
     trained_only = replace(row, train=both.train)
     assert shared_machine(trained_only) == "train@cpu on the CPU"  # as train.json says it
+
+
+def test_an_interval_narrower_than_the_last_digit_is_left_out() -> None:
+    """A time to target 19.3 s of first epoch and two 0.07 s epochs read "19.5 s (19.5–19.5
+    s)" in `accelbench runs` and the report."""
+    from accelbench.core.progress import fmt_interval, fmt_seconds
+
+    assert fmt_interval(19.47, 19.46, 19.48, fmt_seconds) == "19.5 s"
+    assert fmt_interval(0.129, 0.127, 0.131, fmt_seconds) == "0.129 s (0.127–0.131 s)"

@@ -27,11 +27,14 @@ def fmt_interval(
     value: float, lo: float | None, hi: float | None, fmt: Callable[[float], str]
 ) -> str:
     """`fmt(value)` and, where both ends are given, its 95% interval with the unit written
-    once: "0.129 s (0.127–0.131 s)", "12.3× (11.0–13.5×)"."""
+    once: "0.129 s (0.127–0.131 s)", "12.3× (11.0–13.5×)"; an interval narrower than the
+    figure's last digit is left out ("19.5 s", not "19.5 s (19.5–19.5 s)")."""
     text = fmt(value)
     if lo is None or hi is None:
         return text
     low, high = fmt(lo), fmt(hi)
+    if low == high == text:
+        return text
     unit = high.lstrip("0123456789.,+-")  # " s", "×"
     if unit and low.endswith(unit):
         low = low[: -len(unit)]
