@@ -440,3 +440,39 @@ def test_make_ui_refuses_a_tracking_server(tmp_path, monkeypatch, capsys) -> Non
     assert out == "" and len(err.strip().splitlines()) == 1
     assert f"the runs are on that server, open http://127.0.0.1:{closed} (or" in err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_second_comparison_replaces_the_figures_and_tags_it_changes(
+    tmp_path, mlflow_store
+) -> None:
+    """A repro of compare alone after a new target kept the first comparison's time to
+    target in `accelbench runs` (figures already logged were never logged again); a baseline
+    that did not train left the old `speedup` tag under a "speedup vs gpu" header."""
+    ids = _pipeline(tmp_path)
+    client = MlflowClient()
+    tracking.log_variant_figures(tmp_path, {ids[name]: FIGURES[name] for name in FIGURES})
+    later = {**FIGURES["amp"], "time_to_target_s": 9.9, "test_accuracy": 0.95}
+    tracking.log_variant_figures(tmp_path, {ids["amp"]: later})
+    amp = client.get_run(ids["amp"])
+    assert (
+        amp.data.metrics["time_to_target_s"] == 9.9 and amp.data.tags["time_to_target"] == "9.900 s"
+    )
+    # the per-epoch series training logged keeps its shape
+    assert sorted(m.step for m in client.get_metric_history(ids["amp"], "test_accuracy")) == [
+        1,
+        2,
+        3,
+    ]
+    row = next(
+        line for line in tracking.summary_markdown(tmp_path).splitlines() if "| amp |" in line
+    )
+    assert row.split(" | ")[4] == "9.900 s"
+
+    # now over gpu, which was skipped: no speedups, and no tag left from the cpu baseline
+    none = {k: v for k, v in later.items() if not k.startswith("speedup_vs_cpu")}
+    tracking.log_variant_figures(tmp_path, {ids["amp"]: none}, "gpu")
+    amp = client.get_run(ids["amp"])
+    assert "speedup" not in amp.data.tags and amp.data.tags["speedup_baseline"] == "gpu"
+    lines = tracking.summary_markdown(tmp_path).splitlines()
+    row = next(line for line in lines if "| amp |" in line)
+    assert row.split(" | ")[1] == "n/a"

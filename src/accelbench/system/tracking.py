@@ -40,6 +40,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,7 +56,7 @@ from mlflow.utils.time import get_current_time_millis
 from accelbench.core import phases
 from accelbench.core.console import AccelbenchError, clip, log
 from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
-from accelbench.core.results import EvalSummary, TrainSummary
+from accelbench.core.results import EpochRecord, EvalSummary, TrainSummary
 
 T = TypeVar("T")
 EXPERIMENT = "accelbench"
@@ -236,19 +237,27 @@ STORE_LOCK = Path(".accelbench") / "mlflow.db.lock"  # in the workspace, beside 
 STORE_LOCK_TIMEOUT_S = 300
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    """The file of a SQLite store's URI (None: not a SQLite file)."""
+    if not uri.startswith("sqlite:///") or uri.startswith("sqlite:///:memory:"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
 def _store_lock_path(uri: str, workspace: Path, own_store: bool) -> Path | None:
     """The lock file that serializes setting up the SQLite store at `uri` (None: not SQLite)."""
     if own_store:
         return workspace / STORE_LOCK
-    if not uri.startswith("sqlite:///") or uri.startswith("sqlite:///:memory:"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0] + ".lock")
+    store = _sqlite_path(uri)
+    return None if store is None else store.with_name(store.name + ".lock")
 
 
 @contextmanager
-def _store_locked(path: Path | None) -> Iterator[None]:
+def _store_locked(path: Path | None, store: Path | None = None) -> Iterator[None]:
     """Hold `path`'s lock (fcntl.flock: released by the kernel when the process dies, however it
-    dies), waiting up to STORE_LOCK_TIMEOUT_S for another process to release it."""
+    dies), waiting up to STORE_LOCK_TIMEOUT_S for another process to release it. Where the
+    lock cannot be made and the `store` is one this process cannot write either (a read-only
+    mount, a colleague's folder), it can only read the store, and readers need no lock."""
     if path is None:
         yield
         return
@@ -259,10 +268,11 @@ def _store_locked(path: Path | None) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = path.open("a")
     except OSError as exc:
-        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        read_only = store is not None and store.exists() and not os.access(store, os.W_OK)
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not read_only:
             raise
-        # A store in a place this process cannot write (a read-only mount, someone else's
-        # folder): it can only read it, and readers need no lock.
+        handle = None
+    if handle is None:
         yield
         return
     with handle:
@@ -297,7 +307,8 @@ def setup(root: Path) -> str:
     workspace = store_root(root)
     if own_store:
         _link_artifacts(root, workspace)
-    with _store_locked(_store_lock_path(uri, workspace, own_store)):
+    store = workspace / STORE if own_store else _sqlite_path(uri)
+    with _store_locked(_store_lock_path(uri, workspace, own_store), store):
         experiment_id = _experiment_id(workspace, own_store)
         if own_store:
             relative_artifacts(workspace / STORE)
@@ -801,15 +812,19 @@ def log_variant_figures(
     """Each variant's headline figures (`steady_epoch_s`, `speedup_vs_<baseline>`, their
     `_lo`/`_hi` 95% interval, ...), keyed by the variant's MLflow run id, as metrics of that
     run, and the key ones as text tags (`figure_tags`), with the baseline the speedup is over;
-    None (a figure this variant has not) is left out.
+    None (a figure this variant has not) is left out, and a tag an earlier comparison wrote
+    for it is removed.
 
     Logged through the client, so the runs keep their train stage's start and end. A figure
-    the run already has (training logged `steady_epoch_s`, and `test_accuracy` per epoch, the
-    same values) is not logged again: its series keeps its shape.
+    the run already has with the same value (training logged `steady_epoch_s`) is not logged
+    again, nor is one the training logs per epoch (`test_accuracy`): its series keeps its
+    shape. Another comparison's figures (a new target, another baseline) are logged anew.
     """
     setup(root)
     client = MlflowClient()
     now = get_current_time_millis()
+    series = {f.name for f in fields(EpochRecord)}
+    wanted = figure_tags(speedup_baseline)
     for run_id, values in figures.items():
         run = _run_in_store(client, run_id)
         if run is None:  # log_evaluation said so
@@ -817,15 +832,21 @@ def log_variant_figures(
         numbers = _numbers(values)
         logged = run.data.metrics
         tags = {
-            tag: figure_text(numbers, *figure)
-            for tag, figure in figure_tags(speedup_baseline).items()
+            tag: figure_text(numbers, *wanted[tag]) if tag in wanted else None
+            for tag in FIGURE_TAGS
         }
         tags[SPEEDUP_BASELINE_TAG] = speedup_baseline
         client.log_batch(
             run_id,
-            metrics=[Metric(k, v, now, 0) for k, v in numbers.items() if k not in logged],
+            metrics=[
+                Metric(k, v, now, 0)
+                for k, v in numbers.items()
+                if k not in logged or (logged[k] != v and k not in series)
+            ],
             tags=[RunTag(k, v) for k, v in tags.items() if v is not None],
         )
+        for key in [k for k, v in tags.items() if v is None and k in run.data.tags]:
+            client.delete_tag(run_id, key)
 
 
 def logged_model_id(experiment_id: str, run_id: str) -> str | None:
@@ -1043,6 +1064,15 @@ def ui_path(
     return f"{runs}&{urlencode(facets, quote_via=quote)}"
 
 
+def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) -> str:
+    """`ui_path` for a pipeline run as MLflow's client returns it (None: there is none yet):
+    its variants, those it names (VARIANT_RUNS_TAG) where it does."""
+    if pipeline is None:
+        return ui_path(experiment_id)
+    named = named_variant_runs(pipeline.data.tags)
+    return ui_path(experiment_id, pipeline.info.run_id, view, named)
+
+
 def training_view_url(base_url: str, store: Path) -> str:
     """Where `make ui` sends a user: the newest pipeline's variants (`ui_path`), read from the
     SQLite `store` without writing to it; the experiment while it has no pipeline run, the
@@ -1118,8 +1148,9 @@ def server_view_url(uri: str) -> str:
             )
     except Exception:  # down, or refusing: the server's own page says why
         return base
-    pipeline = pipelines[0].info.run_id if pipelines else None
-    return base + ui_path(experiment.experiment_id, pipeline, experiment.tags.get(VIEW_TAG))
+    return base + pipeline_path(
+        experiment.experiment_id, pipelines[0] if pipelines else None, experiment.tags.get(VIEW_TAG)
+    )
 
 
 def ui_intro(host: str, port: str, store: Path) -> int:
@@ -1181,6 +1212,15 @@ class TrackingUnreachable(AccelbenchError):
     """The tracking store cannot be read (a server that is down, a broken store)."""
 
 
+def _figure_cell(run: Any, tag: str) -> str | None:
+    """A figure as compare last tagged it on the run; a run it never compared (no figure
+    tag at all) from the figure's metric."""
+    tags = run.data.tags
+    if any(t in tags for t in (*FIGURE_TAGS, SPEEDUP_BASELINE_TAG)):
+        return tags.get(tag)
+    return figure_text(run.data.metrics, *FIGURE_TAGS[tag])
+
+
 def _summary_row(run: Any) -> str:
     metrics, tags = run.data.metrics, run.data.tags
     # compare's evaluation of the trained model; else the last epoch the run logged (an
@@ -1188,10 +1228,10 @@ def _summary_row(run: Any) -> str:
     accuracy = metrics.get("eval_test_accuracy", metrics.get("test_accuracy"))
     cells = [
         run.info.run_name,
-        tags.get("speedup"),  # over the report's baseline, as log_variant_figures wrote it
-        figure_text(metrics, *FIGURE_TAGS["steady_epoch"]),
+        _figure_cell(run, "speedup"),  # over the report's baseline
+        _figure_cell(run, "steady_epoch"),
         f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
-        figure_text(metrics, *FIGURE_TAGS["time_to_target"]),
+        _figure_cell(run, "time_to_target"),
         tags.get("status", ""),
         tags.get("device_name", tags.get("device", "")),
         run.info.status,
@@ -1214,9 +1254,11 @@ SUMMARY_COLUMNS = (
 
 
 def _speedup_baseline(runs: list[Any]) -> str:
-    """The variant the runs' speedups are over, as compare tagged them ("cpu" before it)."""
+    """The variant the runs' speedups are over, as compare tagged them."""
     named = {r.data.tags[SPEEDUP_BASELINE_TAG] for r in runs if SPEEDUP_BASELINE_TAG in r.data.tags}
-    return named.pop() if len(named) == 1 else "cpu" if not named else "/".join(sorted(named))
+    return (
+        named.pop() if len(named) == 1 else "the baseline" if not named else "/".join(sorted(named))
+    )
 
 
 def _unreadable(uri: str, exc: BaseException) -> str:
@@ -1256,9 +1298,7 @@ def summary_markdown(root: Path) -> str:
         raise TrackingUnreachable(_unreadable(tracking_uri(root), exc)) from exc
     if parent is None:
         return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
-    link = ui_path(
-        parent.info.experiment_id, parent.info.run_id, view, named_variant_runs(parent.data.tags)
-    )
+    link = pipeline_path(parent.info.experiment_id, parent, view)
     uri = tracking_uri(root)
     where = (  # on the server itself; this checkout's store through `make ui`
         f"in the UI, fastest first: {uri.rstrip('/')}{link}"
