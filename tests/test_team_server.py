@@ -760,3 +760,51 @@ def test_runs_and_make_ui_lead_to_the_server(team_server, tmp_path) -> None:
     assert f"open {link} (or run `accelbench runs`)" in refusal
     assert "`MLFLOW_TRACKING_URI= make ui`" in refusal
     assert not (checkout / "mlflow.db").exists()
+
+    # a repro of compare alone: a new pipeline run names the earlier one's cpu; both links
+    # lead to it (the refusal's link had filtered by the new run's children: none trained)
+    report_again = (
+        "from pathlib import Path\n"
+        "from mlflow.tracking import MlflowClient\n"
+        "from accelbench.system import tracking\n"
+        "ids = [r.info.run_id for r in MlflowClient().search_runs(\n"
+        "    [tracking.setup(Path('.'))], \"attributes.run_name = 'cpu'\")]\n"
+        "tracking.finish_pipeline(Path('.'), [], {}, ids[:1])\n"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", report_again], cwd=checkout, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    runs = subprocess.run(
+        [ACCELBENCH, "runs"], cwd=checkout, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "| cpu |" in runs.stdout, runs.stdout
+    [link_line] = [line for line in runs.stdout.splitlines() if line.startswith("Its variants")]
+    link = link_line.split(": ", 1)[1]
+    ui = subprocess.run(
+        ["make", "--no-print-directory", "-f", str(REPO / "Makefile"), "ui", f"PORT={free_port()}"],
+        cwd=checkout, env={**env, "ACCELBENCH_ENV": str(BIN.parent)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    [refusal] = [line for line in ui.stderr.splitlines() if line.startswith("make ui:")]
+    assert f"open {link} (or run `accelbench runs`)" in refusal and "viewStateShareKey" in link
+
+
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "203.0.113.5", "mlbox.lab.example", "fd00::5", "2001:db8::7"]
+)
+def test_the_url_printed_for_any_host_is_allowed(host) -> None:
+    """Only the machine's own names were added to MLflow's defaults: `--host 203.0.113.5` (or a
+    name, or an IPv6 address) printed a URL the server then refused (403), with no warning."""
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    from accelbench.system import server
+
+    url = server.users_url(host, 5001)
+    env, warning = server.server_env("postgresql://mlflow@db/mlflow", [], url)
+    allowed = env[server.ALLOWED_HOSTS_ENV].split(",")
+    assert warning is None
+    assert is_allowed_host_header(allowed, url.split("//", 1)[1])
+    assert is_allowed_host_header(allowed, "localhost:5001")  # MLflow's own defaults stay
+    assert not is_allowed_host_header(allowed, "evil.example:5001")

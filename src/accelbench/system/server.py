@@ -237,14 +237,16 @@ def _given_allowed_hosts(extra: list[str]) -> str | None:
     return given or os.environ.get(ALLOWED_HOSTS_ENV) or None
 
 
-def default_allowed_hosts() -> str:
+def default_allowed_hosts(url: str = "") -> str:
     """MLflow's own default allowed hosts (localhost, private addresses), which a list of one's
-    own replaces, plus this machine's host name and FQDN, bare and with any port: the names
-    `users_url` gives users."""
+    own replaces, plus this machine's host name and FQDN and the host of `url` (what users are
+    told to set: `--host mlbox.lab.example`, a public address), bare and with any port."""
     from mlflow.server.security_utils import get_default_allowed_hosts
 
-    names = [n for n in (socket.gethostname(), socket.getfqdn()) if n]
-    ours = [form for name in names for form in (name, f"{name}:*")]
+    given = urlsplit(url).netloc.rsplit(":", 1)[0] if url else ""
+    names = [n for n in (socket.gethostname(), socket.getfqdn(), given) if n]
+    # fnmatch reads "[" as a set: an IPv6 address's bracket is escaped, as MLflow's own are
+    ours = [form for name in names for form in (name, f"{name.replace('[', '[[]', 1)}:*")]
     return ",".join(dict.fromkeys([*get_default_allowed_hosts(), *ours]))
 
 
@@ -273,8 +275,7 @@ def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str
     env["PYTHONWARNINGS"] = UI_WARNINGS + (f",{given}" if given else "")
     allowed = _given_allowed_hosts(extra)
     if allowed is None:  # MLflow's defaults refuse the host name users are told to type
-        env[ALLOWED_HOSTS_ENV] = default_allowed_hosts()
-        return env, None
+        allowed = env[ALLOWED_HOSTS_ENV] = default_allowed_hosts(url)
     return env, refused_url(allowed, url)
 
 
