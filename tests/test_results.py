@@ -3,8 +3,11 @@ type fails where it is read, naming the keys."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -231,31 +234,26 @@ def test_a_renamed_energy_column_fails_instead_of_costing_the_stated_wattage(tmp
         read_epoch_records(path)
 
 
-def test_a_torch_save_that_fills_the_disk_is_an_os_error(tmp_path, monkeypatch) -> None:
-    """torch's zip writer reports a full disk as "RuntimeError: [enforce fail at
-    inline_container.cc:672] . unexpected pos ..."; the old file stays, no temporary is left."""
-    import errno
-    import shutil
-    from collections import namedtuple
-
-    from accelbench.core import results
-
+def test_a_torch_save_past_a_file_size_limit_is_an_os_error(tmp_path) -> None:
+    """Under `ulimit -f` (or a quota) torch's zip writer raised "RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos ...", a bug report to the CLI; the old file
+    stays, no temporary is left. (A full disk: tests/test_outputs.py, on a real tmpfs.)"""
     path = tmp_path / "model.pt"
     path.write_bytes(b"old")
-
-    def failing(_payload, _path) -> None:
-        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 79488")
-
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(torch, "save", failing)
-    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(1 << 30, 1 << 30, 4096))
-    with pytest.raises(OSError) as raised:
-        results.atomic_torch_save({"w": 1}, path)
-    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(path)
-    # with room on the disk, torch's error is not a full disk's: it goes on as it was
-    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(1 << 30, 0, 1 << 30))
-    with pytest.raises(RuntimeError, match="unexpected pos"):
-        results.atomic_torch_save({"w": 1}, path)
+    probe = (
+        "import resource, sys, torch\n"
+        "from pathlib import Path\n"
+        "from accelbench.core.results import atomic_torch_save\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    atomic_torch_save({'w': torch.zeros(1 << 20)}, Path(sys.argv[1]))\n"
+        "except OSError as exc:\n"
+        "    print(exc.errno, exc.filename)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.split() == [str(errno.EFBIG), str(path)], result.stderr[-2000:]
     assert path.read_bytes() == b"old" and sorted(tmp_path.iterdir()) == [path]
 
 

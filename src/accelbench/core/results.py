@@ -10,11 +10,9 @@ a renamed field fails loudly where it is read instead of becoming an "n/a" in th
 from __future__ import annotations
 
 import csv
-import errno
 import functools
 import json
 import os
-import shutil
 import types
 import typing
 import warnings
@@ -25,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from accelbench.core import phases
-from accelbench.core.console import InputError, echo
+from accelbench.core.console import DISK_FULL_ERRNOS, InputError, echo
 
 TRAIN_JSON = "train.json"
 EPOCHS_CSV = "epochs.csv"
@@ -757,23 +755,22 @@ def _torch_payload(path: Path, not_ours: str) -> Any:
         raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
 
 
-# Below this much free space, a failed torch.save is taken for a full disk.
-NEARLY_FULL_BYTES = 16 << 20
-
-
 def atomic_torch_save(payload: Any, path: Path) -> None:
     """torch.save to a temporary, then rename; a failed save (a full disk) leaves the old
-    file and no temporary. torch's zip writer reports a full disk as a RuntimeError ("unexpected
-    pos 79488 vs 79440"): on a nearly full disk that is raised as the OSError it is."""
+    file and no temporary. torch's zip writer reports a write that failed for want of space
+    (a full disk, a quota, `ulimit -f`) as a RuntimeError ("unexpected pos 79488 vs 79440"),
+    with the OSError behind it: that is raised as what it is, naming the file."""
     import torch
 
     with atomic_path(path) as tmp:
         try:
-            torch.save(payload, tmp)
-        except RuntimeError as exc:
-            if shutil.disk_usage(path.parent).free >= NEARLY_FULL_BYTES:
-                raise
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
+            with tmp.open("wb") as handle:  # a file of ours: its OSError is torch's context
+                torch.save(payload, handle)
+        except (OSError, RuntimeError) as exc:
+            cause = exc if isinstance(exc, OSError) else exc.__context__ or exc.__cause__
+            if isinstance(cause, OSError) and cause.errno in DISK_FULL_ERRNOS:
+                raise OSError(cause.errno, cause.strerror, str(path)) from exc
+            raise
 
 
 @dataclass(frozen=True)
