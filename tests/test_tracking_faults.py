@@ -303,6 +303,23 @@ def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path) -> None:
     assert (workspace / tracking.STORE_LOCK).is_file()
 
 
+def test_make_ui_refuses_another_store_named_by_the_environment(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """With MLFLOW_TRACKING_URI naming a colleague's store, `accelbench runs` read that store
+    and pointed to `make ui`, which served this checkout's own."""
+    store = tmp_path / "mlflow.db"
+    other = f"sqlite:///{tmp_path / 'colleague' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
+    assert tracking.ui_intro("127.0.0.1", "5000", store) == 1
+    [message] = capsys.readouterr().err.splitlines()
+    assert message.startswith(f"make ui: MLFLOW_TRACKING_URI is {other}, not this checkout's")
+    assert f"mlflow server --backend-store-uri {other}" in message
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")  # its own, named: served
+    monkeypatch.setattr(tracking, "port_problem", lambda *_: None)
+    assert tracking.ui_intro("127.0.0.1", "5000", store) == 0
+
+
 def test_make_ui_serves_the_link_it_prints(tmp_path) -> None:
     """The README's `make ui`, run as it ships: the link it prints answers, and its start-up
     is MLflow's few lines (one worker; no warnings about MLflow's own imports)."""

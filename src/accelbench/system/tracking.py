@@ -1155,14 +1155,23 @@ def server_view_url(uri: str) -> str:
 
 def ui_intro(host: str, port: str, store: Path) -> int:
     """`make ui`'s first step: refuse a port another program holds (one line on stderr, exit
-    1, before any link that would open that program), or a tracking server in
-    MLFLOW_TRACKING_URI (the runs are there, not in `store`), else print the link to the runs."""
+    1, before any link that would open that program), or a MLFLOW_TRACKING_URI that is not
+    `store` (a tracking server, another store: the runs are there), else print the link."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if is_server(uri):
         print(
             f"make ui: MLFLOW_TRACKING_URI is {uri}: the runs are on that server, open "
             f"{server_view_url(uri)} (or run `accelbench runs`); `MLFLOW_TRACKING_URI= make ui` "
             "serves this checkout's own store",
+            file=sys.stderr,
+        )
+        return 1
+    elsewhere = _sqlite_path(uri)
+    if uri and (elsewhere is None or elsewhere.resolve() != store.resolve()):
+        print(
+            f"make ui: MLFLOW_TRACKING_URI is {uri}, not this checkout's store {store}: serve "
+            f"it with `mlflow server --backend-store-uri {uri}`; `MLFLOW_TRACKING_URI= make ui` "
+            "serves this checkout's own",
             file=sys.stderr,
         )
         return 1
@@ -1264,7 +1273,9 @@ def _speedup_baseline(runs: list[Any]) -> str:
 def _unreadable(uri: str, exc: BaseException) -> str:
     """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
     failure = describe_failure(exc)
-    if not is_server(uri):
+    if not is_server(uri) and _sqlite_path(uri) is None:  # a database server: postgresql://
+        advice = "check that the database runs and MLFLOW_TRACKING_URI names it"
+    elif not is_server(uri):
         advice = (
             "try again once no stage writes to it (locked); if it stays unreadable, move it "
             "aside, or set MLFLOW_TRACKING_URI to another store"
