@@ -297,6 +297,21 @@ def test_compare_refuses_another_variants_evaluation_in_a_folder(
     assert not (root / "reports").exists()  # refused before any output
 
 
+def test_compare_leaves_a_removed_variants_timings_out_of_the_report(tmp_path, untracked) -> None:
+    """The timings a removed variant's stages left in .accelbench/timings/ were listed as
+    up-to-date stages of the pipeline."""
+    from accelbench.core import phases
+    from accelbench.core.phases import StageTiming
+
+    root = tmp_path / "workspace"
+    inputs = _workspace(root)
+    for stage in ("train@cpu", "train@gone", "evaluate@gone"):
+        phases.write(root, StageTiming(stage, 1000.0, 5.0, {"imports": 1.0}, 3.0))
+    _compare(root, inputs)
+    report = (root / "reports" / "comparison.md").read_text()
+    assert "| train@cpu |" in report and "@gone" not in report
+
+
 def test_compare_refuses_a_trained_variant_without_epochs(tmp_path, untracked) -> None:
     """An epochs.csv emptied to its header was accepted: the cost read $0.0000."""
     root = tmp_path / "workspace"
