@@ -95,7 +95,7 @@ def test_image_installs_from_the_same_lock_as_make_and_ci() -> None:
     assert _arg_default("UV_VERSION") == _lock()["uv"]
     makefile = (REPO / "Makefile").read_text()
     assert (
-        "uv sync --locked --quiet --compile-bytecode" in makefile
+        '/uv" sync --locked --quiet --compile-bytecode' in makefile
         and 'pip install --quiet "uv==$(UV_VERSION)"' in makefile
     )
     ci = (REPO / ".ci" / "run").read_text()
@@ -246,8 +246,8 @@ def test_make_uses_an_environment_given_by_absolute_path(tmp_path) -> None:
         (env_bin / tool).chmod(0o755)
     environ = {"PATH": "/usr/bin:/bin", "ACCELBENCH_ENV": str(env_bin.parent)}
     for goal, expected in (
-        (["lock"], f"{env_bin}/uv lock"),
-        (["wheelhouse", "PY=3.12", "HOST_PACKAGES=x"], f"{env_bin}/python tools/wheelhouse.py"),
+        (["lock"], f'"{env_bin}/uv" lock'),
+        (["wheelhouse", "PY=3.12", "HOST_PACKAGES=x"], f'"{env_bin}/python" tools/wheelhouse.py'),
     ):
         plan = subprocess.run(
             ["make", "-n", *goal], cwd=REPO, env=environ, capture_output=True, text=True, check=True
