@@ -92,9 +92,10 @@ def test_a_save_that_fails_midway_keeps_the_old_file_and_no_temporary(
     path = tmp_path / "cpu.pt"
     atomic_torch_save({"epochs_done": 1}, path)
 
-    def disk_full(payload, target) -> None:
-        target.write_bytes(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+    def disk_full(payload, target) -> None:  # target: the temporary's open file
+        target.write(b"partial")
+        target.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(OSError, match="No space left"):
