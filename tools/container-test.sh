@@ -292,7 +292,7 @@ run -v "$checkout:/workspace" -e ACCELBENCH_GPU=1 --entrypoint bash "$IMAGE:devc
 run -v "$checkout:/workspace" --entrypoint bash "$IMAGE:devcontainer" -c "
   cd /workspace && make -n lock && make -n wheelhouse PY=3.12 HOST_PACKAGES=tools/host-packages/nvidia-h200.txt" \
   >"$WORK/make-n.log" 2>&1 || { cat "$WORK/make-n.log"; fail "make -n lock / wheelhouse in the devcontainer"; }
-grep -qx "/opt/venv/bin/uv lock" "$WORK/make-n.log" && grep -q "^/opt/venv/bin/python tools/wheelhouse.py" "$WORK/make-n.log" \
+grep -qx '"/opt/venv/bin/uv" lock' "$WORK/make-n.log" && grep -q '^"/opt/venv/bin/python" tools/wheelhouse.py' "$WORK/make-n.log" \
   && ! grep -q -- "-m venv" "$WORK/make-n.log" || { cat "$WORK/make-n.log"; fail "make lock / wheelhouse do not use /opt/venv"; }
 ok "devcontainer: a missing GPU that was asked for fails post-create with the fix; make lock and wheelhouse use /opt/venv"
 
