@@ -97,11 +97,15 @@ def _variant_metrics_file(path: Path) -> bool:
     )
 
 
-def _comparison_json(path: Path) -> bool:
-    payload = json_payload(path)
+def _is_comparison(payload: Any) -> bool:
+    """comparison.json's shape: each variant's entry, with its status."""
     return isinstance(payload, dict) and all(
         isinstance(values, dict) and "status" in values for values in payload.values()
     )
+
+
+def _comparison_json(path: Path) -> bool:
+    return _is_comparison(json_payload(path))
 
 
 # What compare writes, as it recognises its earlier outputs (anything else there is refused).
@@ -117,9 +121,8 @@ PIPELINE_TIME_JSON = json_kind(
 
 def reported_variants(comparison_json: Path) -> set[str]:
     """The variants an earlier comparison.json (compare's own) reported on; none without one."""
-    if not comparison_json.is_file() or not _comparison_json(comparison_json):
-        return set()
-    return set(json_payload(comparison_json))
+    payload = json_payload(comparison_json) if comparison_json.is_file() else None
+    return set(payload) if _is_comparison(payload) else set()
 
 
 def write_variant_metrics(
