@@ -16,12 +16,21 @@
 #   clearly), the MLflow store read from the host, and the devcontainer (configuration read by
 #   @devcontainers/cli, built by it, its post-create command run as a `dev` whose uid VS Code
 #   changed to the host user's).
-# Everything it creates (images, containers, storage, the clone) is removed on exit, failed or
-# not; the base and the npm tool stay cached.
+# Everything it creates (images, containers, storage, the clone) lives in a folder of its own
+# under /var/tmp and is removed on exit, failed or not, so two runs on one machine do not touch
+# each other's mounts; the base and the npm tool stay cached, built under a lock.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-WORK=${ACCELBENCH_CONTAINER_WORK:-/var/tmp/accelbench-container-test}
+# ACCELBENCH_CONTAINER_KEEP (for working on this script) keeps the layers between runs in one
+# fixed folder; otherwise each run gets its own.
+if [ -n "${ACCELBENCH_CONTAINER_WORK:-}" ]; then
+  WORK=$ACCELBENCH_CONTAINER_WORK
+elif [ -n "${ACCELBENCH_CONTAINER_KEEP:-}" ]; then
+  WORK=/var/tmp/accelbench-container-test
+else
+  WORK=
+fi
 CACHE=${ACCELBENCH_CONTAINER_CACHE:-/var/cache/accelbench-container-test}
 # The container runs with --network none: MNIST comes from a local mirror, by default the raw
 # files an earlier `make repro` downloaded, else CI's verified copy beside the checkout.
@@ -72,7 +81,7 @@ cleanup() {
     say "kept $WORK (ACCELBENCH_CONTAINER_KEEP)"
     exit "$status"
   fi
-  if [ -d "$WORK/storage" ]; then
+  if [ -d "$WORK/storage" ] && [ -n "${CONTAINERS_STORAGE_CONF:-}" ]; then  # only this run's
     podman rm --all --force >/dev/null 2>&1
     buildah rm --all >/dev/null 2>&1
     podman rmi --all --force >/dev/null 2>&1
@@ -83,11 +92,18 @@ cleanup() {
   [ "$status" = 0 ] || say "failed (exit $status); images, containers and $WORK removed"
   exit "$status"
 }
+if [ -z "$WORK" ]; then
+  WORK=$(mktemp -d /var/tmp/accelbench-container-test.XXXXXX)
+  chmod 755 "$WORK"  # mktemp's 700 would keep uid $OWNER out of its checkout inside
+elif [ -z "${ACCELBENCH_CONTAINER_KEEP:-}" ] && [ -e "$WORK" ]; then
+  fail "$WORK exists: another run may be using it; remove it or leave ACCELBENCH_CONTAINER_WORK unset"
+fi
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-[ -n "${ACCELBENCH_CONTAINER_KEEP:-}" ] || rm -rf "$WORK"
 rm -rf "$WORK/checkout" "$WORK/owner-home"
 mkdir -p "$WORK/storage" "$WORK/run" "$CACHE"
+# The cache is shared by every run on this machine: whoever fills or refreshes it holds this.
+exec {cache_lock}>"$CACHE/.lock"
 cat >"$WORK/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
@@ -124,6 +140,7 @@ mkdir -p "$WORK/owner-home"
 chown -R "$OWNER:$OWNER" "$checkout" "$WORK/owner-home"
 # --- the stand-in base --------------------------------------------------------------------
 rootfs="$CACHE/rootfs-$SUITE"
+flock "$cache_lock"
 if [ ! -f "$rootfs/.complete" ]; then
   mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
   mirror=${mirror:-http://deb.debian.org/debian}
@@ -149,6 +166,7 @@ if [ -z "${ACCELBENCH_CONTAINER_KEEP:-}" ] || ! podman image exists "$BASE"; the
     | podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$BASE" >/dev/null
 fi
+flock --unlock "$cache_lock"
 # What `devcontainer build` asks for by name, as the Dockerfile's FROM does.
 cuda=$(sed -n 's/^ARG CUDA_VERSION=//p' "$REPO/Dockerfile")
 ubuntu=$(sed -n 's/^ARG UBUNTU=//p' "$REPO/Dockerfile")
@@ -246,9 +264,11 @@ ok "$(tail -n1 "$WORK/store.log")"
 
 # --- the devcontainer ---------------------------------------------------------------------
 npm_prefix="$CACHE/npm"
+flock "$cache_lock"
 if [ ! -x "$npm_prefix/bin/devcontainer" ]; then
   npm install --silent --prefix "$npm_prefix" --global "$DEVCONTAINER_CLI" >/dev/null
 fi
+flock --unlock "$cache_lock"
 devcontainer="$npm_prefix/bin/devcontainer"
 # From this repository, as the images above were built: the build then reuses their layers.
 "$devcontainer" read-configuration --workspace-folder "$REPO" --docker-path podman \
