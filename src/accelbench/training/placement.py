@@ -78,19 +78,29 @@ def gpus_needed(variant: VariantParams) -> int:
     return variant.distributed.nproc_per_node if variant.distributed else 1
 
 
-def shortfall(variant: VariantParams, here: Visible, *, why: bool = True) -> str | None:
-    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run;
-    `why`: with the machine's reason for having no GPU, where it has one."""
+# What a variant lacks, as a verb and its object, so that several variants can share it.
+_PLURAL = {"needs": "need", "asks": "ask"}
+
+
+def _lack(variant: VariantParams, here: Visible, why: bool) -> tuple[str, str] | None:
+    """`shortfall` as (verb, the rest), the verb in the singular (a key of _PLURAL)."""
     needed = gpus_needed(variant)
     if here.gpus >= needed:
         return None
     reason = here.why_none if why else ""
     if variant.distributed is None:
-        return f"needs CUDA but {reason}" if reason else "needs CUDA"
-    return (
-        f"asks for {needed} GPUs per node (distributed.nproc_per_node) but "
+        return "needs", f"CUDA but {reason}" if reason else "CUDA"
+    return "asks", (
+        f"for {needed} GPUs per node (distributed.nproc_per_node) but "
         f"this machine has {here.gpus}" + (f" ({reason})" if reason else "")
     )
+
+
+def shortfall(variant: VariantParams, here: Visible, *, why: bool = True) -> str | None:
+    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run;
+    `why`: with the machine's reason for having no GPU, where it has one."""
+    lack = _lack(variant, here, why)
+    return None if lack is None else " ".join(lack)
 
 
 @dataclass(frozen=True)
@@ -191,15 +201,13 @@ def refusals(variants: Mapping[str, VariantParams], here: Visible | None = None)
     ("variants 'gpu', 'amp' need CUDA"), for train.require_gpu's refusal, which gives the
     machine's reason (`Visible.why_none`) once, not once per variant."""
     here = here if here is not None else visible()
-    lacking: dict[str, list[str]] = {}
+    lacking: dict[tuple[str, str], list[str]] = {}
     for name, variant in variants.items():
-        if (missing := shortfall(variant, here, why=False)) is not None:
-            lacking.setdefault(missing, []).append(repr(name))
-    phrases = []
-    for missing, names in lacking.items():
-        if len(names) == 1:
-            phrases.append(f"variant {names[0]} {missing}")
-            continue
-        verb, rest = missing.split(" ", 1)  # shortfall's phrases open with "needs" or "asks"
-        phrases.append(f"variants {', '.join(names)} {verb.removesuffix('s')} {rest}")
-    return phrases
+        if (lack := _lack(variant, here, why=False)) is not None:
+            lacking.setdefault(lack, []).append(repr(name))
+    return [
+        f"variant {names[0]} {verb} {rest}"
+        if len(names) == 1
+        else f"variants {', '.join(names)} {_PLURAL[verb]} {rest}"
+        for (verb, rest), names in lacking.items()
+    ]
