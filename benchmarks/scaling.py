@@ -100,14 +100,13 @@ def _row(
         "final_test_accuracy": train.final_test_accuracy,
         "peak_gpu_mem_mib": train.peak_gpu_mem_mib,
     }
-    ratio = speedup(base, train)
+    ratio = _ratio(base, train)
     if ratio is not None:
-        row |= {"speedup": ratio, "efficiency": scaling_efficiency(ratio, train.world_size)}
-        spread = _ratio(base, train)
-        if spread is not None and spread.has_interval:
-            world = train.world_size
-            row |= {"speedup_lo": spread.lo, "speedup_hi": spread.hi}
-            row |= {"efficiency_lo": spread.lo / world, "efficiency_hi": spread.hi / world}
+        world = train.world_size
+        row |= {"speedup": ratio.value, "efficiency": scaling_efficiency(ratio.value, world)}
+        if ratio.has_interval:
+            row |= {"speedup_lo": ratio.lo, "speedup_hi": ratio.hi}
+            row |= {"efficiency_lo": ratio.lo / world, "efficiency_hi": ratio.hi / world}
     return row
 
 
@@ -134,13 +133,15 @@ def _add_bounds(
 
 
 def _ratio(slow: TrainResult | None, fast: TrainResult | None) -> Figure | None:
-    """slow's median steady epoch / fast's, with its bootstrap interval; None unless both
-    trained more than one epoch."""
+    """slow's median steady epoch / fast's, with its bootstrap interval where both list their
+    steady epochs (an older train.json: the figure alone); None unless both trained more than
+    one epoch."""
     if not isinstance(slow, TrainSummary) or not isinstance(fast, TrainSummary):
         return None
-    if not slow.steady_epochs_s or not fast.steady_epochs_s:
-        return None
-    return ratio_of_medians(slow.steady_epochs_s, fast.steady_epochs_s)
+    if slow.steady_epochs_s and fast.steady_epochs_s:
+        return ratio_of_medians(slow.steady_epochs_s, fast.steady_epochs_s)
+    ratio = speedup(slow, fast)
+    return Figure(ratio) if ratio is not None else None
 
 
 def _profile_summary(profile: Path | None, name: str) -> dict[str, Any] | None:

@@ -115,3 +115,25 @@ def test_a_bound_needs_only_the_baselines_in_any_batch_order() -> None:
     assert rows[0]["status"] == "skipped" and rows[0]["bound"] == pytest.approx(0.12 / 0.15)
     assert "bound" not in rows[1]  # ddp4 needs gpu at 256
     assert "| skipped: needs 2 GPUs |" in scaling._markdown(rows, False)
+
+
+def test_a_rows_speedup_and_its_interval_come_from_one_ratio() -> None:
+    """The speedup, its interval and the efficiency are one ratio of medians; a train.json
+    from before steady epochs were listed still gets the figure, without an interval."""
+    from helpers import load_script, trained_summary
+
+    scaling = load_script(REPO / "benchmarks" / "scaling.py")
+    base = trained_summary(0.20, steady_epochs_s=[0.19, 0.20, 0.21, 0.20])
+    ddp = trained_summary(0.11, steady_epochs_s=[0.10, 0.11, 0.12, 0.11], world_size=2)
+    row = scaling._row("ddp2", "strong", 1024, 2, 0, ddp, base)
+    assert row["speedup"] == pytest.approx(0.20 / 0.11)
+    assert row["efficiency"] == pytest.approx(0.20 / 0.11 / 2)
+    assert row["speedup_lo"] < row["speedup"] < row["speedup_hi"]
+    assert row["efficiency_lo"] == pytest.approx(row["speedup_lo"] / 2)
+
+    old = scaling._row(
+        "ddp2", "strong", 1024, 2, 0,
+        trained_summary(0.11, world_size=2), trained_summary(0.20),
+    )  # fmt: skip
+    assert old["speedup"] == pytest.approx(0.20 / 0.11)
+    assert "speedup_lo" not in old
