@@ -303,10 +303,13 @@ def copy_repo(dest: Path) -> None:
 
 
 def load_script(path: Path):
-    """A script or tool that is not a package module (benchmarks/, tools/, docker/), by path."""
+    """A script or tool that is not a package module (benchmarks/, tools/, docker/), by path;
+    registered in sys.modules under its name (dataclasses look their module up there), where
+    it stays for the session: loading the same path again replaces it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module

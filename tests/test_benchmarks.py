@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import REPO, write_params
+from helpers import REPO, load_script, write_params
 
 CPU = {"device": "cpu", "threads": 1}
 BENCHMARKS = REPO / "benchmarks"
@@ -39,10 +38,7 @@ def test_variants_benchmark_prints_a_row_per_variant(tmp_path, prepared) -> None
 
 def _step_options():
     """benchmarks/step_options.py as a module (the benchmarks are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("step_options", BENCHMARKS / "step_options.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCHMARKS / "step_options.py")
 
 
 def test_step_options_times_each_candidate_in_its_own_process(tmp_path, prepared) -> None:

@@ -6,7 +6,6 @@ tests start. (tests/test_team_server.py runs the systemd unit's command for real
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -17,7 +16,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from accelbench.system import server
-from helpers import REPO
+from helpers import REPO, load_script
 
 TEAM_PACKAGES = {"psycopg", "psycopg-binary", "dvc-ssh", "sshfs"}
 
@@ -65,10 +64,7 @@ def _runtime_export(*extras: str) -> set[str]:
 
 
 def test_the_team_extra_goes_to_setup_and_the_image_but_not_to_the_wheelhouse() -> None:
-    spec = importlib.util.spec_from_file_location("wheelhouse", REPO / "tools" / "wheelhouse.py")
-    wh = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("wheelhouse", wh)  # its dataclasses look the module up
-    spec.loader.exec_module(wh)
+    wh = load_script(REPO / "tools" / "wheelhouse.py")
     wheelhouse = {p.key for p in wh.parse_requirements(wh.export_runtime())}
     assert not wheelhouse & TEAM_PACKAGES, wheelhouse & TEAM_PACKAGES
     assert _runtime_export("plots", "team") >= TEAM_PACKAGES

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -20,18 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, load_script
 
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("wheelhouse", REPO / "tools" / "wheelhouse.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wheelhouse"] = module  # dataclasses look the module up while executing it
-    spec.loader.exec_module(module)
-    return module
-
-
-wh = _load_tool()
+wh = load_script(REPO / "tools" / "wheelhouse.py")
 
 
 # ---------------------------------------------------------------- names, lock, host list
