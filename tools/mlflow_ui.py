@@ -27,14 +27,17 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
+
+from mlflow import MlflowClient
 
 from accelbench.system.tracking import (
     EXPERIMENT,
-    ROLE_TAG,
     TRAINING_VIEW,
     VIEW_TAG,
-    named_variant_runs,
+    pipeline_path,
+    pipeline_variants,
     ui_path,
 )
 
@@ -127,16 +130,6 @@ def mlflow_server(store: Path, timeout_s: float = 90) -> Iterator[str]:
         stop_server(process)
 
 
-def _api(url: str, path: str, payload: dict) -> dict:
-    request = urllib.request.Request(
-        f"{url}/api/2.0/mlflow/{path}",
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.load(response)
-
-
 # What a user compares: epoch time and accuracy per variant.
 CHART_METRICS = ("steady_epoch_s", "eval_test_accuracy")
 FIRST_SCREEN = {"width": 1500, "height": 900}  # the browser window of the link's screenshot
@@ -165,54 +158,42 @@ def first_screen(page, texts: list[str]) -> dict[str, bool]:
     }
 
 
-def _tags(run: dict) -> dict[str, str]:
-    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
-
-
 def pipeline_runs(
     url: str, experiment: str = EXPERIMENT, pipeline: str | None = None
-) -> tuple[str, dict, list[dict], str]:
-    """Through the server's REST API: the experiment's id, the pipeline run (`pipeline`, else
-    the newest), its children, and the link to its variants `make ui` and `accelbench runs`
-    print (relative to `url`)."""
-    with urllib.request.urlopen(
-        f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}", timeout=10
-    ) as response:
-        found = json.load(response)["experiment"]
-    experiment_id = found["experiment_id"]
-    runs = _api(url, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100})["runs"]
-    pipelines = [r for r in runs if _tags(r).get(ROLE_TAG) == "pipeline"]
-    if pipeline is not None:  # a given one, else the newest
-        pipelines = [r for r in pipelines if r["info"]["run_id"] == pipeline]
-        if not pipelines:
-            raise SystemExit(f"--pipeline {pipeline}: no such pipeline run in the store")
-    parent = max(pipelines, key=lambda r: int(r["info"]["start_time"]))
-    parent_id = parent["info"]["run_id"]
-    named = named_variant_runs(_tags(parent))  # trained under earlier pipeline runs
-    children = [
-        r
-        for r in runs
-        if _tags(r).get("mlflow.parentRunId") == parent_id or r["info"]["run_id"] in named
-    ]
-    view = next((t["value"] for t in found.get("tags", []) if t["key"] == VIEW_TAG), None)
-    return experiment_id, parent, children, ui_path(experiment_id, parent_id, view, named)
+) -> tuple[str, Any, list[Any], str]:
+    """Through the server: the experiment's id, the pipeline run (`pipeline`, else the newest),
+    its variant runs, and the link to its variants `make ui` and `accelbench runs` print
+    (relative to `url`), all as accelbench itself chooses them."""
+    client = MlflowClient(tracking_uri=url)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise SystemExit(f"no experiment {experiment!r} in the store")
+    parent, children = pipeline_variants(client, found.experiment_id, pipeline)
+    if parent is None:
+        raise SystemExit(
+            f"--pipeline {pipeline}: no such pipeline run in the store"
+            if pipeline
+            else "no pipeline run in the store"
+        )
+    link = pipeline_path(found.experiment_id, parent, found.tags.get(VIEW_TAG))
+    return found.experiment_id, parent, children, link
 
 
-def see_variants(browser, link: str, children: list[dict], screenshot: Path) -> dict[str, str]:
+def see_variants(browser, link: str, children: list[Any], screenshot: Path) -> dict[str, str]:
     """The link `make ui` and `accelbench runs` print, in a window of FIRST_SCREEN: the text on
     the page (`variants`); for each trained variant its name, speedup and steady epoch
     (tags), whether each is on the first screen (`first_screen`); the variants top down
     (`order`). Saves the first screen to `screenshot`."""
-    trained = [r for r in children if _tags(r).get("status") == "trained"]
+    trained = [r for r in children if r.data.tags.get("status") == "trained"]
     page = browser.new_page(viewport=FIRST_SCREEN)
     page.goto(link)
     figures = [
         text
         for run in trained
         for text in (
-            run["info"]["run_name"],
-            _tags(run).get("speedup"),
-            _tags(run).get("steady_epoch"),
+            run.info.run_name,
+            run.data.tags.get("speedup"),
+            run.data.tags.get("steady_epoch"),
         )
         if text
     ]
@@ -221,9 +202,7 @@ def see_variants(browser, link: str, children: list[dict], screenshot: Path) -> 
     _close_assistant(page)
     page.wait_for_timeout(1000)
     tops = {
-        run["info"]["run_name"]: page.get_by_text(
-            run["info"]["run_name"], exact=True
-        ).first.bounding_box()["y"]
+        run.info.run_name: page.get_by_text(run.info.run_name, exact=True).first.bounding_box()["y"]
         for run in trained
     }
     seen = {
@@ -265,7 +244,7 @@ def visit(
     from playwright.sync_api import sync_playwright
 
     experiment_id, parent, children, link = pipeline_runs(url, experiment, pipeline)
-    child_ids = json.dumps([r["info"]["run_id"] for r in children])
+    child_ids = json.dumps([r.info.run_id for r in children])
     runs_screenshot = runs_screenshot or screenshot.with_name(f"{screenshot.stem}-runs.png")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
@@ -278,10 +257,10 @@ def visit(
         # The experiment in the model-training view: the pipeline run, its children under it
         # (skipped ones too).
         page.goto(url + ui_path(experiment_id))
-        page.get_by_text(parent["info"]["run_name"][:20]).first.wait_for(timeout=60_000)
+        page.get_by_text(parent.info.run_name[:20]).first.wait_for(timeout=60_000)
         page.locator("[data-testid='runs-table'] button, [role='gridcell'] button").first.click()
         for child in children:
-            page.get_by_text(child["info"]["run_name"], exact=True).first.wait_for(timeout=30_000)
+            page.get_by_text(child.info.run_name, exact=True).first.wait_for(timeout=30_000)
         seen["runs"] = page.inner_text("body")
 
         # The same runs as charts, one per figure compared (children only: the parent's
@@ -327,7 +306,7 @@ def visit(
 
         # The pipeline run's report, read through the server from the store's artifacts.
         page.goto(
-            f"{url}/#/experiments/{experiment_id}/runs/{parent['info']['run_id']}/artifacts"
+            f"{url}/#/experiments/{experiment_id}/runs/{parent.info.run_id}/artifacts"
             f"?{TRAINING_VIEW}"
         )
         page.get_by_text("comparison.md", exact=True).first.click(timeout=60_000)
@@ -336,7 +315,7 @@ def visit(
         seen["artifacts"] = page.inner_text("body")
         page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-artifacts.png")))
         browser.close()
-    seen["children"] = json.dumps({r["info"]["run_name"]: _tags(r).get("status") for r in children})
+    seen["children"] = json.dumps({r.info.run_name: r.data.tags.get("status") for r in children})
     return seen
 
 

@@ -1188,13 +1188,17 @@ def ui_intro(host: str, port: str, store: Path) -> int:
     return 0
 
 
-def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
-    """The newest pipeline run of this store and its variant runs (None, [] if there is none)."""
-    experiment_id = setup(root)
-    client = MlflowClient()
+def pipeline_variants(
+    client: MlflowClient, experiment_id: str, pipeline_id: str | None = None
+) -> tuple[Any, list[Any]]:
+    """A pipeline run (`pipeline_id`, else the experiment's newest) and its variant runs: its
+    children (skipped ones too), after the trained runs it names (VARIANT_RUNS_TAG) from
+    earlier pipeline runs; (None, []) where there is no such pipeline run."""
+    role = f"tags.`{ROLE_TAG}` = 'pipeline'"
+    wanted = f" and attributes.run_id = '{pipeline_id}'" if pipeline_id else ""
     parents = client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`{ROLE_TAG}` = 'pipeline'",
+        filter_string=role + wanted,
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
@@ -1215,6 +1219,12 @@ def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
         )
         children = [run for run in earlier if run.info.run_id not in own] + children
     return parent, children
+
+
+def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
+    """The newest pipeline run of this store and its variant runs (None, [] if there is none)."""
+    experiment_id = setup(root)  # first: it points the client at this store
+    return pipeline_variants(MlflowClient(), experiment_id)
 
 
 class TrackingUnreachable(AccelbenchError):
