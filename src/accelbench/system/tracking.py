@@ -1231,13 +1231,14 @@ class TrackingUnreachable(AccelbenchError):
     """The tracking store cannot be read (a server that is down, a broken store)."""
 
 
-def _figure_cell(run: Any, tag: str) -> str | None:
-    """A figure as compare last tagged it on the run; a run it never compared (no figure
-    tag at all) from the figure's metric."""
+def _figures(run: Any) -> dict[str, str | None]:
+    """A run's figures as text, by FIGURE_TAGS key: as compare last tagged them on the run
+    (a figure it dropped: None), or from their metrics on a run it never compared (no
+    figure tag at all)."""
     tags = run.data.tags
     if any(t in tags for t in (*FIGURE_TAGS, SPEEDUP_BASELINE_TAG)):
-        return tags.get(tag)
-    return figure_text(run.data.metrics, *FIGURE_TAGS[tag])
+        return {tag: tags.get(tag) for tag in FIGURE_TAGS}
+    return {tag: figure_text(run.data.metrics, *keys) for tag, keys in FIGURE_TAGS.items()}
 
 
 def _summary_row(run: Any) -> str:
@@ -1245,12 +1246,13 @@ def _summary_row(run: Any) -> str:
     # compare's evaluation of the trained model; else the last epoch the run logged (an
     # older run, or one whose evaluation was not logged)
     accuracy = metrics.get("eval_test_accuracy", metrics.get("test_accuracy"))
+    figures = _figures(run)
     cells = [
         run.info.run_name,
-        _figure_cell(run, "speedup"),  # over the report's baseline
-        _figure_cell(run, "steady_epoch"),
+        figures["speedup"],  # over the report's baseline
+        figures["steady_epoch"],
         f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
-        _figure_cell(run, "time_to_target"),
+        figures["time_to_target"],
         tags.get("status", ""),
         tags.get("device_name", tags.get("device", "")),
         run.info.status,
@@ -1275,9 +1277,9 @@ SUMMARY_COLUMNS = (
 def _speedup_baseline(runs: list[Any]) -> str:
     """The variant the runs' speedups are over, as compare tagged them."""
     named = {r.data.tags[SPEEDUP_BASELINE_TAG] for r in runs if SPEEDUP_BASELINE_TAG in r.data.tags}
-    return (
-        named.pop() if len(named) == 1 else "the baseline" if not named else "/".join(sorted(named))
-    )
+    if not named:
+        return "the baseline"
+    return "/".join(sorted(named))  # one, unless runs compared over different baselines
 
 
 def _unreadable(uri: str, exc: BaseException) -> str:
