@@ -165,6 +165,24 @@ def test_existing_good_file_is_not_replaced_by_a_failed_download(server, payload
     assert not (tmp_path / f"{STEM}.gz").exists()
 
 
+def test_a_verified_file_already_there_is_kept_and_nothing_is_fetched(
+    server, payload, tmp_path, capsys
+) -> None:
+    """DVC keeps data/raw when download re-runs: a file that verifies needs no mirror, so a
+    re-run offline, or with every mirror failing, keeps it and succeeds."""
+    url, handler = server
+    raw, sha = payload
+    handler.files[f"good/{STEM}.gz"] = gzip.compress(raw)
+    first = _download(NAME, sha, tmp_path, [f"{url}/good"], timeout_s=5, retries=0)
+    before = first.stat()
+    handler.files.clear()  # every mirror fails now
+    again = _download(NAME, sha, tmp_path, [f"{url}/good", f"{url}/gone"], timeout_s=5, retries=0)
+    assert again == first and again.stat().st_ino == before.st_ino
+    assert gzip.decompress(again.read_bytes()) == raw
+    assert f"{STEM}.gz verified, here already: nothing fetched" in capsys.readouterr().err
+    assert _only_final_file(tmp_path) == [f"{STEM}.gz"]
+
+
 def test_local_folder_and_file_url_mirrors(fake_mnist, tmp_path) -> None:
     mirror, checksums = fake_mnist
     for spec in (str(mirror), mirror.as_uri()):
@@ -314,7 +332,7 @@ def test_the_log_names_the_mirrors_that_failed_before_one_served(
     _download(NAME, sha, tmp_path, [f"{url}/missing", f"{url}/good"], retries=0)
     err = capsys.readouterr().err
     assert f"mirror {url}/missing failed (HTTPError: 404" in err
-    assert f"{STEM}.gz from {url}/good, after 1 failed mirror(s)" in err
+    assert f"{STEM}.gz verified, from {url}/good, after 1 failed mirror(s)" in err
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])

@@ -6,8 +6,9 @@ other until a copy passes the dataset's `check` (which raises `ChecksumError`). 
 reaches its final path unless it verified: a download goes to a temporary `.part` file in
 the same folder and is renamed into place, with the mode the umask gives; the `.part` files
 a killed download left are removed on the next start. Each file from each mirror has an
-overall deadline besides the per-read timeout, and a file already at the final path is
-replaced only when it is the verified file itself.
+overall deadline besides the per-read timeout. A file already at the final path that
+verifies is kept, and nothing is fetched (DVC keeps the stage's folder when it re-runs, so
+a re-run after a code change needs no network); anything else there is refused.
 """
 
 from __future__ import annotations
@@ -183,16 +184,16 @@ def output_folder(folder: Path) -> Path:
     return folder
 
 
-def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: str) -> None:
-    """A file at a download's final path is replaced only when it is the verified file it
-    names (an earlier download's); anything else is the user's and is refused, before any
+def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: str) -> bool:
+    """Whether the verified file is at a download's final path already (an earlier
+    download's: kept); anything else there is the user's and is refused, before any
     download starts."""
     if not os.path.lexists(final) or not final.exists():  # absent, or a dangling link
-        return
+        return False
     if final.is_file():
         try:
             check(final)
-            return
+            return True
         except (ChecksumError, OSError):
             pass
     raise InputError(
@@ -243,7 +244,9 @@ def download_file(
     all fail, the error names each mirror and why, and $`variable`, the local override."""
     final = out_dir / name
     output_folder(out_dir)
-    refuse_foreign_download(final, check, f"the verified {name}")
+    if refuse_foreign_download(final, check, f"the verified {name}"):
+        log(f"download: {name} verified, here already: nothing fetched")
+        return final
     failures: list[str] = []
     session = _session(retries)
     for mirror in mirrors:
@@ -255,8 +258,8 @@ def download_file(
             check(tmp)
             tmp.chmod(_umask_mode())
             os.replace(tmp, final)
-            if failures:
-                log(f"download: {name} from {mirror}, after {len(failures)} failed mirror(s)")
+            after = f", after {len(failures)} failed mirror(s)" if failures else ""
+            log(f"download: {name} verified, from {mirror}{after}")
             return final
         except (
             requests.RequestException,

@@ -52,10 +52,8 @@ DOWNLOADS: dict[str, Callable[[DataParams, Path], list[Path]]] = {
 
 
 def run(inputs: DataParams, out_dir: Path) -> list[Path]:
-    paths = DOWNLOADS[by_name(inputs.dataset).name](inputs, out_dir)
-    for path in paths:
-        log(f"download: {path.name} verified")
-    return paths
+    """The dataset's raw files in `out_dir`, each logged as verified: fetched, or kept."""
+    return DOWNLOADS[by_name(inputs.dataset).name](inputs, out_dir)
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
