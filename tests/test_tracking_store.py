@@ -118,7 +118,7 @@ def test_the_pipeline_run_is_found_by_the_checkout_not_the_host(
     report.write_text("report\n")
     assert tracking.finish_pipeline(moved, [report], {"runs": 2}) == parent
     assert client.get_run(parent).info.status == "FINISHED"
-    assert not (moved / tracking.PIPELINE_RUN_FILE).exists()
+    assert not tracking.pipeline_run_file(moved).exists()
     again = _log_variant(moved, "cpu")
     assert client.get_run(again).data.tags["mlflow.parentRunId"] != parent
 
@@ -127,7 +127,7 @@ def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     tmp_path, own_store, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    pointer = tmp_path / tracking.PIPELINE_RUN_FILE
+    pointer = tracking.pipeline_run_file(tmp_path)
     pointer.parent.mkdir()
     pointer.write_text("0123456789abcdef0123456789abcdef\n")  # no such run in this store
     run_id = _log_variant(tmp_path, "cpu")
@@ -136,6 +136,41 @@ def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     MlflowClient().set_terminated(parent, "FINISHED")
     other = _log_variant(tmp_path, "cpu")
     assert MlflowClient().get_run(other).data.tags["mlflow.parentRunId"] != parent
+
+
+def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
+    tmp_path, own_store, monkeypatch
+) -> None:
+    """A profiled training run by hand left its pipeline run open, and the next `dvc exp run`
+    logged into it: named "pipeline ...", not after the experiment, with the profiled cpu
+    listed beside the real one. Each now has a pipeline run of its own, and a stage run by
+    hand does not join a repro that stopped part way (the next repro resumes that one)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    client = MlflowClient()
+    profiled = _log_variant(tmp_path, "cpu")  # `accelbench train cpu ... --profile`
+    by_hand = client.get_run(profiled).data.tags["mlflow.parentRunId"]
+    assert client.get_run(by_hand).info.run_name.startswith("by hand ")
+
+    monkeypatch.setenv("DVC_STAGE", "train@cpu")
+    monkeypatch.setenv("DVC_EXP_NAME", "tgt50")
+    trained = _log_variant(tmp_path, "cpu")
+    pipeline = client.get_run(trained).data.tags["mlflow.parentRunId"]
+    assert pipeline != by_hand
+    assert client.get_run(pipeline).info.run_name.startswith("tgt50 ")
+
+    monkeypatch.delenv("DVC_STAGE")  # that repro stopped before compare: its run stays open
+    monkeypatch.delenv("DVC_EXP_NAME")
+    again = _log_variant(tmp_path, "gpu")
+    assert client.get_run(again).data.tags["mlflow.parentRunId"] == by_hand
+
+    monkeypatch.setenv("DVC_STAGE", "compare")
+    assert tracking.finish_pipeline(tmp_path, [], {}) == pipeline
+    children = client.search_runs(
+        [client.get_run(pipeline).info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{pipeline}'",
+    )
+    assert [run.info.run_id for run in children] == [trained]
 
 
 def test_a_dvc_experiment_copy_tracks_into_its_workspace(tmp_path, own_store, monkeypatch) -> None:

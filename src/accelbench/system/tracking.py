@@ -4,8 +4,11 @@ One `dvc repro` = one parent run ("pipeline") holding one child run per variant.
 separate processes, so the first one to need the parent writes its run id to
 `.accelbench/pipeline-run` in the checkout, and the others read it there: the same checkout
 finds its run from the host and from a container alike, whatever the path or host name. The
-compare stage, which runs last, logs the report to it, finishes it and removes the file; a
-repro that re-runs no training stage opens no run at all. Compare logs each variant's
+compare stage, which runs last, logs the report to it, finishes it and removes the file.
+Stages run by hand (no `DVC_STAGE`: a profiled training, a benchmark's sweep) share a
+pipeline run of their own ("by hand", `.accelbench/by-hand-run`), so the next `dvc repro`
+never adopts runs it did not make, nor a stage run by hand the runs of a repro that stopped
+part way (the next repro resumes it). Compare logs each variant's
 evaluation and headline figures into the variant's run through the client, without re-opening
 it: a variant run starts and ends with its train stage, so the UI's Duration is that stage's.
 
@@ -76,6 +79,7 @@ KIND_TAG = "mlflow.experimentKind"
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 PIPELINE_RUN_FILE = Path(".accelbench") / "pipeline-run"
+BY_HAND_RUN_FILE = Path(".accelbench") / "by-hand-run"
 EXP_NAME_TAG = "dvc.exp_name"
 WORKSPACE_ENV = "DVC_ROOT"  # DVC sets it for every stage: the workspace an experiment came from
 
@@ -433,11 +437,17 @@ def _run_in_store(client: MlflowClient, run_id: str) -> Any | None:
         raise
 
 
+def pipeline_run_file(root: Path, environ: Mapping[str, str] = os.environ) -> Path:
+    """Where this process finds its pipeline run's id: a DVC stage's (DVC sets `DVC_STAGE` for
+    every stage command), or that of stages run by hand."""
+    return root / (PIPELINE_RUN_FILE if "DVC_STAGE" in environ else BY_HAND_RUN_FILE)
+
+
 def open_pipeline_run_id(root: Path) -> str | None:
     """The RUNNING pipeline run this checkout started, if the current store has it. A pointer
     to a run the store does not have (a deleted mlflow.db) is removed: the next stage starts a
     new pipeline run in the new store."""
-    pointer = root / PIPELINE_RUN_FILE
+    pointer = pipeline_run_file(root)
     try:
         run_id = pointer.read_text().strip()
     except OSError:
@@ -459,13 +469,14 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     if run_id := open_pipeline_run_id(root):
         return run_id
     # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
-    name = f"{os.environ.get('DVC_EXP_NAME') or 'pipeline'} {datetime.now():%Y-%m-%d %H:%M:%S}"
+    pointer = pipeline_run_file(root)
+    kind = "pipeline" if pointer.name == PIPELINE_RUN_FILE.name else "by hand"
+    name = f"{os.environ.get('DVC_EXP_NAME') or kind} {datetime.now():%Y-%m-%d %H:%M:%S}"
     client = MlflowClient()
     run = client.create_run(experiment_id, tags=_common_tags(root, "pipeline"), run_name=name)
     _once_more_on_conflict(
         lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run.info.run_id))
     )
-    pointer = root / PIPELINE_RUN_FILE
     pointer.parent.mkdir(exist_ok=True)
     partial = pointer.with_name(f".{pointer.name}.tmp")
     partial.write_text(run.info.run_id + "\n")
@@ -966,7 +977,7 @@ def finish_pipeline(
         for path in artifacts:
             mlflow.log_artifact(str(path))
         log_metrics(metrics)
-    (root / PIPELINE_RUN_FILE).unlink(missing_ok=True)
+    pipeline_run_file(root).unlink(missing_ok=True)
     return run_id
 
 
