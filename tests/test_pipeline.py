@@ -12,12 +12,15 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from helpers import copy_repo, repo_params_raw, shared_mnist, write_fake_cifar10
+from helpers import REPO, copy_repo, repo_params_raw, shared_mnist, write_fake_cifar10
 
 pytestmark = pytest.mark.slow
 
 # docs/comparing.md's `dvc exp show` command leaves out the stages' dependencies (paths, hashes).
 EXP_SHOW_DROP = "^(src|data|env|models|metrics)(/|$)"
+# docs/comparing-with-dvc.md's: only the params that changed (a column not named as a param is
+# dropped: DVC shortens a figure that one file has to its bare name, `speedup_vs_cpu_hi`).
+EXP_SHOW_PARAMS = r"^(?!(Experiment|Created)$|(params\.yaml:)?[a-z_]+\.[a-z_])"
 
 
 def _env(mirror: Path) -> dict[str, str]:
@@ -245,6 +248,13 @@ def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeyp
     rows = {line.split()[2].strip("[]"): line.split() for line in shown.splitlines() if "[" in line}
     assert set(rows) == set(names) and rows["lr-low"][-1] == "0.0005", shown
     assert max(map(len, shown.splitlines())) <= 120 and "…" not in shown, shown
+    params_only = subprocess.run(
+        [dvc, "exp", "show", "--csv", "--only-changed", "--drop", EXP_SHOW_PARAMS],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    assert params_only.splitlines()[0] == "Experiment,Created,train.lr", params_only
+    assert f"--drop '{EXP_SHOW_PARAMS}'" in (REPO / "docs" / "comparing-with-dvc.md").read_text()
+    assert f"--drop '{EXP_SHOW_DROP}'" in (REPO / "docs" / "comparing.md").read_text()
 
 
 def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
