@@ -446,3 +446,22 @@ def test_the_traceback_comes_only_on_request(tmp_path) -> None:
         cwd=tmp_path,
     )
     assert by_env.returncode == 2 and "Traceback" in by_env.stderr
+
+
+@pytest.mark.parametrize("command", [["check"], ["runs"]])
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, command) -> None:
+    """`accelbench runs | head -2` ended "error: unexpected BrokenPipeError ... report it"
+    (exit 1). A command whose reader has gone now stops without a word, with the exit code a
+    shell gives a writer killed by SIGPIPE, as `git log | head` does."""
+    write_params(tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the answer is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "accelbench.cli", *command],
+            cwd=tmp_path, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+            env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -27,6 +27,7 @@ from accelbench.core.console import (
     EXIT_FAILURE,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
+    EXIT_READER_GONE,
     AccelbenchError,
     clip,
 )
@@ -211,6 +212,19 @@ def _end_process(code: int) -> NoReturn:
     lifetime.end_now(code)
 
 
+def _print_out(text: str, code: int = 0) -> int:
+    """Print a command's answer to stdout and return `code`; where the reader has gone
+    (`accelbench runs | head -3`), stop quietly with EXIT_READER_GONE, as `git log | head`
+    does, rather than report a BrokenPipeError."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # stdout to /dev/null: the interpreter's last flush would fail on the pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """`accelbench`: run a stage or tool; returns the exit code. Run as the program (no
     `argv`), a stage's process ends here (`_end_process`)."""
@@ -243,8 +257,7 @@ def _run(
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
         doctor = importlib.import_module("accelbench.system.doctor")
         report = doctor.diagnose(doctor.gather(), require_gpu=args.require_gpu)
-        print(doctor.render(report))
-        return report.exit_code
+        return _print_out(doctor.render(report), report.exit_code)
     root = Path.cwd()
     _persistent_compile_cache(root)
     recorder = phases.RECORDER
@@ -257,14 +270,12 @@ def _run(
         stage = _stage_arguments(args.stage, stage_args, args) if args.stage in STAGES else None
         if args.stage == "runs":  # the workspace's store, from any of its subfolders: no params
             tracking = importlib.import_module("accelbench.system.tracking")
-            print(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
-            return 0
+            return _print_out(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
         with phases.phase("params"):
             params = load_params(args.params)
         if args.stage == "check":
-            print(f"{args.params}: valid ({', '.join(params.variants)})")
-        else:
-            stage.main(args, params, root)
+            return _print_out(f"{args.params}: valid ({', '.join(params.variants)})")
+        stage.main(args, params, root)
     except KeyboardInterrupt as exc:
         print(f"accelbench {args.stage}: interrupted ({str(exc) or 'Ctrl-C'})", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -15,6 +15,7 @@ import sys
 EXIT_FAILURE = 1
 EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
+EXIT_READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
 DEBUG_ENV = "ACCELBENCH_DEBUG"
 # A write that failed because the disk (or a quota, or `ulimit -f`) is full: the machine's
 # state, not a bad input or a bug; whoever meets one stops at once and says so.
