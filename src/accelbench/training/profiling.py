@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -132,6 +133,12 @@ def check_request(name: str, epochs: int, steps_per_epoch: int, epochs_done: int
         )
 
 
+# Kineto (torch.profiler's tracer) logs at and above this level; 6 is above its highest, so a
+# profile of the CPU alone prints nothing of its own. A GPU profile keeps its messages (CUPTI
+# permissions and the like).
+KINETO_LOG_ENV, KINETO_QUIET = "KINETO_LOG_LEVEL", "6"
+
+
 @contextlib.contextmanager
 def step_profiler(
     out_dir: Path | None,
@@ -166,6 +173,8 @@ def step_profiler(
         summary = summarize_trace(json.loads(trace_path.read_text()))
         write_text(stem.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")
 
+    if not cuda:  # Kineto's start and stop lines, and its ERROR that it found no GPU, are noise
+        os.environ.setdefault(KINETO_LOG_ENV, KINETO_QUIET)
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     settle, warmup, active = profile_window(steps_per_epoch, active)
     plan = schedule(wait=steps_per_epoch + settle, warmup=warmup, active=active, repeat=1)
