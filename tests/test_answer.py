@@ -141,6 +141,24 @@ def test_headline_of_a_machine_without_a_gpu_says_only_the_cpu_trained() -> None
     assert "faster than" not in text and "skipped on this machine: gpu" in text
 
 
+def test_headline_names_a_cpu_variants_own_precision() -> None:
+    """docs/pipeline.md's cpu_bf16 (bf16 on the CPU, default threads) was headlined
+    "**cpu_bf16** (cpu, fp32)": a CPU variant without `threads` was written as fp32."""
+    bf16 = VariantParams(device="cpu", precision="bf16", channels_last=True)
+    rows = [
+        _row("cpu", VariantParams(device="cpu", channels_last=True), 11.0, 10.0, 1),
+        _row("cpu_bf16", bf16, 6.0, 5.0, 2),
+        _row("cpu_bf16_t2", bf16.model_copy(update={"threads": 2}), 8.0, 7.0, 3),
+    ]
+    text = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
+    assert "**cpu_bf16** (cpu, bf16) trains fastest" in text
+    assert "Mixed precision alone (cpu_bf16's bf16 over cpu's fp32" in text
+    rows.reverse()  # the one with threads fastest
+    rows[0] = _row("cpu_bf16_t2", bf16.model_copy(update={"threads": 2}), 4.0, 3.0, 3)
+    text = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
+    assert "**cpu_bf16_t2** (cpu, bf16, 2 threads) trains fastest" in text
+
+
 def test_headline_says_why_there_are_no_speedups_when_the_baseline_did_not_train() -> None:
     """report.speedup_baseline: gpu on a machine without one gave a speedup column of n/a in
     every row, and nothing said why."""

@@ -200,8 +200,8 @@ def fmt_time(figure: Figure | None) -> str:
 
 
 def _precision_threads(variant: VariantParams) -> str:
-    if variant.device == "cpu":
-        return f"{variant.precision}, {variant.threads} threads" if variant.threads else "fp32"
+    if variant.device == "cpu" and variant.threads:
+        return f"{variant.precision}, {variant.threads} threads"
     return variant.precision
 
 
