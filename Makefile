@@ -128,7 +128,8 @@ HISTORY := mlflow.db mlflow.db.lock mlartifacts mlruns .accelbench compile-cache
 clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC cache)
 	rm -rf $(OUTPUTS)
 	@echo "Kept dvc.lock, reports/metrics, reports/plots and the run history. \`dvc checkout\` puts"
-	@echo "the outputs back from the DVC cache; \`dvc repro\` re-runs their stages (training again)."
+	@echo "the cached outputs back, and the next \`dvc repro\` remakes env/ alone (never cached);"
+	@echo "\`dvc repro\` without the checkout re-runs the stages (training again)."
 
 # It cannot be undone, so it lists what it deletes and asks; where no one can answer (no
 # terminal: CI, a script) it deletes only with YES=1, and otherwise deletes nothing.

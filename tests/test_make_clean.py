@@ -96,7 +96,8 @@ def test_clean_keeps_the_run_history_and_clean_history_removes_it(tmp_path) -> N
     said = _make(checkout, "clean")
     assert _present(checkout, OUTPUTS) == []
     assert _present(checkout, HISTORY + KEPT + COMMITTED) == HISTORY + KEPT + COMMITTED
-    assert "`dvc checkout` puts\nthe outputs back" in said  # how to get them back
+    assert "`dvc checkout` puts\nthe cached outputs back" in said  # how to get them back
+    assert "remakes env/ alone" in said  # never cached: not put back
 
     said = _make(checkout, "clean-history", "YES=1")
     assert _present(checkout, HISTORY) == []
