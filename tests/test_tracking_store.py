@@ -387,6 +387,24 @@ def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
     )
 
 
+def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, capsys) -> None:
+    """`make ui` on a fresh clone said "(the newest pipeline run: its trained variants,
+    fastest first)" with no store at all."""
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setattr(tracking, "port_problem", lambda *_: None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+
+    def said() -> str:
+        assert tracking.ui_intro("127.0.0.1", "5000", store) == 0
+        return capsys.readouterr().out
+
+    assert "(no runs yet: `make repro` records them" in said()
+    tracking.setup(tmp_path)
+    assert "(the experiment: no pipeline run yet)" in said()
+    _pipeline(tmp_path)
+    assert "(the newest pipeline run: its trained variants, fastest first)" in said()
+
+
 def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     tracking.log_variant_figures(tmp_path, {ids[name]: FIGURES[name] for name in FIGURES})

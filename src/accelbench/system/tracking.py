@@ -1194,8 +1194,15 @@ def ui_intro(host: str, port: str, store: Path) -> int:
             file=sys.stderr,
         )
         return 1
-    url = training_view_url(f"http://{host}:{port}", store)
-    print("Open", url, "(the newest pipeline run: its trained variants, fastest first)")
+    base = f"http://{host}:{port}"
+    url = training_view_url(base, store)
+    if url == f"{base}/#/experiments?{TRAINING_VIEW}":  # no store, or no experiment in it
+        what = "no runs yet: `make repro` records them; reload the page after it"
+    elif url.endswith(f"/runs?{TRAINING_VIEW}"):  # the experiment, with no pipeline run
+        what = "the experiment: no pipeline run yet"
+    else:
+        what = "the newest pipeline run: its trained variants, fastest first"
+    print("Open", url, f"({what})")
     return 0
 
 
