@@ -152,3 +152,27 @@ def test_make_exps_lists_the_variants_in_params_order() -> None:
         "params": {"params.yaml": {"data": {"variants": variants}}}, "metrics": metrics}}]  # fmt: skip
     rows = [line.split()[0] for line in exp_table.table(shown).splitlines()[2:]]
     assert rows == ["cpu", "gpu", "amp", "extra"]  # one params no longer names goes last
+
+
+def test_make_exps_names_a_variant_a_revision_lacks_once() -> None:
+    """The baseline of an experiment that added cpu_bf16 read `variants.cpu_bf16.device=None
+    variants.cpu_bf16.precision=None ...`: a `None` per key of a variant it never had."""
+    from helpers import load_script
+
+    exp_table = load_script(REPO / "tools" / "exp_table.py")
+
+    def revision(name: str, variants: dict, lr: float) -> dict:
+        params = {"train": {"lr": lr}, "variants": variants}
+        return {"rev": name, "name": name, "data": {
+            "params": {"params.yaml": {"data": params}}, "metrics": {}}}  # fmt: skip
+
+    cpu = {"device": "cpu", "precision": "fp32"}
+    shown = [
+        revision("main", {"cpu": cpu}, 0.001),
+        revision("bf16", {"cpu": cpu, "cpu_bf16": {"device": "cpu", "precision": "bf16"}}, 0.002),
+    ]
+    main, _, _, bf16 = exp_table.table(shown).splitlines()[:4]
+    assert main == "main  train.lr=0.001  variants.cpu_bf16=-"
+    assert bf16 == (
+        "bf16  train.lr=0.002  variants.cpu_bf16.device=cpu  variants.cpu_bf16.precision=bf16"
+    )

@@ -56,6 +56,21 @@ def _cell(figures: Mapping[str, Any], key: str) -> str:
     return text
 
 
+def _settings(params: Mapping[str, Any], changed: list[str], variants: set[str]) -> list[str]:
+    """`key=value` for each param that differs between the revisions; a variant this
+    revision lacks once, as `variants.<name>=-` (not a `=None` per key of the others')."""
+    out: list[str] = []
+    for key in changed:
+        parts = key.split(".")
+        if parts[0] == "variants" and len(parts) > 2 and parts[1] not in variants:
+            absent = f"variants.{parts[1]}=-"
+            if absent not in out:
+                out.append(absent)
+        else:
+            out.append(f"{key}={params.get(key, '-')}")
+    return out
+
+
 def table(shown: list[Mapping[str, Any]], width: int = 120) -> str:
     revisions = [r for r in _revisions(shown) if r.get("data")]
     raw = {id(r): (r["data"].get("params") or {}).get("params.yaml", {}).get("data") or {} for r in revisions}  # fmt: skip
@@ -67,7 +82,9 @@ def table(shown: list[Mapping[str, Any]], width: int = 120) -> str:
         name = rev.get("name") or rev.get("rev") or "?"
         if rev.get("rev") not in (None, "workspace", name):
             name += f" ({rev['rev'][:7]})"
-        settings = "  ".join(f"{k}={params[id(rev)].get(k)}" for k in changed)
+        settings = "  ".join(
+            _settings(params[id(rev)], changed, set(raw[id(rev)].get("variants") or {}))
+        )
         lines.append(f"{name}  {settings}".rstrip()[:width])
         metrics = rev["data"].get("metrics") or {}
         rows = [("  variant", *(heading for heading, _ in COLUMNS))]
