@@ -108,7 +108,9 @@ PLOTS_TEMPLATE := .dvc/tmp/offline-plots.html
 
 metrics: setup  ## the figures of each variant, and what changed since the last commit
 	dvc metrics show
-	dvc metrics diff
+	@if git ls-tree -r --name-only HEAD -- reports/metrics 2>/dev/null | grep -q .; then \
+	  echo "dvc metrics diff"; dvc metrics diff; \
+	else echo "No figures committed yet to diff against: commit them after a run (docs/comparing-with-dvc.md)."; fi
 
 plots: setup  ## dvc plots show, drawn offline: dvc_plots/index.html (REV=HEAD: diff against it)
 	python -m accelbench.report.dvc_plots --html-template $(PLOTS_TEMPLATE)

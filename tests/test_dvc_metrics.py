@@ -94,6 +94,23 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
         tmp_path, only_cpu=True, epochs=2, train_subset=512, test_subset=256
     )
     _dvc(repo, "repro", mirror=mirror)
+
+    # the README's make targets over the same repository, as a user runs them (-o setup: the
+    # copy has no .venv of its own; this interpreter's tools are on the PATH)
+    from test_pipeline import _env
+
+    def make(target: str) -> str:
+        done = subprocess.run(
+            ["make", "--no-print-directory", "-o", "setup", target],
+            cwd=repo, env=_env(mirror), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "failed to load" not in done.stderr, done.stderr
+        return done.stdout
+
+    # before the first commit of the figures: nothing to diff against, said as such (DVC
+    # printed "failed to load some metrics for following revisions: 'HEAD'")
+    assert "No figures committed yet to diff against" in make("metrics")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "a run"], cwd=repo, check=True)
@@ -117,19 +134,8 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     [line] = [line for line in diff.splitlines() if "steady_epoch_s " in line]
     assert line.split()[:2] == ["reports/metrics/cpu.json", "steady_epoch_s"]
 
-    # the README's make targets over the same repository, as a user runs them (-o setup: the
-    # copy has no .venv of its own; this interpreter's tools are on the PATH)
-    from test_pipeline import _env
-
-    def make(target: str) -> str:
-        done = subprocess.run(
-            ["make", "--no-print-directory", "-o", "setup", target],
-            cwd=repo, env=_env(mirror), capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        return done.stdout
-
-    assert "reports/metrics/cpu.json" in make("metrics")
+    metrics = make("metrics")
+    assert "reports/metrics/cpu.json" in metrics and "No figures committed" not in metrics
     exps = make("exps")
     assert "cpu" in exps and "steady epoch s" in exps
     assert max(len(line) for line in exps.splitlines()) <= 120
