@@ -96,3 +96,22 @@ def test_the_check_catches_an_upward_import(tmp_path) -> None:
     probe.write_text("from accelbench.training import engine\n")
     (imported,) = [_folder(m) for _, m in _imports(probe)]
     assert LAYERS[imported] > LAYERS["core"]
+
+
+CORE_MAY_NOT_LOAD = {"torch", "mlflow", "matplotlib", "pandas"}
+
+
+@pytest.mark.parametrize(
+    "module", sorted(f"accelbench.core.{p.stem}" for p in (PACKAGE / "core").glob("[!_]*.py"))
+)
+def test_core_loads_no_torch_and_no_mlflow(module: str) -> None:
+    """CONTRIBUTING.md's rule for core/, checked as a process loads it (core/timing.py
+    imported torch at the top, and nothing noticed)."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted(set({sorted(CORE_MAY_NOT_LOAD)!r}) & set(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]", f"{module} loads {loaded}"

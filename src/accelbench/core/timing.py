@@ -9,8 +9,10 @@ deadlines) read `time` where they are measured.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # core imports no torch: the clock's caller has it loaded already
+    import torch
 
 
 class DeviceClock:
@@ -24,6 +26,8 @@ class DeviceClock:
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
+            import torch  # loaded by whoever made the device: a lookup, not an import
+
             torch.cuda.synchronize(self.device)
 
     def now(self) -> float:
