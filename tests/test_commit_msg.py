@@ -20,6 +20,7 @@ GOOD = "Move the flat package into role folders\n\nThe layers were invisible.\n"
         ("x" * 73 + "\n\nwhy\n", "73 characters; at most 72"),
         ("Moved the files\n\nwhy\n", "use the imperative"),
         ("Adding a test\n\nwhy\n", "use the imperative"),
+        ("Fixes the DDP hang\n\nwhy\n", "use the imperative"),  # CONTRIBUTING.md's own example
         ("Fix the hang.\n\nwhy\n", "full stop"),
         ("Fix the hang\nwhy\n", "no blank line"),
         ("Fix the hang\n", "no body"),
@@ -76,7 +77,14 @@ def test_a_message_on_the_habit_commits(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("subject", ["Embed the fonts", "Speed up the step", "Merge branch 'x'"])
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "Embed the fonts", "Speed up the step", "Merge branch 'x'", "Ping the server on start",
+        "Proceed on a missing GPU", "Process the queue", "Focus the report", "Pass the seed",
+        "Use the lock",
+    ],
+)  # fmt: skip
 def test_imperatives_that_look_past_and_merges_pass(tmp_path, subject) -> None:
     message = tmp_path / "msg"
     message.write_text(f"{subject}\n\nwhy\n")

@@ -17,10 +17,15 @@ import sys
 from pathlib import Path
 
 MAX_SUBJECT = 72
-# Subjects start with a verb in the imperative ("Add", "Fix"), not a past tense or a gerund.
-_NOT_IMPERATIVE = re.compile(r"^\S*(ed|ing)\b", re.IGNORECASE)
+# Subjects start with a verb in the imperative ("Add", "Fix"), not a past tense, a gerund or
+# a third person ("Fixed", "Fixing", "Fixes"); the sets hold imperatives that end alike.
+_NOT_IMPERATIVE = re.compile(r"^\S*(ed|ing|[^su]s)\b", re.IGNORECASE)
 _LEFT_ALONE = re.compile(r"^(Merge |fixup! |squash! |Revert \")")
-_IMPERATIVE_ED_ING = {"embed", "feed", "need", "seed", "shed", "speed", "bring", "string"}
+_IMPERATIVE_ED_ING = {
+    "bed", "bleed", "breed", "embed", "exceed", "feed", "heed", "need", "proceed", "seed",
+    "shed", "shred", "speed", "succeed", "bring", "cling", "fling", "ping", "ring", "sing",
+    "spring", "sting", "string", "swing", "wing", "wring", "alias", "bias", "canvas",
+}  # fmt: skip
 
 
 def problems(message: str) -> list[str]:
@@ -38,7 +43,10 @@ def problems(message: str) -> list[str]:
         found.append(f"the subject is {len(subject)} characters; at most {MAX_SUBJECT}")
     first = subject.split()[0].lower().strip(":")
     if _NOT_IMPERATIVE.match(first) and first not in _IMPERATIVE_ED_ING:
-        found.append(f"the subject starts with {first!r}: use the imperative (Add, Fix, Move)")
+        found.append(
+            f"the subject starts with {first!r}: use the imperative (Fix, not Fixed, Fixing "
+            "or Fixes)"
+        )
     if subject.rstrip().endswith("."):
         found.append("the subject ends with a full stop")
     if len(lines) > 1 and lines[1].strip():
@@ -62,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--range", help="check every commit in this git revision range")
     args = parser.parse_args(argv)
     if (args.file is None) == (args.range is None):
-        parser.error("give a message file or --range, not both")
+        parser.error("give one of a message file and --range")
     if args.file is not None:
         messages = [("message", args.file.read_text())]
     else:
