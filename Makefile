@@ -36,9 +36,15 @@ endif
 # hooks path the user set alone. Not part of setup: a user committing a run's results
 # ("git commit -m baseline") writes their messages their own way.
 hooks:  ## contributors: check commit messages as CONTRIBUTING.md asks
-	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && \
-	  [ -z "$$(git config --get core.hooksPath)" ]; then \
-	  git config core.hooksPath .githooks; fi
+	@hooks="$$(git config --get core.hooksPath)"; \
+	if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  echo "make hooks: not a git checkout: nothing to install" >&2; exit 1; \
+	elif [ -z "$$hooks" ]; then git config core.hooksPath .githooks && \
+	  echo "make hooks: commit messages are checked now (.githooks/commit-msg)"; \
+	elif [ "$$hooks" = .githooks ] || [ "$$hooks" = "$(CURDIR)/.githooks" ]; then \
+	  echo "make hooks: commit messages are checked already"; \
+	else echo "make hooks: core.hooksPath is $$hooks already, left as it is: call" \
+	  ".githooks/commit-msg from your commit-msg hook there" >&2; exit 1; fi
 
 # `uv sync --locked` refuses a uv.lock that no longer matches pyproject.toml (run `make lock`),
 # installs exactly the lock's runtime and dev groups with their hashes checked, and removes
@@ -98,7 +104,7 @@ wheelhouse: setup  ## wheels for an air-gapped host: make wheelhouse PY=3.12 HOS
 container-test: setup  ## build the image and run the pipeline in it (root, buildah + podman; ~15 min)
 	bash tools/container-test.sh
 
-schema:  ## regenerate docs/params.schema.json (editors' completion for params.yaml)
+schema: setup  ## regenerate docs/params.schema.json (editors' completion for params.yaml)
 	python tools/params_schema.py
 
 # DVC's comparison (docs/comparing-with-dvc.md). `dvc plots show` alone loads Vega from a CDN:

@@ -106,3 +106,26 @@ def test_a_range_names_the_commit_at_fault(tmp_path) -> None:
         ["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True
     ).stdout.strip()
     assert done.stderr.startswith(head)
+
+
+def test_make_hooks_says_what_it_did(tmp_path) -> None:
+    """`make hooks` was silent, and did nothing where core.hooksPath was set already."""
+    import shutil
+
+    for name in ("Makefile", "uv.lock"):
+        shutil.copy(REPO / name, tmp_path / name)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull}
+
+    def hooks() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["make", "--no-print-directory", "hooks"],
+            cwd=tmp_path, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+
+    assert "commit messages are checked now" in hooks().stdout
+    assert "commit messages are checked already" in hooks().stdout
+    subprocess.run(["git", "config", "core.hooksPath", "/elsewhere"], cwd=tmp_path, check=True)
+    refused = hooks()
+    assert refused.returncode != 0
+    assert "core.hooksPath is /elsewhere already, left as it is" in refused.stderr
