@@ -383,6 +383,8 @@ def test_compiled_sdist_missing_pin_and_wrong_hashes_fail_clearly_and_leave_out_
         (["--host-packages", "nope.txt"], "--host-packages nope.txt: no such file"),
         (["--host-packages", "host.txt", "--requirements", "nope.txt"], "nope.txt: no such"),
         (["--host-packages", "host.txt", "--python-version", "312"], "look like 3.12"),
+        # ran 2 minutes (pins, downloads, a failed build) before blaming a wheel
+        (["--host-packages", "host.txt", "--python-version", "3.10"], "needs CPython >=3.11"),
         (["--host-packages", "host.txt", "--arch", "arm64"], "invalid choice: 'arm64'"),
     ],
 )

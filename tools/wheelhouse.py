@@ -48,12 +48,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.markers import InvalidMarker, Marker
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / ".whl"
@@ -495,10 +497,22 @@ def selection(
     return kept, skipped, len(pins) - len(target)
 
 
+def _requires_python() -> SpecifierSet:
+    """pyproject.toml's requires-python: the CPython versions a wheelhouse can be for."""
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return SpecifierSet(tomllib.load(f)["project"]["requires-python"])
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python_version):
         raise InputError(f"--python-version must look like 3.12, not {args.python_version!r}")
+    supported = _requires_python()
+    if f"{args.python_version}.0" not in supported:
+        raise InputError(
+            f"--python-version {args.python_version}: the project needs CPython {supported} "
+            "(pyproject.toml's requires-python); name the host's Python, e.g. PY=3.12"
+        )
     for label, path in (
         ("--host-packages", args.host_packages),
         ("--requirements", args.requirements),
