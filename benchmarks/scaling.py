@@ -232,7 +232,7 @@ def _markdown(rows: list[dict[str, Any]], profiled: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--candidates", type=Path, default=Path("benchmarks/h200-scaling.yaml"))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512])
     parser.add_argument(

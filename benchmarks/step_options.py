@@ -134,7 +134,7 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("candidates", nargs="+", metavar="VARIANT:OPTIONS")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--data", type=Path, default=Path("data/prepared"))

@@ -99,7 +99,7 @@ def _time(name: str, variant: VariantParams, recipe: TrainParams, prepared: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", help="variant names (default: all)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--data", type=Path, default=Path("data/prepared"))

@@ -320,7 +320,7 @@ def visit(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, default=Path("mlflow.db"))
     parser.add_argument("--out", type=Path, default=Path("docs/img/mlflow-compare.png"))
     parser.add_argument(
