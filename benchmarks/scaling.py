@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from accelbench.core.console import InputError, script_main
 from accelbench.core.params import parse_params
 from accelbench.core.progress import fmt_interval
 from accelbench.core.results import (
@@ -253,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     candidates = parse_params(raw, str(args.candidates))
     baselines = candidates.report.scaling_baselines
     names = args.only or list(raw["variants"])
+    if unknown := [name for name in names if name not in candidates.variants]:
+        raise InputError(
+            f"--only {' '.join(unknown)}: not a candidate of {args.candidates}; its candidates: "
+            f"{', '.join(candidates.variants)}"
+        )
     world = {
         name: v.distributed.world_size if v.distributed else 1
         for name, v in candidates.variants.items()
@@ -299,4 +305,4 @@ def _params_at(raw: dict[str, Any], source: Path, batch: int, out: Path, scaling
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main, "scaling.py"))

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from accelbench.core.console import script_main
+
 OPTIONS = ("base", "cdt", "limit0", "poolfirst", "autotune", "eagershift", "im2col")
 
 
@@ -175,4 +177,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main, "step_options.py"))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from accelbench.core.console import script_main
 from accelbench.core.params import TrainParams, VariantParams, parse_params, read_yaml
 from accelbench.core.results import EpochRecord
 from accelbench.data.batches import Batches
@@ -130,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main, "variants.py"))

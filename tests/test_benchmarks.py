@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers import REPO, load_script, write_params
@@ -81,3 +82,26 @@ def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepa
         result = _run("step_options.py", "cpu:base", bad, *common, cwd=tmp_path)
         assert result.returncode == 2 and result.stdout == ""  # nothing ran
         assert named in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("variants.py", ["nosuch"], "unknown variant 'nosuch'"),
+        ("variants.py", ["cpu", "--set", "train.epochz=1"], "train.epochz: unknown key"),
+        ("variants.py", ["cpu", "--data", "missing"], "missing: no such folder"),
+        ("scaling.py", ["--only", "nosuch"], "--only nosuch: not a candidate"),
+    ],
+)
+def test_a_benchmark_refuses_bad_input_in_one_line(tmp_path, script, args, message) -> None:
+    """They ended in tracebacks (scaling.py's --only after starting a training) where
+    `accelbench` prints one line."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args, *(
+            ["--out", str(tmp_path / "out")] if script == "scaling.py" else [])],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"{script}: error: ") and message in line, line
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,8 @@
 Exit codes (docs/reliability.md): 0 done; 2 a usage or input error (bad
 arguments, params.yaml, a missing, unreadable or wrong kind of file: fix the input); 1 a
 failure (every mirror failed, the tracking server is unreachable, out of memory, a bug:
-the input was fine); 130 interrupted. `accelbench doctor` adds 3 (CPU only).
+the input was fine); 130 interrupted; 141 the reader of the output went away. `accelbench
+doctor` adds 3 (CPU only).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import errno
 import reprlib
 import sys
+from collections.abc import Callable
 
 EXIT_FAILURE = 1
 EXIT_INPUT = 2
@@ -37,6 +39,16 @@ class InputError(AccelbenchError, ValueError):
 
 class StageError(AccelbenchError, RuntimeError):
     """A stage cannot do what it was asked; the message says why and what to do."""
+
+
+def script_main(main: Callable[[], int], name: str) -> int:
+    """A script's entry point (benchmarks/, tools/): its AccelbenchErrors end as the CLI's
+    do, in one line on stderr with the error's exit code, not in a traceback."""
+    try:
+        return main()
+    except AccelbenchError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 # Values echoed in messages are cut to this many characters: a 5 MB value must not become a
