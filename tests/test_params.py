@@ -103,6 +103,10 @@ def test_missing_and_malformed_files(tmp_path) -> None:
     broken.write_text("- a list\n")
     with pytest.raises(ParamsError, match="expected a mapping"):
         load_params(broken)
+    for empty in ("", "# only a comment\n"):  # was "expected a mapping ..., got NoneType"
+        broken.write_text(empty)
+        with pytest.raises(ParamsError, match=r"holds no params \(empty, or comments only\); it"):
+            load_params(broken)
 
 
 def test_a_yaml_error_says_where_and_what_without_the_parsers_asides(tmp_path) -> None:

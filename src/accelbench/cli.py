@@ -52,11 +52,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelbench",
         description="The pipeline's stages (dvc.yaml calls them; run them all with `dvc repro`) "
-        "and tools: check, runs, doctor. `accelbench STAGE --help` lists a stage's arguments.",
+        "and tools: check, runs, doctor, server. `accelbench STAGE --help` lists a stage's "
+        "arguments.",
         epilog="Exit codes: 0 done, 2 usage or input error (fix the argument or file named), "
         "1 failure (the input was fine: a mirror, the tracking server, memory, a bug), "
-        "130 interrupted. Errors are one line; --debug (or ACCELBENCH_DEBUG=1) adds the "
-        "traceback.",
+        "130 interrupted, 141 the reader of the output went away (doctor adds 3: CPU only). "
+        "Errors are one line; --debug (or ACCELBENCH_DEBUG=1) adds the traceback.",
     )
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error, too")

@@ -404,6 +404,11 @@ MAX_PROBLEMS = 20
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
     """Validate a params mapping; raise ParamsError listing every problem found."""
+    if raw is None:
+        raise ParamsError(
+            f"{source}: holds no params (empty, or comments only); it needs the sections "
+            "data, train and variants, as the repository's params.yaml has them"
+        )
     if not isinstance(raw, dict):
         raise ParamsError(
             f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
