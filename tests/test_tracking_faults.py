@@ -352,3 +352,26 @@ def test_make_ui_serves_the_link_it_prints(tmp_path) -> None:
     assert link.startswith(f"http://127.0.0.1:{port}/#/")
     assert "DeprecationWarning" not in output, output
     assert output.count("Started server process") == 1, output
+
+
+@pytest.mark.parametrize(
+    ("failure", "remedy"),
+    [
+        ("API request to endpoint failed with error code 403: Invalid Host header", (
+            "refuses the host name mlbox:5000: use a name it allows, or add this one to "
+            "MLFLOW_SERVER_ALLOWED_HOSTS")),
+        ("Max retries exceeded: Connection refused", "start the server, or set"),
+    ],
+)  # fmt: skip
+def test_an_outage_in_a_stage_says_what_to_do(monkeypatch, capsys, failure, remedy) -> None:
+    """A stage that met a server refusing its host name (403) got only the generic outage
+    line; the advice was `accelbench runs`'s alone."""
+    import mlflow
+
+    monkeypatch.setattr(tracking, "_outage", None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlbox:5000")
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
+    tracking._report_outage(RuntimeError(failure))
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("accelbench: WARNING: MLflow tracking at http://mlbox:5000 failed")
+    assert "Before the next run: " in line and remedy in line.split("Before the next run: ")[1]

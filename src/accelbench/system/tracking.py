@@ -165,10 +165,11 @@ def _report_outage(exc: BaseException) -> None:
     global _outage
     if _outage is None:
         _outage = describe_failure(exc)
+        uri = mlflow.get_tracking_uri()
         print(
-            f"accelbench: WARNING: MLflow tracking at {mlflow.get_tracking_uri()} failed "
-            f"({_outage}). The stage goes on and writes its DVC outputs; this process "
-            "logs nothing more to MLflow.",
+            f"accelbench: WARNING: MLflow tracking at {uri} failed ({_outage}). The stage goes "
+            "on and writes its DVC outputs; this process logs nothing more to MLflow. "
+            f"Before the next run: {_remedy(uri, exc)}.",
             file=sys.stderr,
             flush=True,
         )
@@ -1300,25 +1301,27 @@ def _speedup_baseline(runs: list[Any]) -> str:
     return "/".join(sorted(named))  # one, unless runs compared over different baselines
 
 
-def _unreadable(uri: str, exc: BaseException) -> str:
-    """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
-    failure = describe_failure(exc)
+def _remedy(uri: str, exc: BaseException) -> str:
+    """What to do about tracking at `uri` failing with `exc`."""
     if not is_server(uri) and _sqlite_path(uri) is None:  # a database server: postgresql://
-        advice = "check that the database runs and MLFLOW_TRACKING_URI names it"
-    elif not is_server(uri):
-        advice = (
+        return "check that the database runs and MLFLOW_TRACKING_URI names it"
+    if not is_server(uri):
+        return (
             "try again once no stage writes to it (locked); if it stays unreadable, move it "
             "aside, or set MLFLOW_TRACKING_URI to another store"
         )
-    elif "Invalid Host header" in failure or "Invalid Host header" in str(exc):
-        advice = (
+    if "Invalid Host header" in describe_failure(exc) or "Invalid Host header" in str(exc):
+        return (
             f"the server runs but refuses the host name {urlsplit(uri).netloc}: use a name it "
             f"allows, or add this one to MLFLOW_SERVER_ALLOWED_HOSTS on the server "
             "(docs/teams.md)"
         )
-    else:
-        advice = "start the server, or set MLFLOW_TRACKING_URI to one that runs"
-    return f"cannot read MLflow tracking at {uri} ({failure}); {advice}"
+    return "start the server, or set MLFLOW_TRACKING_URI to one that runs"
+
+
+def _unreadable(uri: str, exc: BaseException) -> str:
+    """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
+    return f"cannot read MLflow tracking at {uri} ({describe_failure(exc)}); {_remedy(uri, exc)}"
 
 
 def summary_markdown(root: Path) -> str:
