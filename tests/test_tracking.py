@@ -92,10 +92,16 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     assert run.info.status == "RUNNING"
 
 
-def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow_store) -> None:
-    """kill -9 before the first checkpoint: the rerun ends the orphan KILLED, with why, and
-    its own run joins the same pipeline run; nothing stays RUNNING."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+@pytest.mark.parametrize("by_hand", [False, True], ids=["dvc-stage", "by-hand"])
+def test_a_run_killed_outright_is_closed_by_the_rerun(
+    tmp_path, prepared, mlflow_store, by_hand
+) -> None:
+    """kill -9 before the first checkpoint: the rerun ends the orphan KILLED, with why; under
+    DVC its own run joins the same pipeline run, by hand it has its own and the dead one's
+    ends KILLED too; nothing stays RUNNING."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store, "DVC_STAGE": "train@cpu"}
+    if by_hand:
+        del env["DVC_STAGE"]
     command = cpu_train_command(tmp_path, prepared, epochs=200)
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -116,7 +122,14 @@ def test_a_run_killed_outright_is_closed_by_the_rerun(tmp_path, prepared, mlflow
     assert closed.info.status == "KILLED" and finished.info.status == "FINISHED"
     assert f"process {process.pid}" in closed.data.tags[tracking.CLOSED_TAG]
     parent = "mlflow.parentRunId"
-    assert closed.data.tags[parent] == finished.data.tags[parent]
+    if not by_hand:
+        assert closed.data.tags[parent] == finished.data.tags[parent]
+        return
+    assert closed.data.tags[parent] != finished.data.tags[parent]
+    client = MlflowClient(mlflow_store)
+    dead, own = (client.get_run(r.data.tags[parent]) for r in (closed, finished))
+    assert (dead.info.status, own.info.status) == ("KILLED", "FINISHED")
+    assert dead.info.run_name.startswith("by hand ")
 
 
 def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store) -> None:

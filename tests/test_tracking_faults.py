@@ -23,8 +23,9 @@ from helpers import REPO, cpu_train_command, write_params
 
 
 def _own_store_env() -> dict[str, str]:
-    """The environment of a stage that tracks into its workspace's own mlflow.db."""
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    """The environment of a stage `dvc repro` runs (DVC_STAGE set) that tracks into its
+    workspace's own mlflow.db."""
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_STAGE": "train@cpu"}
     for key in ("MLFLOW_TRACKING_URI", tracking.WORKSPACE_ENV):
         env.pop(key, None)
     return env
@@ -136,7 +137,7 @@ def test_a_deleted_store_starts_cleanly_and_leaves_nothing_running(tmp_path) -> 
     opened by another call stayed RUNNING."""
     out = _python(tmp_path, TRAIN)
     old_run = out.split("RUN ")[1].split()[0]
-    pointer = tracking.pipeline_run_file(tmp_path)
+    pointer = tmp_path / tracking.PIPELINE_RUN_FILE
     assert pointer.is_file()  # the pipeline run is open: compare has not run
     (tmp_path / tracking.STORE).unlink()  # the user deletes the store between runs
 
@@ -181,7 +182,7 @@ def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
     after = subprocess.run(runs, cwd=sub, env=_own_store_env(), capture_output=True, text=True)
     assert after.returncode == 0, after.stderr
     assert f"MLflow: sqlite:///{workspace / 'mlflow.db'}" in after.stdout
-    assert "Pipeline run `by hand " in after.stdout and "| cpu |" in after.stdout
+    assert "Pipeline run `pipeline " in after.stdout and "| cpu |" in after.stdout
     assert list(sub.iterdir()) == [] and not (workspace / "docs" / "mlflow.db").exists()
     # as docs/reliability.md has it: plain `accelbench runs`, with no params file where it runs
     plain = [sys.executable, "-m", "accelbench.cli", "runs"]
@@ -214,7 +215,7 @@ def test_runs_reads_a_store_on_a_read_only_mount(tmp_path) -> None:
     finally:
         subprocess.run(["umount", "-l", str(mounted)], check=False)
     assert shown.returncode == 0, shown.stderr
-    assert "Pipeline run `by hand " in shown.stdout and "| cpu |" in shown.stdout
+    assert "Pipeline run `pipeline " in shown.stdout and "| cpu |" in shown.stdout
     assert sorted(p.name for p in shared.iterdir()) == [tracking.STORE]  # nothing written
 
 

@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -20,8 +22,10 @@ from accelbench.system import tracking
 
 @pytest.fixture
 def own_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The repository's own store (mlflow.db in the root), as `dvc repro` uses it."""
+    """The repository's own store (mlflow.db in the root), as `dvc repro` uses it (its stages
+    have DVC_STAGE set)."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_STAGE", "train@cpu")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     yield
     mlflow.set_tracking_uri(None)
@@ -118,7 +122,7 @@ def test_the_pipeline_run_is_found_by_the_checkout_not_the_host(
     report.write_text("report\n")
     assert tracking.finish_pipeline(moved, [report], {"runs": 2}) == parent
     assert client.get_run(parent).info.status == "FINISHED"
-    assert not tracking.pipeline_run_file(moved).exists()
+    assert not (moved / tracking.PIPELINE_RUN_FILE).exists()
     again = _log_variant(moved, "cpu")
     assert client.get_run(again).data.tags["mlflow.parentRunId"] != parent
 
@@ -127,7 +131,7 @@ def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     tmp_path, own_store, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    pointer = tracking.pipeline_run_file(tmp_path)
+    pointer = tmp_path / tracking.PIPELINE_RUN_FILE
     pointer.parent.mkdir()
     pointer.write_text("0123456789abcdef0123456789abcdef\n")  # no such run in this store
     run_id = _log_variant(tmp_path, "cpu")
@@ -143,14 +147,18 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
 ) -> None:
     """A profiled training run by hand left its pipeline run open, and the next `dvc exp run`
     logged into it: named "pipeline ...", not after the experiment, with the profiled cpu
-    listed beside the real one. Each now has a pipeline run of its own, and a stage run by
-    hand does not join a repro that stopped part way (the next repro resumes that one)."""
+    listed beside the real one. A stage run by hand now has a pipeline run of its own, ended
+    with its process, and does not join a repro that stopped part way (the next repro
+    resumes that one)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.delenv("DVC_STAGE")
     client = MlflowClient()
     profiled = _log_variant(tmp_path, "cpu")  # `accelbench train cpu ... --profile`
     by_hand = client.get_run(profiled).data.tags["mlflow.parentRunId"]
     assert client.get_run(by_hand).info.run_name.startswith("by hand ")
+    tracking.end_by_hand_runs()  # as its process exits
+    assert client.get_run(by_hand).info.status == "FINISHED"
+    assert not (tmp_path / tracking.PIPELINE_RUN_FILE).exists()
 
     monkeypatch.setenv("DVC_STAGE", "train@cpu")
     monkeypatch.setenv("DVC_EXP_NAME", "tgt50")
@@ -162,7 +170,9 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
     monkeypatch.delenv("DVC_STAGE")  # that repro stopped before compare: its run stays open
     monkeypatch.delenv("DVC_EXP_NAME")
     again = _log_variant(tmp_path, "gpu")
-    assert client.get_run(again).data.tags["mlflow.parentRunId"] == by_hand
+    second = client.get_run(again).data.tags["mlflow.parentRunId"]
+    assert second not in (by_hand, pipeline)
+    tracking.end_by_hand_runs()
 
     monkeypatch.setenv("DVC_STAGE", "compare")
     assert tracking.finish_pipeline(tmp_path, [], {}) == pipeline
@@ -171,6 +181,26 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
         filter_string=f"tags.`mlflow.parentRunId` = '{pipeline}'",
     )
     assert [run.info.run_id for run in children] == [trained]
+
+
+def test_a_stage_run_by_hand_ends_its_pipeline_run_as_it_exits(tmp_path) -> None:
+    """Its pipeline run stayed RUNNING for good, and every later stage run by hand joined it."""
+    code = (
+        "from pathlib import Path; from accelbench.system import tracking\n"
+        "with tracking.variant_run(Path('.'), 'cpu', {}, {}) as run_id: print(run_id)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DVC_STAGE", "MLFLOW_TRACKING_URI")}
+    parents = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env,
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        parents.append(client.get_run(done.stdout.split()[-1]).data.tags["mlflow.parentRunId"])
+        assert client.get_run(parents[-1]).info.status == "FINISHED"
+    assert parents[0] != parents[1]
+    assert not (tmp_path / tracking.PIPELINE_RUN_FILE).exists()  # no pointer for the next
 
 
 def test_a_dvc_experiment_copy_tracks_into_its_workspace(tmp_path, own_store, monkeypatch) -> None:

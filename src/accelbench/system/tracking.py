@@ -5,10 +5,10 @@ separate processes, so the first one to need the parent writes its run id to
 `.accelbench/pipeline-run` in the checkout, and the others read it there: the same checkout
 finds its run from the host and from a container alike, whatever the path or host name. The
 compare stage, which runs last, logs the report to it, finishes it and removes the file.
-Stages run by hand (no `DVC_STAGE`: a profiled training, a benchmark's sweep) share a
-pipeline run of their own ("by hand", `.accelbench/by-hand-run`), so the next `dvc repro`
-never adopts runs it did not make, nor a stage run by hand the runs of a repro that stopped
-part way (the next repro resumes it). Compare logs each variant's
+A stage run by hand (no `DVC_STAGE`: a profiled training, one of a benchmark's sweep) gets
+a pipeline run of its own ("by hand"), which ends with its process: no `dvc repro` adopts
+runs it did not make, and no stage run by hand joins a repro that stopped part way (the
+next repro resumes that one). Compare logs each variant's
 evaluation and headline figures into the variant's run through the client, without re-opening
 it: a variant run starts and ends with its train stage, so the UI's Duration is that stage's.
 
@@ -30,6 +30,7 @@ pipeline run, named after the experiment.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import json
@@ -70,6 +71,7 @@ MACHINE_TAG = "accelbench.boot_id"  # the running kernel: the host and its conta
 PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
 PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
 CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
+BY_HAND_TAG = "accelbench.by_hand"  # "true" on the pipeline run of a stage run by hand
 # A pipeline run's trained variants where some trained under an earlier pipeline run (a
 # `dvc repro` that re-ran compare alone): their run ids, comma-separated.
 VARIANT_RUNS_TAG = "accelbench.variant_runs"
@@ -79,7 +81,6 @@ KIND_TAG = "mlflow.experimentKind"
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 PIPELINE_RUN_FILE = Path(".accelbench") / "pipeline-run"
-BY_HAND_RUN_FILE = Path(".accelbench") / "by-hand-run"
 EXP_NAME_TAG = "dvc.exp_name"
 WORKSPACE_ENV = "DVC_ROOT"  # DVC sets it for every stage: the workspace an experiment came from
 
@@ -438,20 +439,26 @@ def _run_in_store(client: MlflowClient, run_id: str) -> Any | None:
         raise
 
 
-def pipeline_run_file(root: Path, environ: Mapping[str, str] = os.environ) -> Path:
-    """Where this process finds its pipeline run's id: a DVC stage's (DVC sets `DVC_STAGE` for
-    every stage command), or that of stages run by hand."""
-    return root / (PIPELINE_RUN_FILE if "DVC_STAGE" in environ else BY_HAND_RUN_FILE)
+def under_dvc(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is a stage `dvc repro` runs (DVC sets `DVC_STAGE` for every stage
+    command; torchrun's workers inherit it), not one run by hand."""
+    return "DVC_STAGE" in environ
+
+
+# This process's own pipeline run, by experiment, where it runs by hand (`under_dvc` false):
+# ended as the process ends.
+_by_hand: dict[str, str] = {}
 
 
 def open_pipeline_run_id(root: Path) -> str | None:
-    """The RUNNING pipeline run this checkout started, if the current store has it. A pointer
-    to a run the store does not have (a deleted mlflow.db) is removed: the next stage starts a
-    new pipeline run in the new store."""
-    pointer = pipeline_run_file(root)
+    """The RUNNING pipeline run this checkout's `dvc repro` started (a stage run by hand:
+    the one this process started), if the current store has it. A pointer to a run the store
+    does not have (a deleted mlflow.db) is removed: the next stage starts a new pipeline run
+    in the new store."""
+    pointer = root / PIPELINE_RUN_FILE
     try:
-        run_id = pointer.read_text().strip()
-    except OSError:
+        run_id = pointer.read_text().strip() if under_dvc() else _by_hand[_experiment_key()]
+    except (OSError, KeyError):
         return None
     try:
         run = _run_in_store(MlflowClient(), run_id)
@@ -459,10 +466,16 @@ def open_pipeline_run_id(root: Path) -> str | None:
         run = None
     if run is None:
         pointer.unlink(missing_ok=True)
+        _by_hand.pop(_experiment_key(), None)
         return None
     if run.info.status != "RUNNING" or run.data.tags.get(ROLE_TAG) != "pipeline":
         return None
     return run_id
+
+
+def _experiment_key() -> str:
+    """The store and experiment this process tracks into (`_by_hand`'s key)."""
+    return f"{mlflow.get_tracking_uri()} {EXPERIMENT}"
 
 
 def pipeline_run_id(root: Path, experiment_id: str) -> str:
@@ -470,19 +483,44 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     if run_id := open_pipeline_run_id(root):
         return run_id
     # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
-    pointer = pipeline_run_file(root)
-    kind = "pipeline" if pointer.name == PIPELINE_RUN_FILE.name else "by hand"
-    name = f"{os.environ.get('DVC_EXP_NAME') or kind} {datetime.now():%Y-%m-%d %H:%M:%S}"
+    kind = (os.environ.get("DVC_EXP_NAME") or "pipeline") if under_dvc() else "by hand"
     client = MlflowClient()
-    run = client.create_run(experiment_id, tags=_common_tags(root, "pipeline"), run_name=name)
+    tags = _common_tags(root, "pipeline")
+    if not under_dvc():  # its process ends it; one killed outright, the next by hand does
+        close_gone_by_hand(experiment_id)
+        tags |= {BY_HAND_TAG: "true", **_process_tags()}
+    run = client.create_run(
+        experiment_id, tags=tags, run_name=f"{kind} {datetime.now():%Y-%m-%d %H:%M:%S}"
+    )
     _once_more_on_conflict(
         lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run.info.run_id))
     )
+    if not under_dvc():
+        if not _by_hand:
+            atexit.register(end_by_hand_runs)
+        _by_hand[_experiment_key()] = run.info.run_id
+        return run.info.run_id
+    pointer = root / PIPELINE_RUN_FILE
     pointer.parent.mkdir(exist_ok=True)
     partial = pointer.with_name(f".{pointer.name}.tmp")
     partial.write_text(run.info.run_id + "\n")
     partial.replace(pointer)
     return run.info.run_id
+
+
+def end_by_hand_runs() -> None:
+    """End the pipeline runs this process started by hand (at its exit): FINISHED, their
+    variants' runs saying how each went. Tracking that is down ends nothing, and says so once."""
+    while _by_hand:
+        _, run_id = _by_hand.popitem()
+        try:
+            with phases.phase("mlflow"), _mlflow_logs_held():
+                MlflowClient().set_terminated(run_id, "FINISHED")
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":  # gone with its store: nothing to end
+                _report_outage(exc)
+        except Exception as exc:
+            _report_outage(exc)
 
 
 SYSTEM_METRICS_INTERVAL_S = 1
@@ -674,21 +712,40 @@ def _gone(tags: Mapping[str, str]) -> str | None:
 def close_zombies(experiment_id: str, parent: str, variant: str, keep: str | None = None) -> None:
     """End as KILLED, tagged with why, every RUNNING run of `variant` in pipeline run `parent`
     whose process is gone, so that no run stays RUNNING after a rerun."""
+    _close_gone(
+        experiment_id,
+        f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}'",
+        keep,
+    )
+
+
+def close_gone_by_hand(experiment_id: str) -> None:
+    """End as KILLED the pipeline runs of stages run by hand whose process was killed
+    outright (no exit to end them), and their variants' runs left RUNNING with them."""
+    for parent in _close_gone(
+        experiment_id, f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{BY_HAND_TAG}` = 'true'"
+    ):
+        _close_gone(experiment_id, f"tags.`mlflow.parentRunId` = '{parent}'")
+
+
+def _close_gone(experiment_id: str, which: str, keep: str | None = None) -> list[str]:
+    """End as KILLED, tagged with why, the RUNNING runs `which` (a search filter) selects
+    whose process is gone; returns their ids."""
     client = MlflowClient()
     running = client.search_runs(
-        [experiment_id],
-        filter_string=(
-            f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}' "
-            "and attributes.status = 'RUNNING'"
-        ),
+        [experiment_id], filter_string=f"{which} and attributes.status = 'RUNNING'"
     )
+    closed = []
     for run in running:
         why = _gone(run.data.tags) if run.info.run_id != keep else None
         if why is None:
             continue
         client.set_tag(run.info.run_id, CLOSED_TAG, f"closed by a rerun: {why}")
         client.set_terminated(run.info.run_id, status="KILLED")
-        log(f"{variant}: MLflow run {run.info.run_id} was left RUNNING ({why}); marked KILLED")
+        name = run.data.tags.get("variant", run.info.run_name)
+        log(f"{name}: MLflow run {run.info.run_id} was left RUNNING ({why}); marked KILLED")
+        closed.append(run.info.run_id)
+    return closed
 
 
 @tolerant
@@ -978,7 +1035,10 @@ def finish_pipeline(
         for path in artifacts:
             mlflow.log_artifact(str(path))
         log_metrics(metrics)
-    pipeline_run_file(root).unlink(missing_ok=True)
+    if under_dvc():
+        (root / PIPELINE_RUN_FILE).unlink(missing_ok=True)
+    else:
+        _by_hand.pop(_experiment_key(), None)  # ended just now
     return run_id
 
 
