@@ -81,7 +81,7 @@ cleanup() {
     say "kept $WORK (ACCELBENCH_CONTAINER_KEEP)"
     exit "$status"
   fi
-  if [ -d "$WORK/storage" ] && [ -n "${CONTAINERS_STORAGE_CONF:-}" ]; then  # only this run's
+  if [ -n "$own_storage" ]; then  # only this run's storage, never a caller's
     podman rm --all --force >/dev/null 2>&1
     buildah rm --all >/dev/null 2>&1
     podman rmi --all --force >/dev/null 2>&1
@@ -98,12 +98,18 @@ if [ -z "$WORK" ]; then
 elif [ -z "${ACCELBENCH_CONTAINER_KEEP:-}" ] && [ -e "$WORK" ]; then
   fail "$WORK exists: another run may be using it; remove it or leave ACCELBENCH_CONTAINER_WORK unset"
 fi
+own_storage=
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 rm -rf "$WORK/checkout" "$WORK/owner-home"
 mkdir -p "$WORK/storage" "$WORK/run" "$CACHE"
 # The cache is shared by every run on this machine: whoever fills or refreshes it holds this.
 exec {cache_lock}>"$CACHE/.lock"
+lock_cache() {  # at most 30 min behind another run's debootstrap or npm install
+  flock --nonblock "$cache_lock" && return
+  say "waiting for $CACHE/.lock: another container test is filling the cache"
+  flock --wait 1800 "$cache_lock" || fail "$CACHE/.lock still held after 30 min"
+}
 cat >"$WORK/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
@@ -123,6 +129,7 @@ export CONTAINERS_CONF="$WORK/containers.conf" CONTAINERS_STORAGE_CONF="$WORK/st
 export CONTAINERS_REGISTRIES_CONF="$WORK/registries.conf" BUILDAH_ISOLATION=chroot
 export TMPDIR="$WORK/tmp"
 mkdir -p "$TMPDIR"
+own_storage=1
 
 # --- the checkout: a fresh clone with tiny params, owned by another uid --------------------
 checkout="$WORK/checkout"
@@ -140,7 +147,7 @@ mkdir -p "$WORK/owner-home"
 chown -R "$OWNER:$OWNER" "$checkout" "$WORK/owner-home"
 # --- the stand-in base --------------------------------------------------------------------
 rootfs="$CACHE/rootfs-$SUITE"
-flock "$cache_lock"
+lock_cache
 if [ ! -f "$rootfs/.complete" ]; then
   mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
   mirror=${mirror:-http://deb.debian.org/debian}
@@ -264,7 +271,7 @@ ok "$(tail -n1 "$WORK/store.log")"
 
 # --- the devcontainer ---------------------------------------------------------------------
 npm_prefix="$CACHE/npm"
-flock "$cache_lock"
+lock_cache
 if [ ! -x "$npm_prefix/bin/devcontainer" ]; then
   npm install --silent --prefix "$npm_prefix" --global "$DEVCONTAINER_CLI" >/dev/null
 fi
