@@ -137,7 +137,7 @@ clean:  ## remove pipeline outputs (keeps the run history: mlflow.db, the DVC ca
 	rm -rf $(OUTPUTS)
 	@echo "Kept dvc.lock, reports/metrics, reports/plots and the run history. \`dvc checkout\` puts"
 	@echo "the cached outputs back, and the next \`dvc repro\` remakes env/ alone (never cached);"
-	@echo "\`dvc repro\` without the checkout re-runs the stages (training again)."
+	@echo "\`dvc repro\` without the checkout re-runs the stages (downloading and training again)."
 
 # It cannot be undone, so it lists what it deletes and asks; where no one can answer (no
 # terminal: CI, a script) it deletes only with YES=1, and otherwise deletes nothing.

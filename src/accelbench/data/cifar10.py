@@ -71,13 +71,13 @@ def download(
         check_archive(path, md5)
 
     output_folder(out_dir)
-    refuse_foreign_download(out_dir / ARCHIVE, check, f"the verified {ARCHIVE}")
+    here = refuse_foreign_download(out_dir / ARCHIVE, check, f"the verified {ARCHIVE}")
     remove_leftovers(out_dir, [ARCHIVE])
     limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
     return [
         download_file(
             ARCHIVE, check, out_dir, mirrors,
-            variable=MIRROR_ENV, setting="data.cifar10_mirrors", **limits,
+            variable=MIRROR_ENV, setting="data.cifar10_mirrors", verified=here, **limits,
         )
     ]  # fmt: skip
 

@@ -238,13 +238,17 @@ def download_file(
     timeout_s: float = 30.0,
     retries: int = 2,
     deadline_s: float = 600.0,
+    verified: bool | None = None,
 ) -> Path:
     """Fetch `name` into `out_dir` from the first mirror that yields a copy `check` accepts
     (it raises ChecksumError otherwise); each mirror that failed before it is logged. When
-    all fail, the error names each mirror and why, and $`variable`, the local override."""
+    all fail, the error names each mirror and why, and $`variable`, the local override.
+    `verified`: `refuse_foreign_download`'s answer for the file, where the caller has it."""
     final = out_dir / name
     output_folder(out_dir)
-    if refuse_foreign_download(final, check, f"the verified {name}"):
+    if verified is None:
+        verified = refuse_foreign_download(final, check, f"the verified {name}")
+    if verified:
         log(f"download: {name} verified, here already: nothing fetched")
         return final
     failures: list[str] = []

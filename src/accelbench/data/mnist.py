@@ -76,12 +76,16 @@ def download(
     checks = {
         f"{stem}.gz": lambda path, sha=sha: check_gz(path, sha) for stem, sha in FILES.items()
     }
-    for name, check in checks.items():
-        refuse_foreign_download(out_dir / name, check, f"MNIST's {name}")
+    here = {  # every file checked before the first download: a foreign one stops it all
+        name: refuse_foreign_download(out_dir / name, check, f"MNIST's {name}")
+        for name, check in checks.items()
+    }
     remove_leftovers(out_dir, checks)
     limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
     return [
-        download_file(name, check, out_dir, mirrors, variable=MIRROR_ENV, **limits)
+        download_file(
+            name, check, out_dir, mirrors, variable=MIRROR_ENV, verified=here[name], **limits
+        )
         for name, check in checks.items()
     ]
 
