@@ -21,6 +21,7 @@ GOOD = "Move the flat package into role folders\n\nThe layers were invisible.\n"
         ("Moved the files\n\nwhy\n", "use the imperative"),
         ("Adding a test\n\nwhy\n", "use the imperative"),
         ("Fixes the DDP hang\n\nwhy\n", "use the imperative"),  # CONTRIBUTING.md's own example
+        ("tests: moved the helper\n\nwhy\n", "use the imperative"),  # the word after a scope
         ("Fix the hang.\n\nwhy\n", "full stop"),
         ("Fix the hang\nwhy\n", "no blank line"),
         ("Fix the hang\n", "no body"),
@@ -82,7 +83,8 @@ def test_a_message_on_the_habit_commits(tmp_path) -> None:
     [
         "Embed the fonts", "Speed up the step", "Merge branch 'x'", "Ping the server on start",
         "Proceed on a missing GPU", "Process the queue", "Focus the report", "Pass the seed",
-        "Use the lock",
+        "Use the lock", "Reseed the RNG per rank", "Re-embed the fonts",
+        "docs/pipeline.md: fix the example", "Windows: fix paths",
     ],
 )  # fmt: skip
 def test_imperatives_that_look_past_and_merges_pass(tmp_path, subject) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 MAX_SUBJECT = 72
 # Subjects start with a verb in the imperative ("Add", "Fix"), not a past tense, a gerund or
 # a third person ("Fixed", "Fixing", "Fixes"); the sets hold imperatives that end alike.
-_NOT_IMPERATIVE = re.compile(r"^\S*(ed|ing|[^su]s)\b", re.IGNORECASE)
+_NOT_IMPERATIVE = re.compile(r"^\S*(ed|ing|[^su]s)$", re.IGNORECASE)
 _LEFT_ALONE = re.compile(r"^(Merge |fixup! |squash! |Revert \")")
 _IMPERATIVE_ED_ING = {
     "bed", "bleed", "breed", "embed", "exceed", "feed", "heed", "need", "proceed", "seed",
@@ -41,8 +41,12 @@ def problems(message: str) -> list[str]:
     found = []
     if len(subject) > MAX_SUBJECT:
         found.append(f"the subject is {len(subject)} characters; at most {MAX_SUBJECT}")
-    first = subject.split()[0].lower().strip(":")
-    if _NOT_IMPERATIVE.match(first) and first not in _IMPERATIVE_ED_ING:
+    words = subject.lower().split()
+    if len(words) > 1 and words[0].endswith(":"):  # a scope ("docs/pipeline.md: fix ...")
+        words = words[1:]
+    first = words[0].strip(":")
+    # Suffixes, so that "reseed" and "re-embed" pass as "seed" and "embed" do.
+    if _NOT_IMPERATIVE.match(first) and not first.endswith(tuple(_IMPERATIVE_ED_ING)):
         found.append(
             f"the subject starts with {first!r}: use the imperative (Fix, not Fixed, Fixing "
             "or Fixes)"
