@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         _apply(raw, assignment)
     params = parse_params(raw, str(args.params))
     names = args.variants or list(params.variants)
+    variants = {name: params.variant(name) for name in names}  # all known before any training
 
-    rows = [_time(name, params.variant(name), params.train, args.data) for name in names]
+    rows = [_time(name, variant, params.train, args.data) for name, variant in variants.items()]
     head = ("variant", "device", "first epoch s", "steady epoch s", "data wait", "test acc")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     for row in [head, *rows]:

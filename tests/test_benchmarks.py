@@ -91,6 +91,8 @@ def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepa
         ("variants.py", ["cpu", "--set", "train.epochz=1"], "train.epochz: unknown key"),
         ("variants.py", ["cpu", "--data", "missing"], "missing: no such folder"),
         ("scaling.py", ["--only", "nosuch"], "--only nosuch: not a candidate"),
+        ("variants.py", ["cpu", "nosuch"], "unknown variant 'nosuch'"),  # before cpu trains
+        ("variants.py", ["--params", "missing.yaml"], "missing.yaml"),
     ],
 )
 def test_a_benchmark_refuses_bad_input_in_one_line(tmp_path, script, args, message) -> None:

@@ -42,13 +42,21 @@ class StageError(AccelbenchError, RuntimeError):
 
 
 def script_main(main: Callable[[], int], name: str) -> int:
-    """A script's entry point (benchmarks/, tools/): its AccelbenchErrors end as the CLI's
-    do, in one line on stderr with the error's exit code, not in a traceback."""
+    """A script's entry point (benchmarks/, tools/): its AccelbenchErrors, and OS errors that
+    name a file, end as the CLI's do, one line on stderr (at most 500 characters a line)
+    with the error's exit code, not in a traceback."""
     try:
         return main()
     except AccelbenchError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        message, code = str(exc), exc.exit_code
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        message, code = f"{exc.filename}: {exc.strerror or type(exc).__name__}", EXIT_INPUT
+    first, *rest = message.splitlines() or [""]
+    for line in [f"{name}: error: {first}", *rest]:  # a list of problems follows, indented
+        print(clip(line, 500), file=sys.stderr)
+    return code
 
 
 # Values echoed in messages are cut to this many characters: a 5 MB value must not become a
