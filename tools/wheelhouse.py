@@ -508,7 +508,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     if not re.fullmatch(r"3\.\d+", args.python_version):
         raise InputError(f"--python-version must look like 3.12, not {args.python_version!r}")
     supported = _requires_python()
-    if f"{args.python_version}.0" not in supported:
+    # some release of that minor version allowed (requires-python may name a patch: >=3.11.4)
+    if not any(f"{args.python_version}.{patch}" in supported for patch in range(100)):
         raise InputError(
             f"--python-version {args.python_version}: the project needs CPython {supported} "
             "(pyproject.toml's requires-python); name the host's Python, e.g. PY=3.12"
