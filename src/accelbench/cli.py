@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import errno
 import importlib
 import os
 import signal
@@ -23,13 +22,10 @@ from typing import Any, NoReturn
 from accelbench.core import phases
 from accelbench.core.console import (
     DEBUG_ENV,
-    DISK_FULL_ERRNOS,
-    EXIT_FAILURE,
-    EXIT_INPUT,
     EXIT_INTERRUPTED,
     EXIT_READER_GONE,
-    AccelbenchError,
-    clip,
+    error_message,
+    print_error,
 )
 from accelbench.core.params import load_params
 from accelbench.system import lifetime
@@ -142,47 +138,6 @@ def _persistent_compile_cache(root: Path) -> None:
     os.environ.setdefault("CUDA_CACHE_PATH", str(root / CUDA_JIT_CACHE))
 
 
-# OS errors that mean "this path is not what it must be": the user fixes the input.
-_INPUT_ERRNOS = {
-    errno.ENOENT,
-    errno.EACCES,
-    errno.EPERM,
-    errno.EISDIR,
-    errno.ENOTDIR,
-    errno.EROFS,
-    errno.EEXIST,
-    errno.ENAMETOOLONG,
-}
-
-
-MAX_LINE = 500  # characters of an error line
-
-
-def _one_line(exc: BaseException) -> tuple[str, int]:
-    """The message and exit code for an error: the project's own errors say what to do;
-    an OS error names its path; anything else is a failure worth a bug report."""
-    if isinstance(exc, AccelbenchError):
-        return str(exc), exc.exit_code
-    if isinstance(exc, OSError) and (exc.filename is not None or exc.errno in DISK_FULL_ERRNOS):
-        what = exc.strerror or type(exc).__name__
-        code = EXIT_INPUT if exc.errno in _INPUT_ERRNOS else EXIT_FAILURE
-        advice = (
-            "check the path and its permissions"
-            if code == EXIT_INPUT
-            else "free some space, or raise the quota or `ulimit -f`, and run again"
-            if exc.errno in DISK_FULL_ERRNOS
-            else f"run again with --debug or {DEBUG_ENV}=1 for details"
-        )
-        where = f"{exc.filename}: " if exc.filename is not None else ""
-        return f"{where}{what} ({advice})", code
-    detail = clip(str(exc).strip().splitlines()[0], 200) if str(exc).strip() else ""
-    return (
-        f"unexpected {type(exc).__name__}{': ' + detail if detail else ''} "
-        f"(run again with --debug or {DEBUG_ENV}=1 for the traceback, and report it)",
-        EXIT_FAILURE,
-    )
-
-
 def _end_process(code: int) -> NoReturn:
     """End a stage's process as the interpreter would, without its teardown. With torch or
     MLflow imported, freeing every module's objects takes 0.5-1.3 s after the stage is done;
@@ -286,10 +241,8 @@ def _run(
         if (why := _interruption(exc)) is not None:
             print(f"accelbench {args.stage}: interrupted ({why})", file=sys.stderr)
             return EXIT_INTERRUPTED
-        message, code = _one_line(exc)
-        # Messages quote values cut short already; this bounds every line whatever it quotes.
-        message = "\n".join(clip(line, MAX_LINE) for line in message.splitlines())
-        print(f"accelbench {args.stage}: error: {message}", file=sys.stderr)
+        message, code = error_message(exc)
+        print_error(f"accelbench {args.stage}", message)
         return code
     if args.stage in STAGES and "LOCAL_RANK" not in os.environ:  # not a torchrun child
         timing = recorder.timing()

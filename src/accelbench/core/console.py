@@ -41,21 +41,66 @@ class StageError(AccelbenchError, RuntimeError):
     """A stage cannot do what it was asked; the message says why and what to do."""
 
 
+# OS errors that mean "this path is not what it must be": the user fixes the input.
+INPUT_ERRNOS = {
+    errno.ENOENT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.EROFS,
+    errno.EEXIST,
+    errno.ENAMETOOLONG,
+}
+
+
+MAX_LINE = 500  # characters of an error line
+
+
+def error_message(exc: BaseException) -> tuple[str, int]:
+    """The message and exit code for an error, as the CLI and the scripts report it: the
+    project's own errors say what to do; an OS error names its path; anything else is a
+    failure worth a bug report."""
+    if isinstance(exc, AccelbenchError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, OSError) and (exc.filename is not None or exc.errno in DISK_FULL_ERRNOS):
+        what = exc.strerror or type(exc).__name__
+        code = EXIT_INPUT if exc.errno in INPUT_ERRNOS else EXIT_FAILURE
+        advice = (
+            "check the path and its permissions"
+            if code == EXIT_INPUT
+            else "free some space, or raise the quota or `ulimit -f`, and run again"
+            if exc.errno in DISK_FULL_ERRNOS
+            else f"run again with --debug or {DEBUG_ENV}=1 for details"
+        )
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return f"{where}{what} ({advice})", code
+    detail = clip(str(exc).strip().splitlines()[0], 200) if str(exc).strip() else ""
+    return (
+        f"unexpected {type(exc).__name__}{': ' + detail if detail else ''} "
+        f"(run again with --debug or {DEBUG_ENV}=1 for the traceback, and report it)",
+        EXIT_FAILURE,
+    )
+
+
+def print_error(who: str, message: str) -> None:
+    """`who: error: message` on stderr, every line cut at MAX_LINE (messages quote values cut
+    short already; this bounds every line whatever it quotes)."""
+    lines = "\n".join(clip(line, MAX_LINE) for line in message.splitlines())
+    print(f"{who}: error: {lines}", file=sys.stderr)
+
+
 def script_main(main: Callable[[], int], name: str) -> int:
     """A script's entry point (benchmarks/, tools/): its AccelbenchErrors, and OS errors that
-    name a file, end as the CLI's do, one line on stderr (at most 500 characters a line)
-    with the error's exit code, not in a traceback."""
+    name a file or a full disk, end as the CLI's do (`error_message`, `print_error`), not in
+    a traceback."""
     try:
         return main()
-    except AccelbenchError as exc:
-        message, code = str(exc), exc.exit_code
-    except OSError as exc:
-        if exc.filename is None:
+    except (AccelbenchError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno not in DISK_FULL_ERRNOS:
             raise
-        message, code = f"{exc.filename}: {exc.strerror or type(exc).__name__}", EXIT_INPUT
-    first, *rest = message.splitlines() or [""]
-    for line in [f"{name}: error: {first}", *rest]:  # a list of problems follows, indented
-        print(clip(line, 500), file=sys.stderr)
+        message, code = error_message(exc)
+    print_error(name, message)
     return code
 
 

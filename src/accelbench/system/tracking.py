@@ -483,10 +483,11 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     if run_id := open_pipeline_run_id(root):
         return run_id
     # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
-    kind = (os.environ.get("DVC_EXP_NAME") or "pipeline") if under_dvc() else "by hand"
+    by_hand = not under_dvc()
+    kind = "by hand" if by_hand else (os.environ.get("DVC_EXP_NAME") or "pipeline")
     client = MlflowClient()
     tags = _common_tags(root, "pipeline")
-    if not under_dvc():  # its process ends it; one killed outright, the next by hand does
+    if by_hand:  # its process ends it; one killed outright, the next by hand does
         close_gone_by_hand(experiment_id)
         tags |= {BY_HAND_TAG: "true", **_process_tags()}
     run = client.create_run(
@@ -495,7 +496,7 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     _once_more_on_conflict(
         lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, variants_view(run.info.run_id))
     )
-    if not under_dvc():
+    if by_hand:
         if not _by_hand:
             atexit.register(end_by_hand_runs)
         _by_hand[_experiment_key()] = run.info.run_id
@@ -1149,6 +1150,11 @@ def training_view_url(base_url: str, store: Path) -> str:
     """Where `make ui` sends a user: the newest pipeline's variants (`ui_path`), read from the
     SQLite `store` without writing to it; the experiment while it has no pipeline run, the
     list of experiments while the store has none (both in the model-training view)."""
+    return _training_view(base_url, store)[0]
+
+
+def _training_view(base_url: str, store: Path) -> tuple[str, str]:
+    """`training_view_url`, and what it shows, in words."""
     pipeline = view = None
     try:
         with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
@@ -1177,13 +1183,16 @@ def training_view_url(base_url: str, store: Path) -> str:
     except sqlite3.Error:  # no store yet, or not one of MLflow's
         row = None
     if not row:
-        return f"{base_url}/#/experiments?{TRAINING_VIEW}"
-    return base_url + ui_path(
-        str(row[0]),
-        pipeline[0] if pipeline else None,
-        view[0] if view else None,
-        named_variant_runs(dict(named or [])),
+        return (
+            f"{base_url}/#/experiments?{TRAINING_VIEW}",
+            "no runs yet: `make repro` records them; reload the page after it",
+        )
+    if not pipeline:
+        return base_url + ui_path(str(row[0])), "the experiment: no pipeline run yet"
+    url = base_url + ui_path(
+        str(row[0]), pipeline[0], view[0] if view else None, named_variant_runs(dict(named or []))
     )
+    return url, "the newest pipeline run: its trained variants, fastest first"
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -1255,14 +1264,7 @@ def ui_intro(host: str, port: str, store: Path) -> int:
             file=sys.stderr,
         )
         return 1
-    base = f"http://{host}:{port}"
-    url = training_view_url(base, store)
-    if url == f"{base}/#/experiments?{TRAINING_VIEW}":  # no store, or no experiment in it
-        what = "no runs yet: `make repro` records them; reload the page after it"
-    elif url.endswith(f"/runs?{TRAINING_VIEW}"):  # the experiment, with no pipeline run
-        what = "the experiment: no pipeline run yet"
-    else:
-        what = "the newest pipeline run: its trained variants, fastest first"
+    url, what = _training_view(f"http://{host}:{port}", store)
     print("Open", url, f"({what})")
     return 0
 
