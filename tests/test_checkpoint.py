@@ -12,6 +12,8 @@ from accelbench.core.results import EpochRecord
 from accelbench.training.checkpoint import Checkpointer
 from accelbench.training.engine import TrainingState
 
+CPU = "AMD EPYC"  # a device's name, as placement gives it
+
 
 def _state(epochs_done: int = 3) -> TrainingState:
     """engine.fit's training state, in miniature."""
@@ -32,16 +34,31 @@ def _state(epochs_done: int = 3) -> TrainingState:
 
 def test_a_state_saved_under_other_params_is_not_resumed(tmp_path) -> None:
     path = tmp_path / "checkpoint.pt"
-    saved_under = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu")
+    saved_under = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu", device=CPU)
     saved_under.saver("run-1")(_state())
-    resumed = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu").load()
+    resumed = Checkpointer(path, {"train": {"lr": 0.1}}, "cpu", device=CPU).load()
     assert resumed is not None and resumed.epochs_done == 3 and resumed.mlflow_run_id == "run-1"
     assert resumed.state.records == _state().records
-    assert Checkpointer(path, {"train": {"lr": 0.2}}, "cpu").load() is None
+    assert Checkpointer(path, {"train": {"lr": 0.2}}, "cpu", device=CPU).load() is None
+
+
+def test_a_state_saved_under_another_torch_or_device_is_not_resumed(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    # Its epochs were timed there: resumed here, one training's figures would mix two stacks.
+    path = tmp_path / "checkpoint.pt"
+    Checkpointer(path, {}, "gpu", device="NVIDIA H200").saver("run-1")(_state())
+    assert Checkpointer(path, {}, "gpu", device="NVIDIA H100 80GB HBM3").load() is None
+    assert "from other params, torch or device; starting from epoch 1" in capsys.readouterr().err
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert Checkpointer(path, {}, "gpu", device="NVIDIA H200").load() is None
+    monkeypatch.undo()
+    assert Checkpointer(path, {}, "gpu", device="NVIDIA H200").load() is not None
+    assert path.is_file()  # a foreign state is left as it was, not set aside
 
 
 def test_without_a_path_nothing_is_saved_or_resumed(tmp_path) -> None:
-    checkpointer = Checkpointer(None, {}, "ddp")
+    checkpointer = Checkpointer(None, {}, "ddp", device=CPU)
     assert checkpointer.saver("run") is None and checkpointer.load() is None
     checkpointer.discard()  # nothing to remove, no error
 
@@ -58,7 +75,7 @@ class _RunsCode:
 
 def _bad_files(tmp_path) -> dict[str, bytes]:
     good = tmp_path / "good.pt"
-    Checkpointer(good, {}, "cpu").saver("run-1")(_state())
+    Checkpointer(good, {}, "cpu", device=CPU).saver("run-1")(_state())
     whole = good.read_bytes()
     marker = tmp_path / "code-ran"
     return {
@@ -102,7 +119,7 @@ def test_a_bad_checkpoint_is_moved_aside_with_one_warning(tmp_path, capsys, kind
     path.write_bytes(_bad_files(tmp_path)[kind])
     leftover = path.with_name(".cpu.pt.tmp")  # a crash mid-save (a full disk) left this
     leftover.write_bytes(b"partial")
-    assert Checkpointer(path, {}, "cpu").load() is None
+    assert Checkpointer(path, {}, "cpu", device=CPU).load() is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a usable checkpoint" in err[0], err
     assert "moved it to" in err[0] and "starting from epoch 1" in err[0]
@@ -110,5 +127,5 @@ def test_a_bad_checkpoint_is_moved_aside_with_one_warning(tmp_path, capsys, kind
     assert not leftover.exists()
     assert not (tmp_path / "code-ran").exists()  # weights_only: the file's code never ran
     # The next start finds nothing to resume, and says nothing.
-    assert Checkpointer(path, {}, "cpu").load() is None
+    assert Checkpointer(path, {}, "cpu", device=CPU).load() is None
     assert capsys.readouterr().err == ""

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import types
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -89,6 +90,10 @@ def test_a_fit_resumed_from_its_state_ends_with_the_uninterrupted_weights(prepar
     assert [s.epochs_done for s in states] == [1, 2, 3]
     resumed, again = fit_small(prepared, train, resume_from=states[0])
     assert again[0] == records[0]  # restored with the state
+    # Each process's first epoch compiled and autotuned: never a steady one.
+    assert [r.warm_up for r in records] == [True, False, False]
+    assert [r.warm_up for r in again] == [True, True, False]
+    assert engine.summarize(again).steady_epochs_s == [again[2].train_time_s]
     figures = [(r.epoch, r.train_loss, r.test_loss, r.lr) for r in records]
     assert [(r.epoch, r.train_loss, r.test_loss, r.lr) for r in again] == figures
     for name, value in whole.state_dict().items():
@@ -142,6 +147,9 @@ def test_summarize_separates_first_epoch_from_the_steady_state() -> None:
     assert summary.total_train_s == 9.5
     assert summary.best_test_accuracy == 0.991
     assert engine.summarize(records[:1]).steady_epoch_s is None
+    resumed = [*records[:2], replace(records[2], warm_up=True), records[3]]
+    assert engine.summarize(resumed).steady_epochs_s == [1.0, 1.5]
+    assert engine.summarize(resumed).total_train_s == 9.5
 
 
 @pytest.mark.gpu

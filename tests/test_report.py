@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from accelbench.core.params import VariantParams
 from accelbench.core.results import (
     CpuFacts,
@@ -13,6 +15,7 @@ from accelbench.core.results import (
     Skipped,
     SoftwareFacts,
 )
+from accelbench.report import answer
 from accelbench.report import markdown as report
 from helpers import trained_summary
 
@@ -172,6 +175,34 @@ def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -
     stated = run_cost([epoch(1, 3600.0, 0.99)], "cuda", 2, CostParams(kwh_usd=1.0))
     assert stated.energy_source == "stated: 2 × 450 W × time"
     assert stated.energy_usd == 0.9  # 900 W for an hour at $1/kWh
+
+
+def test_a_gpu_counter_that_read_0_j_every_steady_epoch_is_costed_at_the_stated_wattage() -> None:
+    """amp's 0.07 s epochs on an H200 read 0 J: NVML's counter had not advanced within any
+    (docs/results/h200-time-to-result-3.md). Summed, they cost 1 epoch of energy as measured;
+    train.json says no steady energy was measured, and so must the cost."""
+    from accelbench.core.params import CostParams
+    from accelbench.report.costs import run_cost
+
+    run = _epochs(*[(20.0, 0.9, 2808.8)] + [(0.07, 0.99, 0.0)] * 9)
+    whole = run_cost(run, "cuda", 1, CostParams())
+    assert whole.energy_source == "stated: 450 W × time"
+    assert whole.energy_j == pytest.approx(450 * (20.0 + 9 * 0.07))
+    upto = run_cost(run[:1], "cuda", 1, CostParams(), run=run)  # 99% at epoch 1: the run decides
+    assert upto.energy_source == "stated: 450 W × time"
+    steps = _epochs((20.0, 0.9, 2808.8), (0.13, 0.99, 0.0), (0.13, 0.99, 83.0))  # a coarse counter
+    assert run_cost(steps, "cuda", 1, CostParams()).energy_j == pytest.approx(2891.8)
+
+
+def test_time_to_target_after_a_resume_redraws_only_steady_epochs() -> None:
+    """A training killed after epoch 3 and resumed compiled again in epoch 4: that epoch is
+    measured once, as the first is, and never drawn as a steady one."""
+    epochs = [epoch(1, 5.0, 0.9, warm_up=True), epoch(2, 1.0, 0.95), epoch(3, 1.0, 0.97),
+              epoch(4, 9.0, 0.98, warm_up=True), epoch(5, 1.0, 0.985), epoch(6, 1.0, 0.991)]  # fmt: skip
+    rows = [report.Row("gpu", VariantParams(device="cuda"), trained_summary(1.0), epochs=epochs)]
+    figures = answer.variant_figures(rows, "gpu", 0.99)["gpu"]
+    assert (figures.to_target.value, figures.to_target.lo, figures.to_target.hi) == (18, 18, 18)
+    assert figures.target_epoch == 6
 
 
 def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:

@@ -31,6 +31,7 @@ from accelbench.core.results import (
     scaling_efficiency,
     speedup,
     staged,
+    steady_epochs,
     train_from_json,
     write_epochs_csv,
     write_json,
@@ -232,6 +233,16 @@ def test_a_renamed_energy_column_fails_instead_of_costing_the_stated_wattage(tmp
     assert [r.gpu_energy_j for r in records] == [300.0, None]  # None: not measured
     path.write_text(path.read_text().replace("gpu_energy_j", "gpu_energy"))
     with pytest.raises(InputError, match="gpu_energy"):
+        read_epoch_records(path)
+
+
+def test_the_warm_up_mark_goes_through_epochs_csv_and_a_bad_one_is_named(tmp_path) -> None:
+    path = tmp_path / "epochs.csv"
+    write_epochs_csv(path, [epoch(1, 2.0, 0.9, warm_up=True), epoch(2, 1.0, 0.95)])
+    assert [r.warm_up for r in read_epoch_records(path)] == [True, False]
+    assert steady_epochs(read_epoch_records(path)) == [epoch(2, 1.0, 0.95)]
+    path.write_text(path.read_text().replace("True", "yes"))
+    with pytest.raises(InputError, match="warm_up = 'yes' is not True or False"):
         read_epoch_records(path)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import math
 import os
 import types
 import typing
@@ -366,7 +367,7 @@ class TrainSummary:
     steady_samples_per_s_per_process: float | None
     compile_cache: str | None = None  # the first epoch's: cold | warm | portable | partial
     steady_cpu_energy_j_per_epoch: float | None = None  # RAPL, where readable
-    # every steady epoch's seconds: epochs 2..N of the run, then of each timing repeat
+    # every steady epoch's seconds: the run's `steady_epochs`, then each timing repeat's
     # (`train.repeats`); the report's intervals are drawn from them. None: an older file
     steady_epochs_s: list[float] | None = None
     repeats: int = 1  # trainings timed: the run itself, and repeats - 1 more from scratch
@@ -792,9 +793,16 @@ class EpochRecord:
     gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
     cpu_energy_j: float | None = None  # CPU packages' energy in the same window, from RAPL
     scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
+    # Its process's first epoch, which paid for compilation, autotuning and graph capture:
+    # epoch 1, and the first after a resume. Never a steady epoch (`steady_epochs`).
+    warm_up: bool = False
 
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
+
+    def metrics(self) -> dict[str, float | int | None]:
+        """The epoch's figures as MLflow metrics (the warm-up mark is no figure)."""
+        return {k: v for k, v in asdict(self).items() if k != "warm_up"}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = EPOCHS_CSV) -> EpochRecord:
@@ -808,6 +816,14 @@ class EpochRecord:
             if optional and value in (None, "", "None"):
                 converted[f.name] = None
                 continue
+            if f.type == "bool":  # True/False, as csv writes them, or a checkpoint's bool
+                if value not in (True, False, "True", "False"):
+                    raise InputError(
+                        f"{source}: epoch field {f.name} = {value!r} is not True or False; "
+                        "re-run train"
+                    )
+                converted[f.name] = value in (True, "True")
+                continue
             number = int if f.type.startswith("int") else float
             try:
                 if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -819,6 +835,22 @@ class EpochRecord:
                     f"{source}: epoch field {f.name} = {value!r} is not {what}; re-run train"
                 ) from None
         return cls(**converted)
+
+
+def steady_epochs(records: Sequence[EpochRecord]) -> list[EpochRecord]:
+    """The steady epochs of one training: every epoch but its processes' first (epoch 1, and
+    a resumed training's first), which compiled, autotuned and captured graphs."""
+    return [r for r in records[1:] if not r.warm_up]
+
+
+def energy_read(readings: Sequence[float | None]) -> bool:
+    """Whether an energy counter measured these epochs (the first, then steady ones): a
+    reading for each, and the steady ones not all 0 J. NVML's counter advances in steps:
+    epochs shorter than a step can all read 0 J, which is no measurement (the energy shows up
+    in the next untimed gap)."""
+    if not readings or any(r is None or math.isnan(r) for r in readings):
+        return False
+    return len(readings) == 1 or any(readings[1:])
 
 
 def write_epochs_csv(path: Path, records: Sequence[EpochRecord]) -> None:

@@ -21,6 +21,7 @@ from accelbench.core.results import (
     Skipped,
     TrainResult,
     TrainSummary,
+    steady_epochs,
 )
 from accelbench.core.spread import Figure
 
@@ -55,7 +56,7 @@ class Row:
         if self.train.steady_epochs_s is not None:
             return list(self.train.steady_epochs_s)
         if self.epochs:
-            return [e.train_time_s for e in self.epochs[1:]]
+            return [e.train_time_s for e in steady_epochs(self.epochs)]
         steady = self.train.steady_epoch_s  # a file with the median alone: one sample
         return [steady] if steady else []
 
@@ -167,8 +168,11 @@ def variant_figures(
         reached = time_to_target(row.epochs, target)
         to_target = None
         if reached:
-            epochs = [e.train_time_s for e in row.epochs[: reached[1]]]
-            to_target = spread.total_after(epochs[0], epochs[1:])
+            # warm-up epochs (the first, a resume's first) stay as measured; the rest redrawn
+            epochs = row.epochs[: reached[1]]
+            warm = [e.train_time_s for e in epochs if e is epochs[0] or e.warm_up]
+            settled = [e.train_time_s for e in steady_epochs(epochs)]
+            to_target = spread.total_after(sum(warm), settled)
         out[row.name] = VariantFigures(
             steady_epoch=steady,
             samples_per_s=steady.inverse(row.train.train_samples),

@@ -9,12 +9,11 @@ figures out.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accelbench.core.params import CostParams
-from accelbench.core.results import EpochRecord
+from accelbench.core.results import EpochRecord, energy_read
 
 J_PER_KWH = 3.6e6
 
@@ -34,22 +33,31 @@ class RunCost:
         return self.energy_usd + self.time_usd
 
 
-def _measured(readings: Sequence[float | None]) -> float | None:
-    """The sum of a counter's per-epoch readings; None (not measured) unless every epoch has
-    one."""
-    if not readings or any(r is None or math.isnan(r) for r in readings):
+def _measured(
+    counter: str, epochs: Sequence[EpochRecord], run: Sequence[EpochRecord]
+) -> float | None:
+    """The sum of a counter's readings over `epochs`; None (not measured) unless it measured
+    every epoch of the `run` they are from (`energy_read`: a counter whose steady epochs all
+    read 0 J did not measure them)."""
+    if not energy_read([getattr(e, counter) for e in run]):
         return None
-    return float(sum(readings))
+    return float(sum(getattr(e, counter) for e in epochs))
 
 
 def run_cost(
-    epochs: Sequence[EpochRecord], device: str, processes: int, prices: CostParams
+    epochs: Sequence[EpochRecord],
+    device: str,
+    processes: int,
+    prices: CostParams,
+    run: Sequence[EpochRecord] | None = None,
 ) -> RunCost:
-    """The cost of `epochs` (epochs.csv's records) of a variant on `device` with `processes`
-    processes (GPUs, for a DDP variant: each GPU's system wattage and hour are counted)."""
+    """The cost of `epochs` (epochs.csv's records, the first ones of the `run`: all of it by
+    default) of a variant on `device` with `processes` processes (GPUs, for a DDP variant:
+    each GPU's system wattage and hour are counted)."""
+    run = epochs if run is None else run
     train_s = float(sum(e.train_time_s for e in epochs))
-    gpu_j = _measured([e.gpu_energy_j for e in epochs]) if device == "cuda" else None
-    cpu_j = _measured([e.cpu_energy_j for e in epochs])
+    gpu_j = _measured("gpu_energy_j", epochs, run) if device == "cuda" else None
+    cpu_j = _measured("cpu_energy_j", epochs, run)
     parts = []
     if gpu_j is not None:
         parts.append("GPU boards (NVML)" if processes > 1 else "GPU board (NVML)")

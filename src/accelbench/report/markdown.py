@@ -474,7 +474,9 @@ def _costs(row: Row, prices: CostParams, target: float) -> tuple[RunCost, RunCos
     reached = time_to_target(row.epochs, target)
     upto = None
     if reached:
-        upto = run_cost(row.epochs[: reached[1]], row.variant.device, processes, prices)
+        upto = run_cost(
+            row.epochs[: reached[1]], row.variant.device, processes, prices, run=row.epochs
+        )
     return whole, upto
 
 
@@ -720,7 +722,8 @@ def write_report(
         "Same model, data order, seed and hyperparameters for every variant; only what the variant",
         "names differs. Epoch times are training only (evaluation excluded), read from clocks after a",
         "device synchronize; *steady* is the median of epochs 2..N (of every repeat), the first",
-        "epoch (warm-up, autotuning, compilation) is shown apart. A compiled variant's first",
+        "epoch (warm-up, autotuning, compilation) is shown apart; a training resumed after a kill",
+        "warms up again, and that epoch is in no steady figure either. A compiled variant's first",
         "epoch names where its compiled graphs came from: *cold* (compiled here), *warm* (this",
         "machine's compile cache), *portable* (compile-cache/<variant>.bin, made on a machine",
         "with the same torch, Triton and GPU), *partial* (some of each).",

@@ -39,14 +39,18 @@ class Resume:
 class Checkpointer:
     """Saves to and resumes from `path` (None: neither), for one variant and its params.
 
-    The file holds a fingerprint of the run's params: a state saved under other params is
-    ignored (training starts over), never resumed.
+    The file holds a fingerprint of the run's params, torch's version and the `device`'s name:
+    a state saved under others is ignored (training starts over), never resumed. Its epochs
+    were timed on that stack: resumed on another, one training's figures would mix two.
     """
 
-    def __init__(self, path: Path | None, run_params: dict[str, Any], name: str) -> None:
+    def __init__(
+        self, path: Path | None, run_params: dict[str, Any], name: str, *, device: str
+    ) -> None:
         self.path, self.name = path, name
+        stack = {"torch": torch.__version__, "device": device}
         self.fingerprint = hashlib.sha256(
-            json.dumps(run_params, sort_keys=True).encode()
+            json.dumps({"params": run_params, "stack": stack}, sort_keys=True).encode()
         ).hexdigest()
 
     def load(self) -> Resume | None:
@@ -69,7 +73,10 @@ class Checkpointer:
         except ValueError as exc:
             return self._set_aside(str(exc))
         if fingerprint != self.fingerprint:
-            log(f"train {self.name}: {self.path} is from other params; starting from epoch 1")
+            log(
+                f"train {self.name}: {self.path} is from other params, torch or device; "
+                "starting from epoch 1"
+            )
             return None
         log(f"train {self.name}: resuming after epoch {resume.epochs_done} from {self.path}")
         return resume

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accelbench.core.console import AccelbenchError
 from accelbench.core.params import TrainRecipe, VariantParams
-from accelbench.core.results import EpochRecord
+from accelbench.core.results import EpochRecord, energy_read, steady_epochs
 from accelbench.core.timing import DeviceClock
 from accelbench.data.batches import Batch, Batches, zero_pixel
 
@@ -512,7 +512,7 @@ def fit(
             # would recompile for eval mode and the test batch shapes.
             with hooks.around_evaluation():
                 result = evaluate(model, test_batches, variant, device)
-            record = totals.record(epoch + 1, result, device)
+            record = totals.record(epoch + 1, result, device, warm_up=epoch == first_epoch)
             records.append(record)
             if hooks.on_epoch is not None:
                 hooks.on_epoch(record)
@@ -570,7 +570,9 @@ class _EpochTotals:
     scaler_skipped: int | None
     cpu_energy_j: float | None = None
 
-    def record(self, epoch: int, result: EvalPass, device: torch.device) -> EpochRecord:
+    def record(
+        self, epoch: int, result: EvalPass, device: torch.device, *, warm_up: bool
+    ) -> EpochRecord:
         return EpochRecord(
             epoch=epoch,
             train_loss=self.loss_sum / self.samples,  # over the finite steps
@@ -588,6 +590,7 @@ class _EpochTotals:
             gpu_energy_j=self.energy_j,
             cpu_energy_j=self.cpu_energy_j,
             scaler_skipped_steps=self.scaler_skipped,
+            warm_up=warm_up,
         )
 
 
@@ -783,7 +786,7 @@ class RunFigures:
     epochs: int  # a count
     first_epoch_s: float
     steady_epoch_s: float | None  # the median of steady_epochs_s; None after one epoch
-    steady_epochs_s: list[float]  # epochs 2..N, then the timing repeats' (`train.repeats`)
+    steady_epochs_s: list[float]  # epochs 2..N (less a resume's first), then the repeats'
     total_train_s: float
     steady_samples_per_s: float | None
     data_wait_fraction: float
@@ -798,15 +801,15 @@ class RunFigures:
 
 
 def summarize(records: list[EpochRecord], more_steady: Sequence[float] = ()) -> RunFigures:
-    """Run-level figures: first epoch apart from the steady state (median of epochs 2..N, and
-    of `more_steady`: the steady epochs of the timing repeats, `train.repeats`)."""
+    """Run-level figures: first epoch apart from the steady state (the median of
+    `steady_epochs`: epochs 2..N less a resumed process's first, and of `more_steady`: the
+    steady epochs of the timing repeats, `train.repeats`)."""
     times = [r.train_time_s for r in records]
-    steady = times[1:] + list(more_steady)
+    settled = steady_epochs(records)
+    steady = [r.train_time_s for r in settled] + list(more_steady)
     steady_s = statistics.median(steady) if steady else None
     samples = records[-1].samples
     gpu_mem = [r.peak_gpu_mem_mib for r in records if r.peak_gpu_mem_mib is not None]
-    energy = [r.gpu_energy_j for r in records[1:] if r.gpu_energy_j is not None]
-    cpu_energy = [r.cpu_energy_j for r in records[1:] if r.cpu_energy_j is not None]
     return RunFigures(
         epochs=len(records),
         first_epoch_s=times[0],
@@ -828,6 +831,15 @@ def summarize(records: list[EpochRecord], more_steady: Sequence[float] = ()) -> 
         # A mean, not a median: NVML's counter advances in steps, so a short epoch reads one
         # step more or less than it used; over all steady epochs those errors cancel. Epochs
         # shorter than its steps can all read 0 J: that is no measurement (None, not 0).
-        steady_gpu_energy_j_per_epoch=statistics.fmean(energy) if any(energy) else None,
-        steady_cpu_energy_j_per_epoch=statistics.fmean(cpu_energy) if any(cpu_energy) else None,
+        steady_gpu_energy_j_per_epoch=_steady_energy(records, settled, "gpu_energy_j"),
+        steady_cpu_energy_j_per_epoch=_steady_energy(records, settled, "cpu_energy_j"),
     )
+
+
+def _steady_energy(
+    records: list[EpochRecord], settled: list[EpochRecord], counter: str
+) -> float | None:
+    """The mean reading of `counter` over the steady epochs, where it measured them."""
+    if not settled or not energy_read([getattr(r, counter) for r in records]):
+        return None
+    return statistics.fmean(getattr(r, counter) for r in settled)

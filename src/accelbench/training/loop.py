@@ -67,7 +67,9 @@ def train(job: TrainJob) -> TrainSummary | None:
         log(_start_line(job, fitting.batches.num_samples))
         remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
     checkpoint_path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
-    checkpointer = Checkpointer(checkpoint_path, job.run_params, job.name)
+    checkpointer = Checkpointer(
+        checkpoint_path, job.run_params, job.name, device=placement.device_name
+    )
     with phases.phase("checkpoint"):
         resume = checkpointer.load()
     if out.profile is not None:
@@ -216,7 +218,7 @@ class _Fitting:
         def on_epoch(record: EpochRecord) -> None:
             progress.epoch_done(record)
             if placement.main and track:
-                tracking.log_metrics(record.as_dict(), step=record.epoch)
+                tracking.log_metrics(record.metrics(), step=record.epoch)
 
         def on_checkpoint(state: engine.TrainingState) -> None:
             with phases.phase("checkpoint"):

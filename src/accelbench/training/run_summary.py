@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from accelbench.core.params import VariantParams
-from accelbench.core.results import EpochRecord, TrainSummary
+from accelbench.core.results import EpochRecord, TrainSummary, steady_epochs
 from accelbench.system import hardware
 from accelbench.training import engine
 from accelbench.training.placement import Placement
@@ -26,7 +26,7 @@ def summarize_run(
     samples. `compile_cache`: `compile_cache.state(...)` after the run, before its
     repeats (which find every graph cached)."""
     repeats = repeats or []
-    more_steady = [r.train_time_s for repeat in repeats for r in repeat[1:]]
+    more_steady = [r.train_time_s for repeat in repeats for r in steady_epochs(repeat)]
     figures = engine.summarize(records, more_steady)
     world_size = placement.world_size
     steady_s = figures.steady_epoch_s or figures.first_epoch_s
