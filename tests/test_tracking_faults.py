@@ -12,8 +12,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -109,6 +111,45 @@ def test_mlflow_errors_of_a_call_that_succeeds_are_still_shown(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "dropped" not in err and err.count("WARNING: MLflow tracking") == 1
     assert "OperationalError: database is locked" in err
+
+
+def test_a_bug_in_our_tracking_code_is_named_as_one_not_as_an_outage(monkeypatch, capsys) -> None:
+    """A TypeError in accelbench's own code was reported as the store failing, with the advice
+    to move a healthy mlflow.db aside."""
+    monkeypatch.delenv(tracking.BUGS_ENV)
+    assert tracking.tolerant(tracking._numbers)(None) is None  # None.items(): our bug
+    [line] = capsys.readouterr().err.splitlines()
+    assert "stopped on a bug in accelbench (AttributeError: " in line
+    assert "tracking.py:" in line and "Please report it" in line
+    assert "move it aside" not in line and "Before the next run" not in line
+    monkeypatch.setattr(tracking, "_outage", None)
+    monkeypatch.setenv(tracking.BUGS_ENV, "raise")  # as the test suite runs
+    with pytest.raises(AttributeError):
+        tracking.tolerant(tracking._numbers)(None)
+
+
+def _raised(call: Callable[[], Any]) -> BaseException:
+    with pytest.raises(Exception) as caught:
+        call()
+    return caught.value
+
+
+def test_an_error_from_mlflow_or_its_store_is_an_outage_not_a_bug(tmp_path, monkeypatch) -> None:
+    import json
+
+    from accelbench.core.results import write_json
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+    def locked() -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    assert not tracking.raised_here(_raised(locked))
+    assert not tracking.raised_here(_raised(lambda: json.loads("<html>bad gateway</html>")))
+    no_server = MlflowClient("http://127.0.0.1:9")  # a refused connection, retried in MLflow
+    assert not tracking.raised_here(_raised(lambda: no_server.get_run("0" * 32)))
+    # raised in the standard library, on what accelbench's code handed it: a bug
+    assert tracking.raised_here(_raised(lambda: write_json(tmp_path / "x.json", object())))
 
 
 # The stages' tracking calls, as a process runs them: train opens the variant's run in the

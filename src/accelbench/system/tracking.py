@@ -41,6 +41,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import sysconfig
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
@@ -162,18 +164,52 @@ def describe_failure(exc: BaseException) -> str:
     return clip(f"{type(exc).__name__} from {type(root).__name__}: {_first_line(root)}", 300)
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # accelbench/
+# Set (to "raise") by the test suite: an error raised in accelbench's own tracking code is a
+# bug to fail on, not an outage to carry on through.
+BUGS_ENV = "ACCELBENCH_TRACKING_BUGS"
+
+
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def raised_here(exc: BaseException) -> bool:
+    """Whether `exc` was raised by accelbench's own code (a bug: a KeyError for a figure's
+    name, a TypeError), directly or through the standard library, not by MLflow, its store
+    or the network, and wraps nothing from them."""
+    if isinstance(exc, MlflowException | OSError | sqlite3.Error) or exc.__cause__ is not None:
+        return False
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):  # innermost first
+        path = Path(frame.filename).resolve()
+        if not path.is_relative_to(_STDLIB) or {"site-packages", "dist-packages"} & set(path.parts):
+            return path.is_relative_to(_PACKAGE)
+    return False
+
+
 def _report_outage(exc: BaseException) -> None:
     global _outage
-    if _outage is None:
-        _outage = describe_failure(exc)
-        uri = mlflow.get_tracking_uri()
+    if _outage is not None:
+        return
+    _outage = describe_failure(exc)
+    uri = mlflow.get_tracking_uri()
+    if raised_here(exc):
+        where = traceback.extract_tb(exc.__traceback__)[-1]
         print(
-            f"accelbench: WARNING: MLflow tracking at {uri} failed ({_outage}). The stage goes "
-            "on and writes its DVC outputs; this process logs nothing more to MLflow. "
-            f"Before the next run: {_remedy(uri, exc)}.",
+            f"accelbench: WARNING: tracking to MLflow at {uri} stopped on a bug in accelbench "
+            f"({_outage}, {Path(where.filename).name}:{where.lineno}), not on the store. The "
+            "stage goes on and writes its DVC outputs; this process logs nothing more to "
+            "MLflow. Please report it with this line.",
             file=sys.stderr,
             flush=True,
         )
+        return
+    print(
+        f"accelbench: WARNING: MLflow tracking at {uri} failed ({_outage}). The stage goes "
+        "on and writes its DVC outputs; this process logs nothing more to MLflow. "
+        f"Before the next run: {_remedy(uri, exc)}.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class _HeldBack(logging.Filter):
@@ -233,6 +269,8 @@ def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
             with phases.phase("mlflow"), _mlflow_logs_held():
                 return function(*args, **kwargs)
         except Exception as exc:  # MlflowException, requests errors, sqlite errors, ...
+            if os.environ.get(BUGS_ENV) == "raise" and raised_here(exc):
+                raise
             _report_outage(exc)
             return None
 
