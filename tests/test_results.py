@@ -112,7 +112,7 @@ def test_class_scores_match_scikit_learn() -> None:
     from sklearn.metrics import classification_report
 
     from accelbench.evaluation import confusion
-    from accelbench.stages.evaluate import class_scores
+    from accelbench.evaluation.confusion import class_scores
 
     rng = np.random.default_rng(0)
     y_true = rng.integers(0, 9, 500)  # class 9 never occurs

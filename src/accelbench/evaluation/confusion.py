@@ -1,4 +1,5 @@
-"""The confusion matrix of an evaluated variant: a CSV for DVC's plot, and a figure."""
+"""The confusion matrix of an evaluated variant: per-class scores from it, a CSV for DVC's plot,
+and a figure."""
 
 from __future__ import annotations
 
@@ -10,6 +11,26 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
+
+from accelbench.core.results import ClassScores
+
+
+def class_scores(counts: np.ndarray) -> dict[str, ClassScores]:
+    """Precision, recall and F1 per class from a confusion matrix [actual, predicted], as
+    scikit-learn's classification_report defines them (0 where undefined); classes absent
+    from both the targets and the predictions are left out."""
+    true_positives = np.diag(counts).astype(float)
+    predicted = counts.sum(axis=0).astype(float)
+    actual = counts.sum(axis=1).astype(float)
+    scores = {}
+    for c in range(len(counts)):
+        if not actual[c] and not predicted[c]:
+            continue
+        precision = true_positives[c] / predicted[c] if predicted[c] else 0.0
+        recall = true_positives[c] / actual[c] if actual[c] else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        scores[str(c)] = ClassScores(float(precision), float(recall), float(f1))
+    return scores
 
 
 def write_confusion_csv(path: Path, pairs: tuple[np.ndarray, np.ndarray] | None) -> None:

@@ -105,7 +105,7 @@ def run(
             result = engine.evaluate(model, batches, variant, device)
             y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
             counts = confusion.matrix(y_true, y_pred)
-            summary = _summary(result, counts)
+            summary = _summary(result, confusion.class_scores(counts))
         summary = replace(summary, shared_machine=tenancy.shared())
     record = RunRecord(name, "trained", model_file.mlflow_run_id)
     with phases.phase("outputs"), staged() as outputs:  # all new or all old
@@ -131,26 +131,7 @@ def _trained_variant(model_file: ModelFile, model_path: Path) -> VariantParams:
         ) from None
 
 
-def class_scores(counts: np.ndarray) -> dict[str, ClassScores]:
-    """Precision, recall and F1 per class from a confusion matrix [actual, predicted], as
-    scikit-learn's classification_report defines them (0 where undefined); classes absent
-    from both the targets and the predictions are left out."""
-    true_positives = np.diag(counts).astype(float)
-    predicted = counts.sum(axis=0).astype(float)
-    actual = counts.sum(axis=1).astype(float)
-    scores = {}
-    for c in range(len(counts)):
-        if not actual[c] and not predicted[c]:
-            continue
-        precision = true_positives[c] / predicted[c] if predicted[c] else 0.0
-        recall = true_positives[c] / actual[c] if actual[c] else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        scores[str(c)] = ClassScores(float(precision), float(recall), float(f1))
-    return scores
-
-
-def _summary(result: EvalPass, counts: np.ndarray) -> EvalSummary:
-    per_class = class_scores(counts)
+def _summary(result: EvalPass, per_class: dict[str, ClassScores]) -> EvalSummary:
     return EvalSummary(
         test_accuracy=result.accuracy,
         test_loss=result.loss,
