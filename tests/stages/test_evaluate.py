@@ -31,6 +31,31 @@ def test_a_model_trained_on_cuda_is_refused_without_cuda(tmp_path, prepared) -> 
         evaluate.run(inputs, tmp_path / "gpu.pt", prepared, MetricsFiles(tmp_path))
 
 
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_inference_is_measured_in_the_layout_the_variant_trained_in(
+    tmp_path, prepared, monkeypatch, channels_last
+) -> None:
+    """cpu and gpu train in channels_last; their inference throughput was measured in NCHW."""
+    from accelbench.training import engine
+    from accelbench.training.models import SeedCNN
+
+    variant = {"name": "cpu", "device": "cpu", "channels_last": channels_last}
+    params = {"variant": variant, "train": {}}
+    ModelFile("cpu", "trained", None, params, SeedCNN().state_dict()).save(tmp_path / "cpu.pt")
+    seen = []
+    evaluate_pass = engine.evaluate
+
+    def watched(model, batches, *args, **kwargs):
+        # conv2's: with one input channel, conv1's weight and MNIST's images fit both layouts
+        seen.append(model.features[2].weight.is_contiguous(memory_format=torch.channels_last))
+        return evaluate_pass(model, batches, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "evaluate", watched)
+    evaluate.run(evaluate.select(small_params()), tmp_path / "cpu.pt", prepared,
+                 MetricsFiles(tmp_path / "metrics"))  # fmt: skip
+    assert seen and set(seen) == {channels_last}
+
+
 def test_a_failed_figure_keeps_every_earlier_output(tmp_path, prepared, monkeypatch) -> None:
     """The figure fails (a full disk) after eval.json and the CSV were written: all old."""
     import errno

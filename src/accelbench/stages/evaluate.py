@@ -78,6 +78,8 @@ def run(
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
     with phases.phase("imports"):  # torch is in already (the model file); matplotlib is not
+        import torch
+
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
@@ -93,10 +95,17 @@ def run(
         with phases.phase("model"):
             build.check_prepared(dataset, prepared_dir)
             model = build.trained_model(dataset, model_file.state_dict, str(model_path))
-            model = model.to(device)
+            # in the variant's memory layout, as it trained and was evaluated in training
+            layout = torch.channels_last if variant.channels_last else torch.preserve_format
+            model = model.to(device, memory_format=layout)
         with phases.phase("data"):
             batches = build.eval_batches(
-                dataset, prepared_dir, device, inputs.batch_size, inputs.test_subset
+                dataset,
+                prepared_dir,
+                device,
+                inputs.batch_size,
+                inputs.test_subset,
+                channels_last=variant.channels_last,
             )
         with phases.phase("evaluation"):
             # Warm-up: on a GPU every batch shape (cuDNN autotunes each); on a CPU one batch.
