@@ -114,6 +114,13 @@ def clip(text: str, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def first_sentence(exc: BaseException, limit: int) -> str:
+    """An error's type and the first sentence of its words, cut to `limit` characters: torch's
+    weights-only refusal goes on for a page, and a bare KeyError says only "101"."""
+    first = " ".join(str(exc).split()).split(". ")[0][:limit]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 # reprlib looks at a bounded part of a value: a huge or deeply shared structure costs nothing.
 _SHORT_REPR = reprlib.Repr()
 _SHORT_REPR.maxlevel = 3

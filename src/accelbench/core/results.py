@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from accelbench.core import phases
-from accelbench.core.console import DISK_FULL_ERRNOS, InputError, echo
+from accelbench.core.console import DISK_FULL_ERRNOS, InputError, echo, first_sentence
 
 TRAIN_JSON = "train.json"
 EPOCHS_CSV = "epochs.csv"
@@ -750,9 +750,7 @@ def _torch_payload(path: Path, not_ours: str) -> Any:
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # garbage, empty, truncated, pickled code: many types
-        # torch's own words, first sentence, with the error's type: a bare KeyError says "101"
-        first = " ".join(str(exc).split()).split(". ")[0][:100]
-        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        reason = first_sentence(exc, 100)
         raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from accelbench.core.console import log
+from accelbench.core.console import first_sentence, log
 from accelbench.core.results import atomic_torch_save
 from accelbench.training.engine import TrainingState
 
@@ -65,9 +65,7 @@ class Checkpointer:
                 warnings.simplefilter("ignore")
                 saved = torch.load(self.path, map_location="cpu", weights_only=True)
         except Exception as exc:  # unpickling raises many types; none of them is ours
-            # The first sentence only: torch's weights-only refusal goes on for a page.
-            first = " ".join(str(exc).split()).split(". ")[0][:120]
-            return self._set_aside(f"unreadable ({type(exc).__name__}: {first})")
+            return self._set_aside(f"unreadable ({first_sentence(exc, 120)})")
         try:
             fingerprint, resume = _read(saved)
         except ValueError as exc:
