@@ -45,6 +45,21 @@ def test_same_seed_gives_bitwise_identical_weights(prepared) -> None:
     assert not torch.equal(first.classifier.weight, other.classifier.weight)
 
 
+def test_the_device_clock_waits_for_the_gpu_before_every_read(monkeypatch) -> None:
+    """Every figure's honesty rests on it: a CUDA clock read while kernels are queued times
+    their launch, not their run."""
+    from accelbench.core.timing import DeviceClock
+
+    waits = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    gpu = torch.device("cuda", 0)
+    clock = DeviceClock(gpu)
+    assert clock.now() <= clock.now()
+    assert waits == [gpu, gpu]
+    DeviceClock(torch.device("cpu")).now()
+    assert waits == [gpu, gpu]  # nothing to wait for on the CPU
+
+
 def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
     readings = iter(range(0, 1000, 7))  # a cumulative counter, in joules
 
