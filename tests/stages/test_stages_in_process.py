@@ -88,6 +88,9 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     optional = {"time_to_target_s"}
     optional |= {f"{k}_{end}" for k in compared | optional for end in ("lo", "hi")}
     assert compared <= set(variant_metrics) <= compared | optional
+    # MLflow's figures are the report's, not a second computation that happens to agree
+    logged = client.get_run(cpu.info.run_id).data.metrics
+    assert {k: logged[k] for k in variant_metrics} == pytest.approx(variant_metrics)
     assert json.loads((tmp_path / "reports" / "metrics" / "gpu.json").read_text()) == {}
     inputs = {
         d.dataset.name: d.dataset.digest
