@@ -89,6 +89,37 @@ def test_an_error_an_interrupt_caused_is_reported_as_the_interrupt(
     assert cli._interruption(ValueError("a bug")) is None
 
 
+def test_params_edited_while_a_stage_ran_fail_it_naming_the_change(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """DVC records params as a stage ends: a model trained for 6 epochs was recorded in
+    dvc.lock, and reported, as trained for 3, and DVC never ran it again."""
+    from accelbench.stages import train
+
+    params = write_params(tmp_path, epochs=6)
+    edits = {"epochs: 6": "epochs: 3"}
+
+    def trains_while_the_user_edits(args, loaded, root) -> None:
+        assert loaded.train.epochs == 6
+        text = params.read_text()
+        for old, new in edits.items():
+            text = text.replace(old, new)
+        params.write_text(text)
+
+    monkeypatch.setattr(train, "main", trains_while_the_user_edits)
+    argv = ["--params", str(params), "train", "cpu", "--data", "d", "--model", "m.pt"]
+    argv += ["--metrics", str(tmp_path / "metrics")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"accelbench train: error: {params} changed while the stage ran (")
+    assert "recipe.epochs: 6 → 3" in err and "run it again (dvc repro)" in err
+    # what the stage does not read may change: cost prices, another variant
+    write_params(tmp_path, epochs=6)
+    edits = {"kwh_usd: 0.15": "kwh_usd: 0.3"}
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "kwh_usd: 0.3" in params.read_text()
+
+
 def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
     path = write_params(tmp_path, batch_size=0)
     assert main(["--params", str(path), "download", "--out", str(tmp_path / "raw")]) == 2

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from accelbench.core.params import ParamsError, load_params, parse_params
-from helpers import REPO
+from helpers import REPO, small_params
 
 
 @pytest.fixture
@@ -304,3 +304,13 @@ def test_dvc_exp_run_set_param_changes_only_what_it_sets(tmp_path, overrides, ed
         assert expected.count(old) == 1, old
         expected = expected.replace(old, new)
     assert path.read_text() == expected
+
+
+def test_differences_name_each_changed_key_dotted_and_nothing_else() -> None:
+    from accelbench.core.params import differences
+
+    before, after = small_params(), small_params(epochs=5, lr=0.01)
+    assert differences(before, before) == []
+    assert differences(before.train, after.train) == ["epochs: 2 → 5", "lr: 0.001 → 0.01"]
+    assert differences(before, after) == ["train.epochs: 2 → 5", "train.lr: 0.001 → 0.01"]
+    assert differences({"a": [1]}, {"a": [2], "b": 1}) == ["a: [1] → [2]", "b: None → 1"]

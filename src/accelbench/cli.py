@@ -24,10 +24,11 @@ from accelbench.core.console import (
     DEBUG_ENV,
     EXIT_INTERRUPTED,
     EXIT_READER_GONE,
+    InputError,
     error_message,
     print_error,
 )
-from accelbench.core.params import load_params
+from accelbench.core.params import Params, differences, load_params
 from accelbench.system import lifetime
 
 # The stages dvc.yaml runs, with the line `accelbench --help` shows for each. A stage's own
@@ -75,6 +76,29 @@ def _parser() -> argparse.ArgumentParser:
         # Its arguments, --help included, are left to the stage's own parser.
         sub.add_parser(name, help=help_line, add_help=False)
     return parser
+
+
+def _selected(stage: Any, args: argparse.Namespace, params: Params) -> Any:
+    """What `stage` reads of params.yaml (its module's `select`)."""
+    return stage.select(params, args.variant) if args.stage == "train" else stage.select(params)
+
+
+def _check_params_unchanged(stage: Any, args: argparse.Namespace, params: Params) -> None:
+    """DVC records a stage's params as they are when it ends, not as it started: an edit of
+    params.yaml while the stage ran would be recorded beside outputs made with the old values,
+    and the stage never run again. Fail instead, naming what changed."""
+    try:
+        changed = differences(
+            _selected(stage, args, params), _selected(stage, args, load_params(args.params))
+        )
+    except InputError as exc:
+        changed = [f"now: {exc}"]
+    if changed:
+        shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise InputError(
+            f"{args.params} changed while the stage ran ({shown}): its outputs were made with "
+            "the values it started with, which DVC would not record; run it again (dvc repro)"
+        )
 
 
 def _stage_arguments(name: str, stage_args: list[str], into: argparse.Namespace) -> Any:
@@ -232,6 +256,8 @@ def _run(
         if args.stage == "check":
             return _print_out(f"{args.params}: valid ({', '.join(params.variants)})")
         stage.main(args, params, root)
+        if "LOCAL_RANK" not in os.environ:  # a torchrun child: its launcher checks
+            _check_params_unchanged(stage, args, params)
     except KeyboardInterrupt as exc:
         print(f"accelbench {args.stage}: interrupted ({str(exc) or 'Ctrl-C'})", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -17,6 +17,7 @@ Error messages quote at most `console.ECHO_CHARS` characters of a value.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -553,3 +554,30 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except ParamsError as exc:
         raise ParamsError(f"{path}: {exc}") from None
     return parse_params(raw, str(path))
+
+
+def differences(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """Where two of a stage's selected inputs differ, as "key: old → new" (dotted keys into
+    pydantic models, dataclasses and mappings; other values compared whole)."""
+    old, new = _parts(before), _parts(after)
+    if old is None or new is None:
+        return [] if before == after else [f"{prefix or 'value'}: {echo(before)} → {echo(after)}"]
+    out = []
+    for key in [*old, *(k for k in new if k not in old)]:
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if key not in old or key not in new:
+            out.append(f"{name}: {echo(old.get(key))} → {echo(new.get(key))}")
+        else:
+            out.extend(differences(old[key], new[key], name))
+    return out
+
+
+def _parts(value: Any) -> dict[Any, Any] | None:
+    """A structured value's parts by name; None for a plain value."""
+    if isinstance(value, BaseModel):
+        return {name: getattr(value, name) for name in type(value).model_fields}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return dict(value)
+    return None
