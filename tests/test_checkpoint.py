@@ -129,3 +129,17 @@ def test_a_bad_checkpoint_is_moved_aside_with_one_warning(tmp_path, capsys, kind
     # The next start finds nothing to resume, and says nothing.
     assert Checkpointer(path, {}, "cpu", device=CPU).load() is None
     assert capsys.readouterr().err == ""
+
+
+def test_a_second_bad_checkpoint_never_replaces_the_first_set_aside(tmp_path, capsys) -> None:
+    path = tmp_path / "cpu.pt"
+    for text in (b"first garbage", b"second garbage", b"third garbage"):
+        path.write_bytes(text)
+        assert Checkpointer(path, {}, "cpu", device=CPU).load() is None
+    aside = {p.name: p.read_bytes() for p in tmp_path.glob("cpu.pt.bad*")}
+    assert aside == {
+        "cpu.pt.bad": b"first garbage",
+        "cpu.pt.bad.1": b"second garbage",
+        "cpu.pt.bad.2": b"third garbage",
+    }
+    assert "moved it to " + str(tmp_path / "cpu.pt.bad.2") in capsys.readouterr().err

@@ -120,6 +120,19 @@ def test_params_edited_while_a_stage_ran_fail_it_naming_the_change(
     assert "kwh_usd: 0.3" in params.read_text()
 
 
+@pytest.mark.parametrize("model", ["x.pth", "models", "README.md"])
+def test_a_model_path_not_named_pt_is_a_usage_error(tmp_path, capsys, model) -> None:
+    """It was "unexpected ValueError: x.pth: no output kind registered ... report it"."""
+    params = write_params(tmp_path)
+    argv = ["--params", str(params), "train", "cpu", "--data", str(tmp_path), "--model", model]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--metrics", str(tmp_path / "m")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --model: '{model}' is not a .pt file name" in err
+    assert not (tmp_path / "m").exists()
+
+
 def test_cli_rejects_bad_params_before_any_work(tmp_path, capsys) -> None:
     path = write_params(tmp_path, batch_size=0)
     assert main(["--params", str(path), "download", "--out", str(tmp_path / "raw")]) == 2

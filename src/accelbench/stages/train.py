@@ -191,10 +191,23 @@ def record_skip(name: str, inputs: TrainInputs, reason: str, out: TrainOutputs) 
     return skipped
 
 
+def _model_path(text: str) -> Path:
+    """--model: a model file's name ends in .pt (evaluate and quantize read it by its content;
+    an output's name says what may be replaced at that path)."""
+    path = Path(text)
+    if path.suffix != ".pt":
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a .pt file name; accelbench writes a model as NAME.pt"
+        )
+    return path
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("variant")
     parser.add_argument("--data", type=Path, required=True, help="prepared data folder")
-    parser.add_argument("--model", type=Path, required=True, help="checkpoint to write")
+    parser.add_argument(
+        "--model", type=_model_path, required=True, help="model file to write (NAME.pt)"
+    )
     parser.add_argument("--metrics", type=Path, required=True, help="folder for metrics files")
     parser.add_argument(
         "--checkpoint", type=Path, help="training state saved every epoch; resumed when present"

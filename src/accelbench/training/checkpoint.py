@@ -80,7 +80,7 @@ class Checkpointer:
         return resume
 
     def _set_aside(self, problem: str) -> None:
-        aside = self.path.with_name(self.path.name + ".bad")
+        aside = _free_name(self.path.with_name(self.path.name + ".bad"))
         os.replace(self.path, aside)
         log(
             f"train {self.name}: warning: {self.path} is not a usable checkpoint ({problem}); "
@@ -102,6 +102,16 @@ class Checkpointer:
         """Training finished: the outputs are the record now."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ... whichever is free: an earlier file set aside (a file
+    of the user's, perhaps) is never replaced."""
+    candidate, number = path, 0
+    while candidate.exists() or candidate.is_symlink():
+        number += 1
+        candidate = path.with_name(f"{path.name}.{number}")
+    return candidate
 
 
 def _read(saved: Any) -> tuple[str, Resume]:
