@@ -260,6 +260,22 @@ def test_runs_reads_a_store_on_a_read_only_mount(tmp_path) -> None:
     assert sorted(p.name for p in shared.iterdir()) == [tracking.STORE]  # nothing written
 
 
+def test_runs_refuses_a_store_uri_naming_no_file_and_creates_nothing(tmp_path) -> None:
+    """A typo in MLFLOW_TRACKING_URI created the store, its folders and a lock file, then said
+    "No pipeline run ... yet: run `dvc repro`", exit 0."""
+    (tmp_path / "params.yaml").write_text("")
+    typo = tmp_path / "nonexistent" / "mlfow.db"
+    env = {**_own_store_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{typo}"}
+    runs = [sys.executable, "-m", "accelbench.cli", "runs"]
+    shown = subprocess.run(runs, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert shown.returncode == 2, shown.stderr
+    assert shown.stderr.startswith(
+        f"accelbench runs: error: MLFLOW_TRACKING_URI names the store {typo}"
+    )
+    assert "which does not exist (a typo?)" in shown.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]  # nothing created
+
+
 def test_the_workspace_is_found_as_dvc_finds_it_else_by_the_params_file(tmp_path) -> None:
     (tmp_path / "ws" / ".dvc").mkdir(parents=True)
     (tmp_path / "ws" / "a" / "b").mkdir(parents=True)

@@ -60,7 +60,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from accelbench.core import phases
-from accelbench.core.console import AccelbenchError, clip, log
+from accelbench.core.console import AccelbenchError, InputError, clip, log
 from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
 from accelbench.core.results import EpochRecord, EvalSummary, TrainSummary
 
@@ -1430,6 +1430,12 @@ def summary_markdown(root: Path) -> str:
     store = store_root(root) / STORE
     if not os.environ.get("MLFLOW_TRACKING_URI") and not store.exists():
         return f"No MLflow store at {store} yet: run `dvc repro` in {store.parent}."
+    named = _sqlite_path(tracking_uri(root)) if os.environ.get("MLFLOW_TRACKING_URI") else None
+    if named is not None and not named.exists():  # reading would create it, folders and all
+        raise InputError(
+            f"MLFLOW_TRACKING_URI names the store {named}, which does not exist (a typo?); "
+            f"`accelbench runs` reads a store and creates none: unset it to read {store}"
+        )
     try:
         with _mlflow_logs_held():
             parent, children = pipeline_summary(root)
