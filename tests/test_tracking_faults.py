@@ -320,6 +320,26 @@ def test_make_ui_refuses_a_busy_port_before_printing_a_link() -> None:
     assert tracking.port_problem("127.0.0.1", port) is None  # free again once closed
 
 
+@pytest.mark.parametrize(
+    ("host", "port", "said"),
+    [
+        ("127.0.0.1", "99999", "PORT='99999' is not a port number (1-65535): make ui PORT=5000"),
+        ("127.0.0.1", "abc", "PORT='abc' is not a port number (1-65535): make ui PORT=5000"),
+        ("999.1.1.1", "5078", "HOST='999.1.1.1' is not an address to serve on ("),
+    ],
+)
+def test_make_ui_refuses_a_bad_port_or_host_naming_what_to_pass(
+    tmp_path, monkeypatch, capsys, host, port, said
+) -> None:
+    """PORT=99999 printed the link, then the server's traceback, and exited 0; a bad HOST was
+    told to choose another port."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.ui_intro(host, port, tmp_path / "mlflow.db") == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"make ui: {said}")
+    assert "HOST=127.0.0.1" in err if host != "127.0.0.1" else "another port" not in err
+
+
 SETUP = """
     import sys, time
     from pathlib import Path

@@ -1272,6 +1272,19 @@ def server_view_url(uri: str) -> str:
     )
 
 
+def _ui_address_problem(host: str, port: str) -> str | None:
+    """Why `make ui` cannot serve on HOST:PORT, with what to pass instead; None if it can."""
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"PORT={port!r} is not a port number (1-65535): make ui PORT=5000"
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"HOST={host!r} is not an address to serve on ({exc}): make ui HOST=127.0.0.1"
+    if problem := port_problem(host, int(port)):
+        return f"{problem}; stop it, or choose another port: make ui PORT={int(port) + 1}"
+    return None
+
+
 def ui_intro(host: str, port: str, store: Path) -> int:
     """`make ui`'s first step: refuse a port another program holds (one line on stderr, exit
     1, before any link that would open that program), or a MLFLOW_TRACKING_URI that is not
@@ -1294,13 +1307,8 @@ def ui_intro(host: str, port: str, store: Path) -> int:
             file=sys.stderr,
         )
         return 1
-    problem = port_problem(host, int(port)) if port.isdigit() else f"PORT={port!r} is not a number"
-    if problem:
-        print(
-            f"make ui: {problem}; stop it, or choose another port: make ui PORT="
-            f"{int(port) + 1 if port.isdigit() else 5001}",
-            file=sys.stderr,
-        )
+    if problem := _ui_address_problem(host, port):
+        print(f"make ui: {problem}", file=sys.stderr)
         return 1
     url, what = _training_view(f"http://{host}:{port}", store)
     print("Open", url, f"({what})")
