@@ -107,8 +107,14 @@ def test_download_writes_into_a_folder_and_replaces_only_its_verified_files(tmp_
     stem = "train-labels-idx1-ubyte"
     (out / f"{stem}.gz").write_bytes(b"the user's own file of that name")
     before = _snapshot(out)
-    with pytest.raises(InputError, match=rf"{stem}\.gz: exists and is not MNIST's {stem}\.gz"):
+    with pytest.raises(
+        InputError, match=rf"{stem}\.gz: exists and is not MNIST's {stem}\.gz"
+    ) as refused:
         mnist.download(out, [str(mirror)])
+    # a damaged copy of its own file (a truncated download) has a way out that works
+    assert "a damaged or partial copy of it: delete it, and the next run fetches it" in str(
+        refused.value
+    )
     assert _snapshot(out) == before  # refused before the first download
     (out / f"{stem}.gz").unlink()
 

@@ -198,7 +198,8 @@ def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: st
             pass
     raise InputError(
         f"{final}: exists and is not {what} (it does not verify); download replaces only its "
-        "own files: move it away or pass another --out"
+        "own files: move it away (a damaged or partial copy of it: delete it, and the next "
+        "run fetches it) or pass another --out"
     )
 
 
