@@ -182,6 +182,23 @@ def test_a_stage_process_skips_the_teardown_but_not_its_exit_handlers(tmp_path) 
     assert result.stdout == "bufferedexit handler\n"
 
 
+def test_a_ctrl_c_once_the_stage_is_done_lets_its_ending_finish(tmp_path) -> None:
+    """Ctrl-C just after "done" printed a KeyboardInterrupt traceback from the ending and cut
+    its exit handlers short (exit -2); the ending is bounded, so it now waits for it."""
+    result = _stage_as_the_program(
+        tmp_path,
+        "import os, signal\n"
+        "def handler():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.3)\n"
+        "    print('exit handler finished', flush=True)\n"
+        "atexit.register(handler)",
+    )
+    assert result.returncode == 2, result.stderr  # the stage's own code (no params file)
+    assert "exit handler finished" in result.stdout
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
+
+
 def test_a_stage_process_ends_idle_thread_pools_and_lets_queued_work_finish(tmp_path) -> None:
     """torch.compile leaves idle compile workers (a ThreadPoolExecutor's non-daemon threads):
     they end as at an ordinary exit, work they were given first, and the teardown is still

@@ -176,7 +176,11 @@ def _end_process(code: int) -> NoReturn:
       are flushed, and the process ends.
 
     All of it has `lifetime.ENDING_LIMIT_S`: a handler or thread that hangs (a DDP
-    communicator, say) cannot keep a finished stage alive."""
+    communicator, say) cannot keep a finished stage alive. So Ctrl-C and SIGTERM wait for
+    it: arriving now, they would cut the exit handlers short (a run left open, a traceback
+    after "done")."""
+    for interrupt in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(interrupt, signal.SIG_IGN)
     lifetime.end_within(lifetime.ENDING_LIMIT_S, code, "the finished stage's process")
     lifetime.end_compile_workers()
     futures = sys.modules.get("concurrent.futures.thread")
