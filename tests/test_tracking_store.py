@@ -453,6 +453,10 @@ def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     assert gpu[" result "] == " skipped " and gpu[" run status "] == " FINISHED "
     assert "- gpu: no CUDA device" in lines
     assert f"viewStateShareKey={tracking.VIEW_ID}" in table
+    # a training stopped part way is not a trained variant, whatever its status tag says
+    MlflowClient().set_terminated(ids["cpu"], "KILLED")
+    [cpu] = [r for r in tracking.summary_markdown(tmp_path).splitlines() if r.startswith("| cpu")]
+    assert dict(zip(header.split("|"), cpu.split("|"), strict=True))[" result "] == " interrupted "
 
 
 def test_speedups_over_another_baseline_are_tagged_and_headed_as_such(

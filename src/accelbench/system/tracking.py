@@ -1380,13 +1380,23 @@ def _summary_row(run: Any) -> str:
         figures["steady_epoch"],
         f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
         figures["time_to_target"],
-        tags.get("status", ""),
+        _result(tags.get("status", ""), run.info.status),
         tags.get("device_name", tags.get("device", "")),
         run.info.status,
         run.info.run_id,
     ]
     return "| " + " | ".join("n/a" if c is None else c for c in cells) + " |"
 
+
+def _result(status: str, run_status: str) -> str:
+    """What became of a variant: its stage's `status` tag (trained, skipped), unless its run
+    ended otherwise: a training stopped part way is no trained variant, whatever it logged."""
+    if status == "trained" and run_status in _UNFINISHED:
+        return _UNFINISHED[run_status]
+    return status
+
+
+_UNFINISHED = {"KILLED": "interrupted", "FAILED": "failed", "RUNNING": "training"}
 
 SUMMARY_COLUMNS = (
     "variant",
