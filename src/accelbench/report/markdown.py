@@ -268,7 +268,10 @@ def _answer_table(
         if f is None:
             why = f"skipped: {row.train.reason}" if not row.trained else "one epoch: no steady"
             cells = [row.name, f"{row.variant.device}, {row.variant.precision}", why]
-            lines.append("| " + " | ".join(cells + ["—"] * (len(head) - len(cells))) + " |")
+            cells += ["—"] * (len(head) - len(cells))
+            if row.trained:  # one epoch measures no speed, but the model was tested
+                cells[head.index("test accuracy")] = _cell(row.test_accuracy, "pct")
+            lines.append("| " + " | ".join(cells) + " |")
             continue
         t = row.train
         energy = (
