@@ -154,6 +154,11 @@ def test_report_baselines_name_variants_of_the_right_kind(raw) -> None:
     assert "report.scaling_baselines.gpu: 'gpu' is not a variant with a distributed:" in _error(bad)
     bad["report"]["scaling_baselines"] = {"ddp": "ddp"}
     assert "the baseline must be a single-process variant" in _error(bad)
+    bad = copy.deepcopy(raw)  # the ddp variant removed, its baseline left behind
+    del bad["variants"]["ddp"]
+    said = _error(bad)
+    assert "report.scaling_baselines.ddp: 'ddp' is not a variant (params.yaml defines: cpu" in said
+    assert "remove the key, or define the variant" in said
 
 
 def test_the_recipe_is_the_train_section_less_what_no_training_output_depends_on() -> None:

@@ -331,7 +331,12 @@ class Params(_Strict):
             raise ValueError(f"report.speedup_baseline = {echo(base)}: not a variant ({defined})")
         for ddp, base in self.report.scaling_baselines.items():
             key = f"report.scaling_baselines.{clip(ddp)}"
-            if ddp not in self.variants or self.variants[ddp].distributed is None:
+            if ddp not in self.variants:
+                raise ValueError(
+                    f"{key}: {echo(ddp)} is not a variant ({defined}); remove the key, or "
+                    "define the variant"
+                )
+            if self.variants[ddp].distributed is None:
                 raise ValueError(f"{key}: {echo(ddp)} is not a variant with a distributed: section")
             if base not in self.variants or self.variants[base].distributed is not None:
                 raise ValueError(
