@@ -453,3 +453,15 @@ def test_an_outage_in_a_stage_says_what_to_do(monkeypatch, capsys, failure, reme
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("accelbench: WARNING: MLflow tracking at http://mlbox:5000 failed")
     assert "Before the next run: " in line and remedy in line.split("Before the next run: ")[1]
+
+
+def test_an_unknown_scheme_or_a_file_no_store_is_named_as_such() -> None:
+    """`foo://bar` was told to "check that the database runs"; params.yaml named as the store
+    was told it was locked."""
+    unknown = tracking._remedy("foo://bar", KeyError("foo"))
+    assert unknown.startswith("MLflow has no tracking store for the scheme 'foo': set ")
+    not_sqlite = sqlite3.DatabaseError("file is not a database")
+    said = tracking._remedy("sqlite:////work/params.yaml", not_sqlite)
+    assert said.startswith("that file is no SQLite database") and "locked" not in said
+    for uri in ("postgresql+psycopg2://u@db/mlflow", "/tmp/mlruns", "file:///tmp/mlruns"):
+        assert "no tracking store for the scheme" not in tracking._remedy(uri, OSError())

@@ -1419,10 +1419,32 @@ def _speedup_baseline(runs: list[Any]) -> str:
     return "/".join(sorted(named))  # one, unless runs compared over different baselines
 
 
+# The URI schemes MLflow keeps runs under (the empty one: a local folder).
+_STORE_SCHEMES = {
+    "",
+    "file",
+    "http",
+    "https",
+    "databricks",
+    "sqlite",
+    "postgresql",
+    "mysql",
+    "mssql",
+}
+
+
 def _remedy(uri: str, exc: BaseException) -> str:
     """What to do about tracking at `uri` failing with `exc`."""
+    scheme = urlsplit(uri).scheme.split("+")[0]  # postgresql+psycopg2: postgresql
+    if scheme not in _STORE_SCHEMES and len(scheme) > 1:  # "c" of c:\ is a drive
+        return (
+            f"MLflow has no tracking store for the scheme {scheme!r}: set MLFLOW_TRACKING_URI "
+            "to http(s)://…, sqlite:///…, postgresql://… (or mysql, mssql), file:… or a folder"
+        )
     if not is_server(uri) and _sqlite_path(uri) is None:  # a database server: postgresql://
         return "check that the database runs and MLFLOW_TRACKING_URI names it"
+    if "file is not a database" in describe_failure(exc):
+        return "that file is no SQLite database, so no MLflow store: set MLFLOW_TRACKING_URI to one"
     if not is_server(uri):
         return (
             "try again once no stage writes to it (locked); if it stays unreadable, move it "
