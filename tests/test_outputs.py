@@ -352,5 +352,9 @@ def test_the_cli_names_the_file_an_output_folder_would_replace(tmp_path) -> None
     [line] = result.stderr.splitlines()
     assert line == (
         f"accelbench env: error: {a_file}: exists and is a file, not a folder; accelbench "
-        "writes its outputs into a folder: move the file away or pass another path"
+        "writes its outputs into a folder: move it away or pass another path"
     )
+    devnull = _accelbench(tmp_path, "download", "--out", "/dev/null")
+    assert devnull.returncode == 2
+    assert "/dev/null: exists and is a special file, not a folder" in devnull.stderr
+    assert "mirrors in order" not in devnull.stderr  # refused before anything is tried

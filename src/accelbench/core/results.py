@@ -185,9 +185,15 @@ def refuse_foreign_folder(folder: Path) -> None:
     """An output folder (`--metrics`, `--out`) that is a file is refused, never replaced."""
     if folder.exists() and not folder.is_dir():
         raise InputError(
-            f"{folder}: exists and is a file, not a folder; accelbench writes its outputs into "
-            "a folder: move the file away or pass another path"
+            f"{folder}: exists and is {_a_file(folder)}, not a folder; accelbench writes its "
+            "outputs into a folder: move it away or pass another path"
         )
+
+
+def _a_file(path: Path) -> str:
+    """What is at an existing `path` that is no folder: a file, or a special one (a device,
+    a FIFO, a socket)."""
+    return "a file" if path.is_file() else "a special file"
 
 
 def claim(*finals: Path) -> None:
@@ -721,7 +727,13 @@ class ModelFile:
         """Read a model file (tensors and plain types only: `weights_only`, never code);
         anything that is not one of ours is an InputError naming the file."""
         if not path.is_file():
-            what = "is a folder" if path.is_dir() else "does not exist"
+            what = (
+                "is a folder"
+                if path.is_dir()
+                else f"is {_a_file(path)}"
+                if path.exists()
+                else "does not exist"
+            )
             raise InputError(f"{path}: {what}; expected a model file written by `accelbench train`")
         not_ours = f"{path}: not a model file written by `accelbench train`"
         with path.open("rb") as handle:

@@ -175,10 +175,11 @@ def remove_leftovers(folder: Path, names: Iterable[str]) -> None:
 
 def output_folder(folder: Path) -> Path:
     """`--out` as a folder to write into (created if absent); a file there is refused."""
-    if folder.exists() and not folder.is_dir():
+    if folder.exists() and not folder.is_dir():  # as results.refuse_foreign_folder says it
+        what = "a file" if folder.is_file() else "a special file"
         raise InputError(
-            f"{folder}: exists and is a file, not a folder; accelbench writes its outputs into "
-            "a folder: move the file away or pass another path"
+            f"{folder}: exists and is {what}, not a folder; accelbench writes its outputs into "
+            "a folder: move it away or pass another path"
         )
     folder.mkdir(parents=True, exist_ok=True)
     return folder

@@ -11,7 +11,7 @@ from accelbench.core.console import log
 from accelbench.core.params import DataParams, Params
 from accelbench.data import cifar10, mnist
 from accelbench.data.datasets import by_name
-from accelbench.data.download import mirrors_with_override
+from accelbench.data.download import mirrors_with_override, output_folder
 
 
 def select(params: Params) -> DataParams:
@@ -53,6 +53,7 @@ DOWNLOADS: dict[str, Callable[[DataParams, Path], list[Path]]] = {
 
 def run(inputs: DataParams, out_dir: Path) -> list[Path]:
     """The dataset's raw files in `out_dir`, each logged as verified: fetched, or kept."""
+    output_folder(out_dir)  # refused before the mirrors are named: nothing is tried
     return DOWNLOADS[by_name(inputs.dataset).name](inputs, out_dir)
 
 
