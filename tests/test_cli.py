@@ -113,11 +113,22 @@ def test_params_edited_while_a_stage_ran_fail_it_naming_the_change(
     err = capsys.readouterr().err
     assert err.startswith(f"accelbench train: error: {params} changed while the stage ran (")
     assert "recipe.epochs: 6 → 3" in err and "run it again (dvc repro)" in err
-    # what the stage does not read may change: cost prices, another variant
+    # what the stage does not read may change: cost prices, another variant, a key read only
+    # to refuse a run (require_gpu: not in dvc.yaml)
+    for edits in ({"kwh_usd: 0.15": "kwh_usd: 0.3"}, {"require_gpu: false": "require_gpu: true"}):
+        write_params(tmp_path, epochs=6)
+        assert main(argv) == 0, capsys.readouterr().err
+        assert next(iter(edits.values())) in params.read_text()
+    # a file made invalid mid-run is warned of: no run can have used what DVC records of it
     write_params(tmp_path, epochs=6)
-    edits = {"kwh_usd: 0.15": "kwh_usd: 0.3"}
-    assert main(argv) == 0, capsys.readouterr().err
-    assert "kwh_usd: 0.3" in params.read_text()
+    edits = {"kwh_usd: 0.15": "kwh_usd: -1"}
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"accelbench train: warning: {params} changed while the stage ran and is no longer valid"
+        in err
+    )
+    assert "cost.kwh_usd = -1" in err
 
 
 @pytest.mark.parametrize("model", ["x.pth", "models", "README.md"])
