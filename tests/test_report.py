@@ -190,6 +190,14 @@ def test_a_gpu_counter_that_read_0_j_every_steady_epoch_is_costed_at_the_stated_
     assert whole.energy_j == pytest.approx(450 * (20.0 + 9 * 0.07))
     upto = run_cost(run[:1], "cuda", 1, CostParams(), run=run)  # 99% at epoch 1: the run decides
     assert upto.energy_source == "stated: 450 W × time"
+    # killed after epoch 3 and resumed: the resume's long warm-up read energy, no steady epoch did
+    resumed = _epochs(*[(20.0, 0.9, 2808.8)] + [(0.07, 0.99, 0.0)] * 2 + [(19.0, 0.99, 2600.0)]
+                      + [(0.07, 0.99, 0.0)] * 2)  # fmt: skip
+    resumed[3] = replace(resumed[3], warm_up=True)
+    assert run_cost(resumed, "cuda", 1, CostParams()).energy_source == "stated: 450 W × time"
+    from accelbench.training.engine import summarize
+
+    assert summarize(resumed).steady_gpu_energy_j_per_epoch is None
     steps = _epochs((20.0, 0.9, 2808.8), (0.13, 0.99, 0.0), (0.13, 0.99, 83.0))  # a coarse counter
     assert run_cost(steps, "cuda", 1, CostParams()).energy_j == pytest.approx(2891.8)
 
@@ -237,8 +245,13 @@ def test_quantized_table_compares_each_method_with_fp32(tmp_path) -> None:
 def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) -> None:
     """epochs: 1 gives no steady epoch: the row says so instead of failing compare."""
     row = report.Row("cpu", VariantParams(device="cpu"), replace(trained_summary(1.0),
-                     steady_epoch_s=None, steady_epochs_s=[]))  # fmt: skip
+                     epochs=1, steady_epoch_s=None, steady_epochs_s=[]))  # fmt: skip
     report.write_report(tmp_path, [row], ENV, _spec())
     md = (tmp_path / "comparison.md").read_text()
-    assert "no variant trained for two epochs or more" in md
+    assert "no variant has a steady epoch (none trained two epochs or more" in md
     assert "| cpu | cpu, fp32 | one epoch: no steady | — | — | 99.00% | — | — |" in md  # tested
+    # two epochs, resumed after the first: each warmed up, neither is steady
+    resumed = replace(row, train=replace(row.train, epochs=2))
+    report.write_report(tmp_path, [resumed], ENV, _spec())
+    md = (tmp_path / "comparison.md").read_text()
+    assert "| cpu | cpu, fp32 | no steady epoch (resumed) |" in md

@@ -853,14 +853,16 @@ def steady_epochs(records: Sequence[EpochRecord]) -> list[EpochRecord]:
     return [r for r in records[1:] if not r.warm_up]
 
 
-def energy_read(readings: Sequence[float | None]) -> bool:
-    """Whether an energy counter measured these epochs (the first, then steady ones): a
-    reading for each, and the steady ones not all 0 J. NVML's counter advances in steps:
-    epochs shorter than a step can all read 0 J, which is no measurement (the energy shows up
-    in the next untimed gap)."""
+def energy_read(records: Sequence[EpochRecord], counter: str) -> bool:
+    """Whether an energy `counter` (`gpu_energy_j`, `cpu_energy_j`) measured a training's
+    epochs: a reading for each, and its steady epochs' not all 0 J. NVML's counter advances
+    in steps: epochs shorter than a step can all read 0 J, which is no measurement (the
+    energy shows up in the next untimed gap, or in a resume's long warm-up epoch)."""
+    readings = [getattr(r, counter) for r in records]
     if not readings or any(r is None or math.isnan(r) for r in readings):
         return False
-    return len(readings) == 1 or any(readings[1:])
+    settled = steady_epochs(records)
+    return not settled or any(getattr(r, counter) for r in settled)
 
 
 def write_epochs_csv(path: Path, records: Sequence[EpochRecord]) -> None:

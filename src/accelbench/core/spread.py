@@ -20,7 +20,7 @@ CONFIDENCE = 0.95
 SEED = 0
 METHOD = (
     f"95% intervals are percentile bootstraps ({RESAMPLES:,} resamples) over the steady epochs "
-    "(epochs 2..N of every repeat); a speedup's interval resamples both variants' epochs "
+    "(epochs 2..N of every repeat, less a resumed training's warm-up); a speedup's interval resamples both variants' epochs "
     "independently, so it carries both spreads."
 )
 

@@ -225,8 +225,8 @@ def headline(
     stack = f"torch {cpu.software.torch}"
     skipped = [r.name for r in rows if not r.trained]
     if not figures:
-        return [f"On {machine}, {stack}: no variant trained for two epochs or more, so there "
-                "is no steady epoch to compare" + (f" (skipped: {', '.join(skipped)})." if skipped else ".")]  # fmt: skip
+        return [f"On {machine}, {stack}: no variant has a steady epoch (none trained two "
+                "epochs or more, past a resume's warm-up), so there is nothing to compare" + (f" (skipped: {', '.join(skipped)})." if skipped else ".")]  # fmt: skip
     by_name = {r.name: r for r in rows}
     fastest = min(figures, key=lambda n: figures[n].steady_epoch.value)
     best = figures[fastest]
@@ -249,7 +249,7 @@ def headline(
         why = (
             f"was skipped on this machine ({base.train.reason})"
             if base is not None and isinstance(base.train, Skipped)
-            else "has no steady epoch (one epoch trained)"
+            else "has no steady epoch (one epoch trained, or each a warm-up)"
         )
         sentences.append(
             f"No speedups: their baseline, {baseline}, {why}; report.speedup_baseline in "

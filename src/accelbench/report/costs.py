@@ -39,7 +39,7 @@ def _measured(
     """The sum of a counter's readings over `epochs`; None (not measured) unless it measured
     every epoch of the `run` they are from (`energy_read`: a counter whose steady epochs all
     read 0 J did not measure them)."""
-    if not energy_read([getattr(e, counter) for e in run]):
+    if not energy_read(run, counter):
         return None
     return float(sum(getattr(e, counter) for e in epochs))
 

@@ -247,6 +247,11 @@ def _tflops(train: TrainSummary) -> str:
     return f"{achieved:.2f} ({share:.1%})" if share is not None else f"{achieved:.2f}"
 
 
+def _no_steady(row: Row) -> str:
+    """Why a trained variant has no steady epoch: one epoch, or each a warm-up (resumed)."""
+    return "one epoch: no steady" if row.train.epochs == 1 else "no steady epoch (resumed)"
+
+
 def _answer_table(
     rows: list[Row], figures: Mapping[str, VariantFigures], spec: ReportSpec
 ) -> list[str]:
@@ -266,7 +271,7 @@ def _answer_table(
     for row in rows:
         f = figures.get(row.name)
         if f is None:
-            why = f"skipped: {row.train.reason}" if not row.trained else "one epoch: no steady"
+            why = f"skipped: {row.train.reason}" if not row.trained else _no_steady(row)
             cells = [row.name, f"{row.variant.device}, {row.variant.precision}", why]
             cells += ["—"] * (len(head) - len(cells))
             if row.trained:  # one epoch measures no speed, but the model was tested
@@ -304,7 +309,8 @@ def _answer_table(
         "",
         f"Steady epoch: the median over {_samples_note(rows, figures)}; {spread.METHOD} "
         "Time to target: training time up to the first epoch at the target, its interval "
-        "redrawing the epochs after the first from themselves. Energy: the GPU board's counter (NVML) for GPU "
+        "redrawing the steady epochs from themselves (the first, warm-up and compilation, stays "
+        "as measured). Energy: the GPU board's counter (NVML) for GPU "
         "variants, the CPU packages' (RAPL) for CPU ones, n/a where unreadable or too coarse; "
         "cost: energy and machine time at `cost:`'s prices (details below).",
         *(["", *notes] if (notes := shared_notes(rows)) else []),

@@ -840,6 +840,6 @@ def _steady_energy(
     records: list[EpochRecord], settled: list[EpochRecord], counter: str
 ) -> float | None:
     """The mean reading of `counter` over the steady epochs, where it measured them."""
-    if not settled or not energy_read([getattr(r, counter) for r in records]):
+    if not settled or not energy_read(records, counter):
         return None
     return statistics.fmean(getattr(r, counter) for r in settled)
