@@ -177,13 +177,19 @@ def raised_here(exc: BaseException) -> bool:
     """Whether `exc` was raised by accelbench's own code (a bug: a KeyError for a figure's
     name, a TypeError), directly or through the standard library, not by MLflow, its store
     or the network, and wraps nothing from them."""
+    return _our_frame(exc) is not None
+
+
+def _our_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The frame of accelbench's code that raised `exc` (or called the standard library that
+    did); None where MLflow, a library or the network raised it."""
     if isinstance(exc, MlflowException | OSError | sqlite3.Error) or exc.__cause__ is not None:
-        return False
+        return None
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):  # innermost first
         path = Path(frame.filename).resolve()
         if not path.is_relative_to(_STDLIB) or {"site-packages", "dist-packages"} & set(path.parts):
-            return path.is_relative_to(_PACKAGE)
-    return False
+            return frame if path.is_relative_to(_PACKAGE) else None
+    return None
 
 
 def _report_outage(exc: BaseException) -> None:
@@ -192,8 +198,7 @@ def _report_outage(exc: BaseException) -> None:
         return
     _outage = describe_failure(exc)
     uri = mlflow.get_tracking_uri()
-    if raised_here(exc):
-        where = traceback.extract_tb(exc.__traceback__)[-1]
+    if (where := _our_frame(exc)) is not None:
         print(
             f"accelbench: WARNING: tracking to MLflow at {uri} stopped on a bug in accelbench "
             f"({_outage}, {Path(where.filename).name}:{where.lineno}), not on the store. The "
@@ -1390,13 +1395,14 @@ def _summary_row(run: Any) -> str:
 
 def _result(status: str, run_status: str) -> str:
     """What became of a variant: its stage's `status` tag (trained, skipped), unless its run
-    ended otherwise: a training stopped part way is no trained variant, whatever it logged."""
+    ended otherwise: a training stopped part way (or running, or left RUNNING by a killed
+    process) is no trained variant, whatever it logged."""
     if status == "trained" and run_status in _UNFINISHED:
         return _UNFINISHED[run_status]
     return status
 
 
-_UNFINISHED = {"KILLED": "interrupted", "FAILED": "failed", "RUNNING": "training"}
+_UNFINISHED = {"KILLED": "interrupted", "FAILED": "failed", "RUNNING": "unfinished"}
 
 SUMMARY_COLUMNS = (
     "variant",
@@ -1419,24 +1425,10 @@ def _speedup_baseline(runs: list[Any]) -> str:
     return "/".join(sorted(named))  # one, unless runs compared over different baselines
 
 
-# The URI schemes MLflow keeps runs under (the empty one: a local folder).
-_STORE_SCHEMES = {
-    "",
-    "file",
-    "http",
-    "https",
-    "databricks",
-    "sqlite",
-    "postgresql",
-    "mysql",
-    "mssql",
-}
-
-
 def _remedy(uri: str, exc: BaseException) -> str:
     """What to do about tracking at `uri` failing with `exc`."""
-    scheme = urlsplit(uri).scheme.split("+")[0]  # postgresql+psycopg2: postgresql
-    if scheme not in _STORE_SCHEMES and len(scheme) > 1:  # "c" of c:\ is a drive
+    scheme = urlsplit(uri).scheme
+    if "Unsupported" in describe_failure(exc):  # MLflow's Unsupported...StoreURIException
         return (
             f"MLflow has no tracking store for the scheme {scheme!r}: set MLFLOW_TRACKING_URI "
             "to http(s)://…, sqlite:///…, postgresql://… (or mysql, mssql), file:… or a folder"
