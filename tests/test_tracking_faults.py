@@ -479,6 +479,7 @@ def test_an_unknown_scheme_or_a_file_no_store_is_named_as_such() -> None:
     assert "no tracking store" not in tracking._remedy("databricks-uc://p", KeyError("x"))
     not_sqlite = sqlite3.DatabaseError("file is not a database")
     said = tracking._remedy("sqlite:////work/params.yaml", not_sqlite)
-    assert said.startswith("that file is no SQLite database") and "locked" not in said
+    assert said.startswith("that file is no SQLite database (damaged, or not a store at all)")
+    assert "locked" not in said and "move it aside" in said
     for uri in ("postgresql+psycopg2://u@db/mlflow", "/tmp/mlruns", "file:///tmp/mlruns"):
         assert "no tracking store for the scheme" not in tracking._remedy(uri, OSError())

@@ -1436,7 +1436,10 @@ def _remedy(uri: str, exc: BaseException) -> str:
     if not is_server(uri) and _sqlite_path(uri) is None:  # a database server: postgresql://
         return "check that the database runs and MLFLOW_TRACKING_URI names it"
     if "file is not a database" in describe_failure(exc):
-        return "that file is no SQLite database, so no MLflow store: set MLFLOW_TRACKING_URI to one"
+        return (
+            "that file is no SQLite database (damaged, or not a store at all): move it aside, "
+            "and a new store starts cleanly, or set MLFLOW_TRACKING_URI to another store"
+        )
     if not is_server(uri):
         return (
             "try again once no stage writes to it (locked); if it stays unreadable, move it "
