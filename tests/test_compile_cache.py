@@ -10,11 +10,13 @@ import json
 import lzma
 import multiprocessing
 import os
+import shutil
 import subprocess
 import tarfile
 from dataclasses import replace
 
 import pytest
+import yaml
 
 from accelbench.core.console import InputError
 from accelbench.core.params import VariantParams
@@ -31,6 +33,20 @@ KEY = compile_cache.CacheKey(
     compile="default",
     step_code="0123456789abcdef",
 )
+
+
+def _vouch(path, root=None):
+    """`root` (the file's folder unless given), whose `dvc.lock` records `path`'s bytes as a
+    stage's output, as DVC writes it after the stage ran or `dvc pull` checks it."""
+    root = root or path.parent
+    lock = root / "dvc.lock"
+    record = yaml.safe_load(lock.read_text()) if lock.exists() else {"schema": "2.0", "stages": {}}
+    if path.is_file():
+        name = path.relative_to(root).as_posix()
+        out = {"path": name, "hash": "md5", "md5": hashlib.md5(path.read_bytes()).hexdigest()}
+        record["stages"][f"train@{name}"] = {"cmd": "accelbench train", "outs": [out]}
+        lock.write_text(yaml.safe_dump(record))
+    return root
 
 
 def _header(path) -> dict:
@@ -73,12 +89,18 @@ def test_a_compiled_variant_carries_its_cache_to_a_machine_without_one(
     second_file = tmp_path / "second" / "compile-cache" / "compiled.bin"
     second_file.parent.mkdir(parents=True)
     second_file.write_bytes(first_file.read_bytes())
+    _, log = _train(tmp_path / "second", prepared, mlflow_store, second_file)
+    assert f"{second_file} not loaded: no {tmp_path / 'second' / 'dvc.lock'} records it" in log
+    second_file.write_bytes(first_file.read_bytes())  # the first's again: the run rewrote it
+    _vouch(second_file, tmp_path / "second")  # the repository's record, as `dvc pull` checks it
+    shutil.rmtree(tmp_path / "second" / ".accelbench")  # this machine's caches empty again
     second, log = _train(tmp_path / "second", prepared, mlflow_store, second_file)
     assert second["compile_cache"] == "portable", log
     assert f"compile cache {second_file}: " in log and "compiling" not in log
     assert _header(second_file)["artifacts"] == header["artifacts"]  # rewritten, same graphs
 
     # the same machine again: its own caches hold every graph now, the file adds none
+    _vouch(second_file, tmp_path / "second")  # as DVC records the stage's new output
     third, log = _train(tmp_path / "second", prepared, mlflow_store, second_file)
     assert third["compile_cache"] == "warm", log
     assert " entries, 0 graphs new here (loaded in " in log
@@ -88,13 +110,15 @@ def test_a_cache_made_elsewhere_is_not_loaded_and_the_line_says_what_differs(tmp
     path = tmp_path / "gpu.bin"
     compile_cache.save(path, None)  # nothing compiled: a header alone
     assert _header(path)["key"] is None
-    assert compile_cache.load(path, KEY).reason is None  # nothing to load, nothing to say
+    assert (
+        compile_cache.load(path, KEY, _vouch(path)).reason is None
+    )  # nothing to load, nothing to say
 
     payload = b"not torch's bytes"
     header = {"format": compile_cache.FORMAT, "key": vars(KEY), "artifacts": 3, "bytes": 17}
     path.write_bytes(json.dumps(header).encode() + b"\n" + payload)
     here = replace(KEY, torch="2.14.1+cu130", device="NVIDIA H100 80GB HBM3")
-    loaded = compile_cache.load(path, here)
+    loaded = compile_cache.load(path, here, _vouch(path))
     assert loaded.artifacts == 0
     assert loaded.reason == (
         f"{path} was made for another set-up (torch 2.11.0+cu130 -> 2.14.1+cu130; "
@@ -132,7 +156,7 @@ def test_a_cache_made_elsewhere_is_not_loaded_and_the_line_says_what_differs(tmp
 def test_a_damaged_cache_file_means_compiling_never_a_failure(tmp_path, content, says) -> None:
     path = tmp_path / "gpu.bin"
     path.write_bytes(content)
-    loaded = compile_cache.load(path, KEY)
+    loaded = compile_cache.load(path, KEY, _vouch(path))
     assert loaded.artifacts == 0 and says in loaded.reason and "compiling" in loaded.reason
 
 
@@ -175,30 +199,45 @@ def test_the_jit_cache_travels_in_the_file_and_fills_only_an_empty_folder(
     path = tmp_path / "gpu.bin"
     compile_cache.save(path, None, jit=made_here)
     assert _header(path)["jit"]["files"] == 2 and _header(path)["format"] == compile_cache.FORMAT
-    assert compile_cache.load(path, KEY) == compile_cache.Loaded()  # the artifacts part: none
+    assert (
+        compile_cache.load(path, KEY, _vouch(path)) == compile_cache.Loaded()
+    )  # the artifacts part: none
 
     # a new checkout at the same path, whose folder does not exist yet: filled, file for file
     there = tmp_path / "b" / ".accelbench" / "cuda-jit-cache" / "train-gpu"
-    line = compile_cache.restore_jit(path, there)
+    line = compile_cache.restore_jit(path, there, _vouch(path))
     assert line == f"CUDA JIT cache: 2 files from {path} into {there}"
     assert _contents(there) == files and _no_staging_left(there)
 
     # an empty folder (the driver made it, then built nothing) is filled too
     empty = tmp_path / "c" / "train-gpu"
     (empty / "ComputeCache" / "0").mkdir(parents=True)  # empty folders in it: still empty
-    assert compile_cache.restore_jit(path, empty) is not None and _contents(empty) == files
+    assert (
+        compile_cache.restore_jit(path, empty, _vouch(path)) is not None
+        and _contents(empty) == files
+    )
 
     # a folder with this machine's own entries is never touched
     own = _jit_folder(tmp_path / "d", {"index": b"ours", "f/8/ab97849d3aedd4": b"mine"})
-    assert compile_cache.restore_jit(path, tmp_path / "d") is None
+    assert compile_cache.restore_jit(path, tmp_path / "d", _vouch(path)) is None
     assert _contents(tmp_path / "d") == own
 
     # nothing to restore: no file, a file without a JIT cache, no folder of ours
-    assert compile_cache.restore_jit(tmp_path / "missing.bin", tmp_path / "e") is None
+    assert (
+        compile_cache.restore_jit(
+            tmp_path / "missing.bin", tmp_path / "e", _vouch(tmp_path / "missing.bin")
+        )
+        is None
+    )
     compile_cache.save(tmp_path / "cpu.bin", None)
     assert _header(tmp_path / "cpu.bin")["jit"] is None
-    assert compile_cache.restore_jit(tmp_path / "cpu.bin", tmp_path / "e") is None
-    assert compile_cache.restore_jit(path, None) is None
+    assert (
+        compile_cache.restore_jit(
+            tmp_path / "cpu.bin", tmp_path / "e", _vouch(tmp_path / "cpu.bin")
+        )
+        is None
+    )
+    assert compile_cache.restore_jit(path, None, _vouch(path)) is None
     assert not (tmp_path / "e").exists()
 
 
@@ -213,7 +252,7 @@ def test_a_jit_cache_made_at_another_checkout_path_is_not_restored(tmp_path, mon
     compile_cache.save(tmp_path / "gpu.bin", None, jit=made)
     monkeypatch.chdir(tmp_path / "second")
     folder = tmp_path / "second" / "jit"
-    line = compile_cache.restore_jit(tmp_path / "gpu.bin", folder)
+    line = compile_cache.restore_jit(tmp_path / "gpu.bin", folder, _vouch(tmp_path / "gpu.bin"))
     assert line == (
         f"CUDA JIT cache in {tmp_path / 'gpu.bin'} not restored: made in a checkout at another "
         "path, whose engines the driver does not reuse here; it builds them again"
@@ -238,7 +277,9 @@ def test_each_variant_restores_into_its_own_folder(tmp_path, monkeypatch) -> Non
     for name in ("gpu", "amp"):
         environ = {"CUDA_CACHE_PATH": str(checkout / ".accelbench" / "cuda-jit-cache")}
         folder = compile_cache.use_variant_jit_folder(checkout, name, environ)
-        lines[name] = compile_cache.restore_jit(tmp_path / f"{name}.bin", folder)
+        lines[name] = compile_cache.restore_jit(
+            tmp_path / f"{name}.bin", folder, _vouch(tmp_path / f"{name}.bin")
+        )
         assert _contents(folder) == {"index": name.encode(), f"0/1/{name}": name.encode() * 100}
     assert all(line and line.startswith("CUDA JIT cache: 2 files") for line in lines.values())
 
@@ -294,7 +335,7 @@ def test_a_bad_jit_cache_is_not_restored_and_says_why(
     if digest in (None, "limit"):
         _with_jit(tmp_path / "gpu.bin", packed)
     folder = tmp_path / "w" / ".accelbench" / "cuda-jit-cache" / "train-gpu"
-    line = compile_cache.restore_jit(tmp_path / "gpu.bin", folder)
+    line = compile_cache.restore_jit(tmp_path / "gpu.bin", folder, _vouch(tmp_path / "gpu.bin"))
     assert line.startswith(f"CUDA JIT cache in {tmp_path / 'gpu.bin'} not restored (")
     assert says in line and line.endswith("the driver builds it again")
     assert not (tmp_path / "outside").exists() and not (tmp_path / "w" / "outside").exists()
@@ -311,13 +352,13 @@ def test_an_interrupted_restore_leaves_no_staging_folder(tmp_path, monkeypatch) 
     monkeypatch.setattr(tarfile.TarFile, "extractall", interrupted)
     folder = tmp_path / "w" / "train-gpu"
     with pytest.raises(KeyboardInterrupt):
-        compile_cache.restore_jit(tmp_path / "gpu.bin", folder)
+        compile_cache.restore_jit(tmp_path / "gpu.bin", folder, _vouch(tmp_path / "gpu.bin"))
     assert not folder.exists() and _no_staging_left(folder)
 
 
 def _restore_after(barrier, path, folder, lines) -> None:
     barrier.wait()
-    lines.put(compile_cache.restore_jit(path, folder))
+    lines.put(compile_cache.restore_jit(path, folder, path.parent))
 
 
 def test_two_stages_restoring_at_once_fill_the_folder_once_without_a_word(
@@ -326,6 +367,7 @@ def test_two_stages_restoring_at_once_fill_the_folder_once_without_a_word(
     monkeypatch.chdir(tmp_path)
     files = {"index": b"i" * 100, **{f"{i:x}/0/entry{i}": bytes([i]) * 5000 for i in range(8)}}
     _with_jit(tmp_path / "gpu.bin", _packed(files))
+    _vouch(tmp_path / "gpu.bin")
     context = multiprocessing.get_context("fork")
     for attempt in range(10):
         folder = tmp_path / str(attempt) / "train-gpu"
@@ -357,10 +399,11 @@ def test_a_jit_cache_too_large_to_carry_is_left_out(tmp_path, monkeypatch) -> No
 
 def _torch_reads(monkeypatch) -> list[bytes]:
     """What `load` hands torch (torch answers that it could not read it)."""
-    import torch
 
     handed: list[bytes] = []
-    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda b: handed.append(b))
+    from torch.compiler._cache import CacheArtifactManager
+
+    monkeypatch.setattr(CacheArtifactManager, "deserialize", lambda b: handed.append(b))
     return handed
 
 
@@ -378,7 +421,7 @@ def test_torch_gets_the_artifacts_unpacked_and_older_files_as_stored(tmp_path, m
            "bytes": len(raw), "jit": None}  # fmt: skip
     (tmp_path / "old.bin").write_bytes(json.dumps(old).encode() + b"\n" + raw)
     for name in ("new.bin", "old.bin"):
-        loaded = compile_cache.load(tmp_path / name, KEY)
+        loaded = compile_cache.load(tmp_path / name, KEY, _vouch(tmp_path / name))
         assert "torch could not read its artifacts" in loaded.reason
     assert handed == [raw, raw]
 
@@ -403,7 +446,7 @@ def test_torch_gets_the_artifacts_unpacked_and_older_files_as_stored(tmp_path, m
 def test_damaged_xz_artifacts_mean_compiling(tmp_path, monkeypatch, stored, raw_bytes, says):
     handed = _torch_reads(monkeypatch)
     _xz_file(tmp_path / "gpu.bin", stored, raw_bytes)
-    loaded = compile_cache.load(tmp_path / "gpu.bin", KEY)
+    loaded = compile_cache.load(tmp_path / "gpu.bin", KEY, _vouch(tmp_path / "gpu.bin"))
     assert says in loaded.reason and "compiling from scratch" in loaded.reason
     assert handed == []  # torch never sees them
 
@@ -413,8 +456,10 @@ def test_a_version_1_file_without_a_jit_cache_still_loads(tmp_path) -> None:
     header = {"format": "accelbench-compile-cache/1", "key": vars(KEY), "artifacts": 3, "bytes": 5}
     path.write_bytes(json.dumps(header).encode() + b"\n" + b"bytes")
     here = replace(KEY, device="NVIDIA H100 80GB HBM3")
-    assert "was made for another set-up" in compile_cache.load(path, here).reason  # read
-    assert compile_cache.restore_jit(path, tmp_path / "jit") is None
+    assert (
+        "was made for another set-up" in compile_cache.load(path, here, _vouch(path)).reason
+    )  # read
+    assert compile_cache.restore_jit(path, tmp_path / "jit", _vouch(path)) is None
 
 
 def test_only_the_workspaces_own_jit_cache_is_carried(tmp_path) -> None:
@@ -454,8 +499,6 @@ def test_a_cuda_training_carries_the_jit_cache_to_a_new_checkout_at_its_path(
 ) -> None:
     """On the GPU host: cuDNN's benchmark mode has the driver build engines from PTX; the file
     carries them, and a fresh checkout at the same path starts with them and reuses them."""
-    import shutil
-
     import torch
 
     if not torch.cuda.is_available():
@@ -474,6 +517,7 @@ def test_a_cuda_training_carries_the_jit_cache_to_a_new_checkout_at_its_path(
     assert 0 < jit["files"] <= len(first)
 
     shutil.rmtree(workspace / ".accelbench")  # a new checkout there: only the file came along
+    _vouch(cache_file, workspace)  # with its record in dvc.lock
     _, log = _train(workspace, prepared, mlflow_store, cache_file, variant)
     assert f"CUDA JIT cache: {jit['files']} files from {cache_file}" in log, log
     # reused, not built again under new names: the second run's entries are the first's
@@ -512,3 +556,67 @@ def test_a_variant_that_compiles_nothing_has_no_key() -> None:
     )
     assert key is not None and (key.device, key.capability) == ("cpu", None)
     assert key.torch == torch.__version__
+
+
+def _crafted(key: str, content: bytes = b"print('INJECTED')\n") -> bytes:
+    """torch's portable cache format holding one Inductor entry under `key`."""
+    from torch.compiler._cache import (
+        CacheArtifactFactory,
+        CacheArtifactManager,
+        _serialize_single_cache,
+    )
+    from torch.utils._appending_byte_serializer import AppendingByteSerializer
+
+    CacheArtifactManager._ensure_cache_artifacts_registered()
+    artifact = CacheArtifactFactory.create("inductor", key, content)
+    serializer = AppendingByteSerializer(serialize_fn=_serialize_single_cache)
+    serializer.extend([("inductor", [artifact])])
+    return serializer.to_bytes()
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_a_crafted_cache_writes_nothing_outside_its_folder(tmp_path, monkeypatch, where) -> None:
+    """A file whose header matches (every field of the key is guessable) and whose entry is
+    keyed by a path outside the cache folder: never handed to torch, vouched for or not."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    target = tmp_path / "victim" / "INJECTED.py"
+    key = str(target) if where == "absolute" else "../" * 12 + str(target).lstrip("/")
+    raw = _crafted(key)
+    path = tmp_path / "w" / "compile-cache" / "gpu.bin"
+    path.parent.mkdir(parents=True)
+    _xz_file(path, lzma.compress(raw), len(raw))
+    unvouched = compile_cache.load(path, KEY, tmp_path / "w")
+    assert "not loaded: no " in unvouched.reason and "dvc.lock" in unvouched.reason
+    loaded = compile_cache.load(path, KEY, _vouch(path, tmp_path / "w"))
+    assert loaded.artifacts == 0 and "entries outside the cache folder" in loaded.reason
+    assert not list(tmp_path.rglob("INJECTED.py"))  # written nowhere
+
+
+def test_only_a_file_dvc_lock_records_is_trusted(tmp_path) -> None:
+    root = tmp_path / "w"
+    path = root / "compile-cache" / "gpu.bin"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"artifacts")
+    assert "records it" in compile_cache.untrusted(path, root)  # no dvc.lock at all
+    _vouch(path, root)
+    assert compile_cache.untrusted(path, root) is None
+    path.write_bytes(b"artifacts, swapped")  # changed since DVC recorded it
+    assert "is not the one" in compile_cache.untrusted(path, root)
+    (root / "dvc.lock").write_text("stages: {train@gpu: {outs: [{path: other.bin}]}}")
+    assert "records no compile-cache/gpu.bin" in compile_cache.untrusted(path, root)
+    (root / "dvc.lock").write_text("[unbalanced")
+    assert "is not readable" in compile_cache.untrusted(path, root)
+    assert "outside the workspace" in compile_cache.untrusted(tmp_path / "x.bin", root)
+    (root / "dvc.lock").unlink()
+    os.mkfifo(root / "dvc.lock")  # never opened: it would block
+    assert "records it" in compile_cache.untrusted(path, root)
+
+
+def test_a_garbage_payload_under_a_valid_header_is_one_line(tmp_path, capfd) -> None:
+    path = tmp_path / "gpu.bin"
+    raw = b"\x00not torch's format" * 50
+    _xz_file(path, lzma.compress(raw), len(raw))
+    loaded = compile_cache.load(path, KEY, _vouch(path))
+    assert loaded.reason == f"{path}: torch could not read its artifacts: compiling"
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.out + printed.err

@@ -89,7 +89,7 @@ def run(
         if takes and out.compile_cache is not None:  # before the driver reads its JIT cache
             with phases.phase("step_setup"):
                 jit = compile_cache.use_variant_jit_folder(root, name)
-                restored = compile_cache.restore_jit(out.compile_cache, jit)
+                restored = compile_cache.restore_jit(out.compile_cache, jit, root)
             if restored:
                 log(f"train {name}: {restored}")
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken

@@ -26,6 +26,14 @@ mode wait for the driver to build those engines, 2-4 s per stage on an H200
 checkout's path, so the cache is restored only at the path it was made at, into a
 variant's empty folder, before CUDA starts; its bytes are checked against their digest, and
 the driver checks each entry itself (driver version, GPU).
+
+Both parts are code, not data: Inductor's entries are pickles and generated Python modules
+that torch imports, the JIT cache is machine code the driver runs. Like a checkpoint or a
+model, such a file is trusted only as far as its source, so a file is loaded only when this
+repository's own record vouches for it: its md5 is the one `dvc.lock` records for that
+output (DVC writes it after the stage that made the file, and `dvc pull` checks a pulled
+file against it). Any other file means compiling from scratch, with one line saying why;
+and no entry whose key would leave the cache folder reaches torch, even from a vouched file.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import hashlib
 import importlib
 import io
 import json
+import logging
 import lzma
 import os
 import shutil
@@ -45,8 +54,11 @@ import time
 import zlib
 from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from itertools import chain
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
+
+import yaml
 
 from accelbench.core.params import VariantParams
 from accelbench.core.results import text_kind
@@ -140,10 +152,11 @@ class Loaded:
     seconds: float = 0.0  # hot-loading the file into the caches (the compiler's import apart)
 
 
-def load(path: Path, key: CacheKey) -> Loaded:
+def load(path: Path, key: CacheKey, root: Path) -> Loaded:
     """Hot-load the cache artifacts in `path` into this machine's compile caches, when the
-    file was made under `key`. Never fails: a missing, foreign or unreadable file means
-    compiling from scratch, with one line saying why."""
+    file was made under `key` and workspace `root`'s `dvc.lock` vouches for it. Never
+    fails: a missing, foreign, unvouched or unreadable file means compiling from scratch,
+    with one line saying why."""
     if not path.is_file():
         return Loaded()
     try:
@@ -160,20 +173,36 @@ def load(path: Path, key: CacheKey) -> Loaded:
     if theirs != key:
         changed = "; ".join(key.differences(theirs))
         return Loaded(reason=f"{path} was made for another set-up ({changed}): compiling")
+    doubt = untrusted(path, root)
+    if doubt is not None:
+        return Loaded(reason=f"{path} not loaded: {doubt}: compiling from scratch")
     # the compiler's modules, which compiling imports anyway: their time is not the load's
     import torch
     import torch._dynamo
-    import torch._inductor.codecache
+    import torch._inductor.codecache  # noqa: F401  (imported before the clock starts)
+    from torch.compiler._cache import CacheArtifactManager  # what load_cache_artifacts calls
 
     started = time.perf_counter()
     try:
         payload = _artifacts(header, stored)
     except ValueError as exc:
         return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
-    before = _local_graphs()
-    info = torch.compiler.load_cache_artifacts(payload)
-    if info is None:
+    # torch logs a failed read with its traceback: our one line says it instead
+    quiet = logging.getLogger("torch.compiler._cache")
+    was, quiet.disabled = quiet.disabled, True
+    try:
+        artifacts = CacheArtifactManager.deserialize(payload)
+    finally:
+        quiet.disabled = was
+    if artifacts is None:
         return Loaded(reason=f"{path}: torch could not read its artifacts: compiling")
+    outside = [a.key for a in chain.from_iterable(artifacts.values()) if not _inside(a.key)]
+    if outside:
+        return Loaded(
+            reason=f"{path} has entries outside the cache folder {outside[:3]}: compiling"
+        )
+    before = _local_graphs()
+    info = CacheArtifactManager.populate_caches(artifacts)
     count = sum(len(keys) for keys in info.artifacts.values())
     added = len(_local_graphs() - before)
     return Loaded(count, added=added, seconds=time.perf_counter() - started)
@@ -246,12 +275,13 @@ def use_variant_jit_folder(
     return own
 
 
-def restore_jit(path: Path, folder: Path | None) -> str | None:
+def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
     """Before CUDA starts: fill the variant's JIT cache `folder`, when it is empty, from
     `path`; a line for the log, or None when there was nothing to do (no file, no JIT cache
-    in it, or this machine's folder already holds one). Never fails: a damaged file, or one
-    made at another checkout path (whose entries the driver would not reuse), only means the
-    driver builds the engines again."""
+    in it, or this machine's folder already holds one). Never fails: a damaged file, one
+    that workspace `root`'s `dvc.lock` does not vouch for, or one made at another checkout
+    path (whose entries the driver would not reuse), only means the driver builds the
+    engines again."""
     if folder is None or not path.is_file() or _has_files(folder):
         return None
     try:
@@ -268,6 +298,9 @@ def restore_jit(path: Path, folder: Path | None) -> str | None:
             "whose engines the driver does not reuse here; it builds them again"
         )
     not_restored = f"CUDA JIT cache in {path} not restored ({{}}): the driver builds it again"
+    doubt = untrusted(path, root)
+    if doubt is not None:
+        return not_restored.format(doubt)
     if hashlib.sha256(packed).hexdigest() != carried.get("sha256"):
         return not_restored.format("its bytes do not match their digest")
     if not hasattr(tarfile, "data_filter"):  # Python 3.11.0-3.11.3
@@ -293,6 +326,43 @@ def restore_jit(path: Path, folder: Path | None) -> str | None:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename
     files = sum(1 for m in members if m.isfile())
     return f"CUDA JIT cache: {files} file{'s' * (files != 1)} from {path} into {folder}"
+
+
+def untrusted(path: Path, root: Path) -> str | None:
+    """Why `path` is not to be trusted, or None when workspace `root`'s `dvc.lock` records
+    exactly its bytes as an output (DVC 3's plain md5): written by this repository's own
+    stage, or pulled and checked against that record."""
+    lock = root / "dvc.lock"
+    try:
+        name = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)))
+    except ValueError:
+        return f"it lies outside the workspace {root}, whose dvc.lock vouches for its files"
+    if not lock.is_file():  # never opened when a FIFO or a folder: it would block or fail
+        return f"no {lock} records it (a compile cache is code: trusted only as dvc.lock says)"
+    try:
+        stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages") or {}
+        recorded = {
+            out.get("md5")
+            for stage in stages.values()
+            for out in stage.get("outs") or ()
+            if out.get("path") == str(name) and out.get("hash") == "md5"
+        }
+    except (OSError, UnicodeError, yaml.YAMLError, AttributeError, TypeError) as exc:
+        return f"{lock} is not readable ({exc})"
+    if not recorded:
+        return f"{lock} records no {name} (a compile cache is code: trusted only as dvc.lock says)"
+    with path.open("rb") as file:
+        digest = hashlib.file_digest(file, "md5").hexdigest()
+    if digest not in recorded:
+        return f"its md5 {digest} is not the one {lock} records: not made by this stage here"
+    return None
+
+
+def _inside(key: str) -> bool:
+    """Whether torch writes artifact `key` inside its cache folder: a relative path with no
+    `..`, which torch joins to its folder (os.path.join would take an absolute one as is)."""
+    parts = PurePosixPath(key).parts
+    return bool(parts) and "\0" not in key and not os.path.isabs(key) and ".." not in parts
 
 
 def checkout_digest() -> str:

@@ -50,7 +50,7 @@ def train(job: TrainJob) -> TrainSummary | None:
     loaded = compile_cache.Loaded()
     if cache_key is not None:
         with phases.phase("step_setup"):  # before the first step compiles
-            loaded = compile_cache.load(out.compile_cache, cache_key)
+            loaded = compile_cache.load(out.compile_cache, cache_key, job.root)
         if placement.main and (loaded.reason or loaded.artifacts):
             log(
                 f"train {job.name}: {loaded.reason}"
