@@ -12,7 +12,15 @@ import pytest
 from accelbench.core import spread
 from accelbench.core.params import VariantParams
 from accelbench.core.results import EpochRecord, Skipped
-from accelbench.report.answer import Row, fmt_speedup, fp32_twins, headline, variant_figures
+from accelbench.report.answer import (
+    Row,
+    break_even,
+    fmt_speedup,
+    fp32_twins,
+    headline,
+    uncompiled_twins,
+    variant_figures,
+)
 from helpers import trained_summary
 from test_report import ENV, epoch
 
@@ -228,3 +236,67 @@ def test_an_interval_narrower_than_the_last_digit_is_left_out() -> None:
 
     assert fmt_interval(19.47, 19.46, 19.48, fmt_seconds) == "19.5 s"
     assert fmt_interval(0.129, 0.127, 0.131, fmt_seconds) == "0.129 s (0.127–0.131 s)"
+
+
+AMP_UNCOMPILED = AMP.model_copy(update={"compile": "none"})
+
+
+def test_a_compiled_variant_is_paired_with_its_uncompiled_twin_only() -> None:
+    rows = [
+        Row("cpu", VariantParams(device="cpu"), trained_summary(10.0)),
+        Row("gpu", GPU, trained_summary(0.1)),
+        Row("amp", AMP.model_copy(update={"cudnn_benchmark": True}), trained_summary(0.07)),
+        Row("amp_uncompiled", AMP_UNCOMPILED, trained_summary(0.14)),
+        Row("amp_eager", AMP_UNCOMPILED.model_copy(update={"cuda_graph": False}),
+            trained_summary(0.3)),
+    ]  # fmt: skip
+    # autotuning (cudnn.benchmark) is set-up like compiling; the CUDA graph is not
+    assert uncompiled_twins(rows) == {"amp": "amp_uncompiled"}
+
+
+def _run(first: float, steady: float, epochs: int) -> list[EpochRecord]:
+    return [epoch(i + 1, first if i == 0 else steady, 0.99) for i in range(epochs)]
+
+
+def test_break_even_is_read_from_the_epochs_where_the_run_shows_it() -> None:
+    # 2 s of compiling, 0.5 s saved an epoch: level after epoch 5 (2.1 + 4 x 0.5 = 1.1 + 4 x 1)
+    even = break_even(_run(2.1, 0.5, 10), _run(0.1, 1.0, 10), 0.5)
+    assert (even.epochs, even.observed) == (5, True)
+    assert break_even(_run(0.1, 0.5, 3), _run(0.2, 1.0, 3), 0.5).epochs == 1  # no cost at all
+
+
+def test_break_even_beyond_the_run_is_worked_out_from_its_measured_epochs() -> None:
+    # the shipped amp against its twin on an H200: 18 s of compiling, 0.07 s saved an epoch
+    even = break_even(_run(18.6, 0.069, 10), _run(0.57, 0.141, 10), 0.141 - 0.069)
+    assert not even.observed and even.epochs == 1 + 251  # ceil(18.03 / 0.072)
+    never = break_even(_run(5.0, 0.2, 10), _run(0.5, 0.1, 10), -0.1)
+    assert never.epochs is None and not never.observed
+
+
+def test_headline_says_when_compiling_pays_and_who_reaches_the_target_first() -> None:
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0, 1),
+        _row("amp", AMP, 18.6, 0.069, 2),
+        _row("amp_uncompiled", AMP_UNCOMPILED, 0.57, 0.141, 3),
+    ]
+    rows[1].train = replace(rows[1].train, compile_cache="cold")
+    rows[2].stage_s = 9.4
+    figures = variant_figures(rows, "cpu", 0.99)
+    assert figures["amp"].uncompiled_twin == "amp_uncompiled"
+    assert figures["amp"].metrics("cpu")["break_even_epochs"] == figures["amp"].break_even.epochs
+    text = " ".join(headline(rows, figures, ENV, "cpu", 0.99))
+    assert text.startswith("On NVIDIA H200 and Test CPU (2 threads), torch 2.x: **amp**")
+    assert "end to end, **amp_uncompiled** is first" in text
+    assert "its first epoch's warm-up included; its train stage 9.400 s from process start" in text
+    assert "Compiling pays for itself, against the same settings uncompiled, for amp (" in text
+    assert f"after {figures['amp'].break_even.epochs} epochs." in text
+
+
+def test_a_cpu_only_report_speaks_of_no_compiling_and_ranks_no_one() -> None:
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0, 1),
+        Row("amp", AMP, Skipped("no CUDA GPU", "cuda")),
+    ]
+    text = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
+    assert "compil" not in text.lower() and " is first" not in text
+    assert "To 99.0% test accuracy, cpu took: " in text

@@ -143,7 +143,8 @@ def params_read(stage: str, variant: str | None = None) -> set[str]:
     takes_variant = len(inspect.signature(module.select).parameters) == 2
     args = (variant,) if takes_variant else ()
     _handed_over(module.select(_Recorder(PARAMS, "", reads), *args), reads)
-    return _collapsed(reads, type(PARAMS))
+    whole = {k for k in reads if any(k.startswith(f"{other}.") for other in reads)}
+    return _collapsed(reads - whole, type(PARAMS))  # a key inside a section read whole: in it
 
 
 def checks_of(stage: str) -> set[str]:

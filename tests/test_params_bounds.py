@@ -142,8 +142,8 @@ def test_threads_beyond_a_multiple_of_the_cpus_are_refused_naming_the_limit(tmp_
     assert limit == params_module.PER_CPU * os.cpu_count()
     path = _edited(
         tmp_path,
-        "    channels_last: true\n  gpu:",
-        "    threads: 10000\n    channels_last: true\n  gpu:",
+        "    device: cpu\n",
+        "    device: cpu\n    threads: 10000\n",
     )
     _refused(
         _check(path),

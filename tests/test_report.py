@@ -249,7 +249,7 @@ def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) ->
     report.write_report(tmp_path, [row], ENV, _spec())
     md = (tmp_path / "comparison.md").read_text()
     assert "no variant has a steady epoch (none trained two epochs or more" in md
-    assert "| cpu | cpu, fp32 | one epoch: no steady | — | — | 99.00% | — | — |" in md  # tested
+    assert "| cpu | cpu, fp32 | one epoch: no steady | — | — | — | 99.00% | — |" in md  # tested
     # two epochs, resumed after the first: each warmed up, neither is steady
     resumed = replace(row, train=replace(row.train, epochs=2))
     report.write_report(tmp_path, [resumed], ENV, _spec())

@@ -197,6 +197,9 @@ class VariantParams(_Strict):
     compile: CompileMode = "none"
     fused_optimizer: bool = False
     cuda_graph: bool = False  # capture the whole training step in one CUDA graph
+    # this variant's own epochs (None: train.epochs): a slow baseline times fewer; its time
+    # to target then comes from its own epochs, or reads "not reached"
+    epochs: PositiveInt | None = None
     distributed: DistributedParams | None = None  # set: a DDP variant launched by torchrun
     loader: LoaderParams | None = None  # batches: dataloader only; unset = LoaderParams()
 

@@ -6,8 +6,9 @@ Pure: typed results in, figures and text out (`spread` draws the intervals).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from accelbench.core import spread
 from accelbench.core.params import VariantParams
@@ -36,6 +37,7 @@ class Row:
     eval: EvalResult | None = None
     epochs: list[EpochRecord] = field(default_factory=list)
     quantized: QuantizedResult | None = None
+    stage_s: float | None = None  # its train stage's wall time, process start to its end
 
     @property
     def trained(self) -> bool:
@@ -113,6 +115,8 @@ class VariantFigures:
     over_fp32: Figure | None  # mixed precision's speedup over `fp32_twin`
     to_target: Figure | None  # training time to the target accuracy, first epoch included
     target_epoch: int | None
+    uncompiled_twin: str | None = None  # the same settings without compile (and autotuning)
+    break_even: BreakEven | None = None  # when compiling paid for itself against that twin
 
     def compared(self, baseline: str | None) -> dict[str, float | None]:
         """The figures a user compares across variants (DVC's metrics): the steady epoch and
@@ -131,7 +135,36 @@ class VariantFigures:
         out = self.compared(baseline) | self.samples_per_s.fields("steady_samples_per_s")
         if self.to_target is not None:
             out |= self.to_target.fields("time_to_target_s")
+        if self.break_even is not None:
+            out["break_even_epochs"] = self.break_even.epochs  # None: never
         return out
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """After how many epochs a compiled variant's training has taken no longer than its
+    uncompiled twin's: within the run where its epochs show it (`observed`), else from the
+    two runs' measured first and steady epochs; None: never (no faster steady epoch)."""
+
+    epochs: int | None
+    observed: bool
+    first_s: float  # the compiled variant's first epoch (compiling), and the twin's
+    twin_first_s: float
+    saved_s: float  # steady seconds an epoch the compiled variant saves (<= 0: none)
+
+
+def break_even(compiled: list[EpochRecord], twin: list[EpochRecord], saved_s: float) -> BreakEven:
+    """`compiled`'s break-even against `twin`, each a run's epochs (one process each: the
+    first epoch pays the compiling), `saved_s` the difference of their steady medians."""
+    first, twin_first = compiled[0].train_time_s, twin[0].train_time_s
+    spent = twin_spent = 0.0
+    for n, (mine, theirs) in enumerate(zip(compiled, twin, strict=False), start=1):
+        spent, twin_spent = spent + mine.train_time_s, twin_spent + theirs.train_time_s
+        if spent <= twin_spent:
+            return BreakEven(n, True, first, twin_first, saved_s)
+    extra = first - twin_first  # the compiling's cost, which the steady epochs pay back
+    epochs = 1 + math.ceil(extra / saved_s) if saved_s > 0 else None
+    return BreakEven(max(epochs, 1) if epochs else None, False, first, twin_first, saved_s)
 
 
 def fp32_twins(rows: list[Row]) -> dict[str, str]:
@@ -151,12 +184,36 @@ def fp32_twins(rows: list[Row]) -> dict[str, str]:
     return twins
 
 
+# set-up spent for a faster steady epoch: a compiled variant's twin differs in these alone
+COMPILING = {"compile", "cudnn_benchmark"}
+
+
+def uncompiled_twins(rows: list[Row]) -> dict[str, str]:
+    """Each compiled variant -> the uncompiled variant whose settings are otherwise the same
+    (compile and cudnn.benchmark's autotuning apart): amp -> amp_uncompiled in params.yaml."""
+    twins = {}
+    for row in rows:
+        if row.variant.compile == "none":
+            continue
+        ours = row.variant.model_dump(exclude=COMPILING)
+        for other in rows:
+            if (
+                other.variant.compile == "none"
+                and other.variant.model_dump(exclude=COMPILING) == ours
+            ):
+                twins[row.name] = other.name
+                break
+    return twins
+
+
 def variant_figures(
     rows: list[Row], baseline: str | None, target: float
 ) -> dict[str, VariantFigures]:
     """The figures of every trained variant with a steady epoch (two epochs or more)."""
     samples = {r.name: r.steady_samples for r in rows if r.trained and r.steady_samples}
+    by_name = {r.name: r for r in rows}
     twins = fp32_twins(rows)
+    uncompiled = {n: t for n, t in uncompiled_twins(rows).items() if t in samples}
     out = {}
     for row in rows:
         if row.name not in samples:
@@ -184,6 +241,11 @@ def variant_figures(
             to_target=to_target,
             target_epoch=reached[1] if reached else None,
         )
+    for name, twin in uncompiled.items():
+        if name in out:
+            saved = out[twin].steady_epoch.value - out[name].steady_epoch.value
+            even = break_even(by_name[name].epochs, by_name[twin].epochs, saved)
+            out[name] = replace(out[name], uncompiled_twin=twin, break_even=even)
     return out
 
 
@@ -266,14 +328,20 @@ def headline(
     if reached:
         first = min(reached, key=lambda n: reached[n].to_target.value)
         missed = [n for n in figures if n not in reached]
+        stage = by_name[first].stage_s
         sentences.append(
-            f"To {target:.1%} test accuracy, {first} is first: "
-            f"{fmt_time(reached[first].to_target)} of training (epoch "
-            f"{reached[first].target_epoch}, the first epoch's warm-up and compilation included)"
+            f"To {target:.1%} test accuracy"
+            + (f", end to end, **{first}** is first" if len(figures) > 1 else f", {first} took")
+            + f": {fmt_time(reached[first].to_target)} of training (epoch "
+            f"{reached[first].target_epoch}, its first epoch's {first_epoch_cost(by_name[first])}"
+            " included"
+            + (f"; its train stage {fmt_seconds(stage)} from process start)" if stage else ")")
             + (f"; {', '.join(missed)} never reached it." if missed else ".")
         )
     else:
         sentences.append(f"No variant reached {target:.1%} test accuracy.")
+    if pays := compiling_pays(figures):
+        sentences.append(pays)
     low, high = (f(by_name[n].test_accuracy for n in figures) for f in (min, max))
     accuracy = f"{low:.2%}–{high:.2%}" if f"{low:.2%}" != f"{high:.2%}" else f"{low:.2%}"
     sentences.append(
@@ -282,3 +350,38 @@ def headline(
         + (f"; skipped on this machine: {', '.join(skipped)}." if skipped else ".")
     )
     return sentences
+
+
+def first_epoch_cost(row: Row) -> str:
+    """What a variant's first epoch paid for: warm-up, and compiling with its cache's state."""
+    state = row.train.compile_cache if isinstance(row.train, TrainSummary) else None
+    if row.variant.compile == "none":
+        return "warm-up"
+    return f"warm-up and compiling ({state} compile cache)" if state else "warm-up and compiling"
+
+
+def compiling_pays(figures: Mapping[str, VariantFigures]) -> str | None:
+    """One sentence: after how many epochs each compiled variant's compiling paid for itself
+    against its uncompiled twin, from what it measured; None without such a pair."""
+    parts = []
+    for name, f in figures.items():
+        even = f.break_even
+        if even is None:
+            continue
+        cost = f"{name} ({fmt_seconds(even.first_s)} first epoch against {f.uncompiled_twin}'s {fmt_seconds(even.twin_first_s)}"
+        if even.epochs is None:
+            parts.append(f"{cost}, no faster a steady epoch): never")
+        else:
+            how = (
+                "as measured"
+                if even.observed
+                else f"{fmt_seconds(even.saved_s)} saved each steady epoch"
+            )
+            parts.append(f"{cost}, {how}): after {even.epochs} epoch{'s' * (even.epochs != 1)}")
+    if not parts:
+        return None
+    return (
+        "Compiling pays for itself, against the same settings uncompiled, for "
+        + "; ".join(parts)
+        + "."
+    )

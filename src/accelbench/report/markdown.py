@@ -262,9 +262,9 @@ def _answer_table(
         "device, precision",
         "steady epoch (95% interval)",
         f"speedup vs {baseline}",
-        f"time to {spec.target_accuracy:.1%}",
+        f"to {spec.target_accuracy:.1%}: training",
+        "train stage, end to end",
         "test accuracy",
-        "energy / epoch",
         "cost per 1,000 runs",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -279,15 +279,12 @@ def _answer_table(
             lines.append("| " + " | ".join(cells) + " |")
             continue
         t = row.train
-        energy = (
-            t.steady_gpu_energy_j_per_epoch
-            if row.variant.device == "cuda"
-            else t.steady_cpu_energy_j_per_epoch
-        )
         whole = _costs(row, spec.cost, spec.target_accuracy)[0] if spec.cost else None
         to_target = (
             f"{fmt_time(f.to_target)}, epoch {f.target_epoch}" if f.to_target else "not reached"
         )
+        if f.to_target and t.compile_cache:
+            to_target += f" ({t.compile_cache} compile)"
         lines.append(
             "| "
             + " | ".join(
@@ -297,8 +294,8 @@ def _answer_table(
                     fmt_time(f.steady_epoch),
                     "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup),
                     to_target,
+                    _cell(row.stage_s, "s") if row.stage_s else "n/a",
                     _cell(row.test_accuracy, "pct"),
-                    _cell(energy, "j") if energy else "n/a",
                     _usd_per_1000(whole.total_usd) if whole else "n/a",
                 ]
             )
@@ -308,11 +305,12 @@ def _answer_table(
         *lines,
         "",
         f"Steady epoch: the median over {_samples_note(rows, figures)}; {spread.METHOD} "
-        "Time to target: training time up to the first epoch at the target, its interval "
-        "redrawing the steady epochs from themselves (the first, warm-up and compilation, stays "
-        "as measured). Energy: the GPU board's counter (NVML) for GPU "
-        "variants, the CPU packages' (RAPL) for CPU ones, n/a where unreadable or too coarse; "
-        "cost: energy and machine time at `cost:`'s prices (details below).",
+        "To target, training: training time up to the first epoch at the target, its interval "
+        "redrawing the steady epochs from themselves (the first, warm-up and any compiling, "
+        "stays as measured, with its compile cache: cold, warm or portable). Train stage, end "
+        "to end: the stage's wall time from process start to its end (imports, data, MLflow, "
+        "the model saved and logged), from this pipeline's timings. Cost: energy and machine "
+        "time at `cost:`'s prices (details below).",
         *(["", *notes] if (notes := shared_notes(rows)) else []),
     ]
 

@@ -92,6 +92,9 @@ def run(
         stages |= {f"quantize@{v}" for v in inputs.quantized}
         timings = pipeline_time.of_pipeline(phases.read_all(root), stages)
         pipeline = pipeline_time.collect(timings, phases.RECORDER.timing())
+        walls = {t.stage: t.wall_s for t in timings}
+        for row in rows:  # end to end: the train stage, process start to its end
+            row.stage_s = walls.get(f"train@{row.name}") if row.trained else None
         result = markdown.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
         dvc_plots.write_plot_data(
             out_dir / dvc_plots.PLOTS_DIR,

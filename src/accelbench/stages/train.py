@@ -54,10 +54,11 @@ class TrainInputs:
 
 
 def select(params: Params, name: str) -> TrainInputs:
-    train = params.train
+    train, variant = params.train, params.variant(name)
+    recipe = TrainRecipe(**{key: getattr(train, key) for key in TrainRecipe.model_fields})
     return TrainInputs(
-        recipe=TrainRecipe(**{key: getattr(train, key) for key in TrainRecipe.model_fields}),
-        variant=params.variant(name),
+        recipe=recipe.model_copy(update={"epochs": variant.epochs or recipe.epochs}),
+        variant=variant,
         dataset=by_name(params.data.dataset),
         require_gpu=train.require_gpu,
     )
