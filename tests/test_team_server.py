@@ -413,7 +413,7 @@ def test_refuses_what_is_not_a_postgresql_database_or_a_folder(tmp_path) -> None
     # nothing listens at `port`: the database is named, and what to do
     assert_refused(
         run_server("--database", good, "--artifacts", folder),
-        f"postgresql://{DB_USER}:***@127.0.0.1:{port}/mlflow",
+        f"postgresql://***@127.0.0.1:{port}/mlflow",
         "Connection refused",
         "start PostgreSQL there",
     )

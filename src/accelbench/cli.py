@@ -26,6 +26,7 @@ from accelbench.core.console import (
     EXIT_READER_GONE,
     InputError,
     error_message,
+    log,
     print_error,
 )
 from accelbench.core.params import Params, differences, load_params
@@ -93,10 +94,9 @@ def _check_params_unchanged(stage: Any, args: argparse.Namespace, params: Params
     try:
         now = load_params(args.params)
     except InputError as exc:
-        print(
+        log(
             f"accelbench {args.stage}: warning: {args.params} changed while the stage ran and "
-            f"is no longer valid ({exc}); mend it before the next run",
-            file=sys.stderr,
+            f"is no longer valid ({exc}); mend it before the next run"
         )
         return
     checks = {key.rsplit(".", 1)[-1] for key in getattr(stage, "CHECKS", ())}

@@ -10,6 +10,7 @@ doctor` adds 3 (CPU only).
 from __future__ import annotations
 
 import errno
+import re
 import reprlib
 import sys
 from collections.abc import Callable
@@ -84,9 +85,10 @@ def error_message(exc: BaseException) -> tuple[str, int]:
 
 
 def print_error(who: str, message: str) -> None:
-    """`who: error: message` on stderr, every line cut at MAX_LINE (messages quote values cut
-    short already; this bounds every line whatever it quotes)."""
-    lines = "\n".join(clip(line, MAX_LINE) for line in message.splitlines())
+    """`who: error: message` on stderr, its URIs' secrets masked (`redact`), every line cut at
+    MAX_LINE (messages quote values cut short already; this bounds every line whatever it
+    quotes)."""
+    lines = "\n".join(clip(line, MAX_LINE) for line in redact(message).splitlines())
     print(f"{who}: error: {lines}", file=sys.stderr)
 
 
@@ -140,5 +142,23 @@ def echo(value: object, limit: int = ECHO_CHARS) -> str:
     return clip(text, limit)
 
 
+# A URI's user info (after "scheme://", up to the last "@": a password may hold "@" or "/";
+# sqlite:////home/me@corp has none) and the values of query or fragment parameters whose name
+# ends in a secret's word (X-Amz-Signature, access_token, sig).
+_USER_INFO = re.compile(r"(?<=[\w+.-]://)[^\s/'\"<>][^\s'\"<>]*@")
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&;#](?:[^=&;#\s]*[-_.])?(?:token|key|apikey|secret|password|passwd|pwd|pass|sig"
+    r"|signature|credential|credentials|auth|session|sessionid|jwt)=)[^&;#\s'\"<>]*"
+)
+
+
+def redact(text: str) -> str:
+    """`text` with the secrets of the URIs in it as ***: user info (user and password; the
+    host and port stay) and secret-looking parameters. Works on any text, a malformed URI or
+    a whole message; never raises."""
+    return _SECRET_PARAM.sub(r"\1***", _USER_INFO.sub("***@", text))
+
+
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """`message` on stderr, its URIs' secrets masked (`redact`)."""
+    print(redact(message), file=sys.stderr, flush=True)

@@ -11,8 +11,8 @@ exit code are the server's). Clients reach runs, metrics and artifacts through t
 needs no database driver, credentials or access to the artifact store.
 
 The database URI reaches MLflow through its own environment variable, never the command line,
-so a password in it is not shown by `ps`; messages show it as `***`. Exit codes: 2 for
-anything refused here (fix what the line names), else MLflow's.
+so a password in it is not shown by `ps`; messages show its user info as `***` (`redact`).
+Exit codes: 2 for anything refused here (fix what the line names), else MLflow's.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from accelbench.core.console import EXIT_INPUT, InputError, clip
+from accelbench.core.console import EXIT_INPUT, InputError, clip, print_error, redact
 
 DATABASE_ENV = "MLFLOW_BACKEND_STORE_URI"  # MLflow's own names: `mlflow server` reads both
 ARTIFACTS_ENV = "MLFLOW_ARTIFACTS_DESTINATION"
@@ -75,16 +75,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
 
 
-def shown(uri: str) -> str:
-    """`uri` with its password, if any, as ***."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(uri).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy reads: show the scheme only
-        return f"{uri.split(':', 1)[0]}:…" if ":" in uri else clip(uri)
-
-
 def check_database_uri(uri: str | None) -> str:
     """The URI, if it names a PostgreSQL database; else InputError saying what to write."""
     if not uri:
@@ -98,16 +88,16 @@ def check_database_uri(uri: str | None) -> str:
             "sqlite": "SQLite is a checkout's own store (`make ui` serves it); a team's runs "
             "live in PostgreSQL",
         }.get(scheme.split("+", 1)[0], "write postgresql://USER@HOST:5432/DB")
-        raise InputError(f"--database {shown(uri)}: not a postgresql:// URI; {hint}")
+        raise InputError(f"--database {redact(uri)}: not a postgresql:// URI; {hint}")
     from sqlalchemy.engine import make_url
 
     try:
         url = make_url(uri)
     except Exception as exc:
-        raise InputError(f"--database {shown(uri)}: not a database URI ({exc})") from None
+        raise InputError(f"--database {redact(uri)}: not a database URI ({exc})") from None
     if not url.database:
         raise InputError(
-            f"--database {shown(uri)}: names no database; add it: postgresql://USER@HOST:5432/DB"
+            f"--database {redact(uri)}: names no database; add it: postgresql://USER@HOST:5432/DB"
         )
     return uri
 
@@ -177,7 +167,7 @@ def check_connection(uri: str) -> None:
         make_url(uri).get_dialect().import_dbapi()
     except ImportError as exc:
         raise InputError(
-            f"the PostgreSQL driver for {shown(uri)} is not installed ({exc}); the `team` "
+            f"the PostgreSQL driver for {redact(uri)} is not installed ({exc}); the `team` "
             "extra brings psycopg, for postgresql:// (make setup installs it; or pip install "
             "'accelbench[team]')"
         ) from None
@@ -190,7 +180,7 @@ def check_connection(uri: str) -> None:
     except sqlalchemy.exc.DBAPIError as exc:
         message = " ".join(str(exc.orig).split())  # libpq's lines, as one
         raise InputError(
-            f"cannot use the database {shown(uri)} ({clip(message, 200)}); "
+            f"cannot use the database {redact(uri)} ({clip(message, 200)}); "
             f"{_advice(message, engine.url)}"
         ) from None
     finally:
@@ -306,13 +296,13 @@ def main(argv: list[str]) -> int:
         check_port(args.host, args.port)
         check_connection(database)
     except InputError as exc:
-        print(f"accelbench server: error: {exc}", file=sys.stderr)
+        print_error("accelbench server", str(exc))
         return EXIT_INPUT
     command = server_command(args.host, args.port, artifacts, extra)
     url = users_url(args.host, args.port)
     env, warning = server_env(database, extra, url)
     print(
-        f"accelbench server: runs in {shown(database)}, artifacts in {artifacts}; users set "
+        f"accelbench server: runs in {redact(database)}, artifacts in {artifacts}; users set "
         f"MLFLOW_TRACKING_URI={url}",
         file=sys.stderr,
         flush=True,

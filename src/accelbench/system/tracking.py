@@ -40,7 +40,6 @@ import os
 import socket
 import sqlite3
 import subprocess
-import sys
 import sysconfig
 import traceback
 import warnings
@@ -50,7 +49,7 @@ from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import mlflow
 import psutil
@@ -60,7 +59,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from accelbench.core import phases
-from accelbench.core.console import AccelbenchError, InputError, clip, log
+from accelbench.core.console import AccelbenchError, InputError, clip, log, redact
 from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
 from accelbench.core.results import EpochRecord, EvalSummary, TrainSummary
 
@@ -199,21 +198,17 @@ def _report_outage(exc: BaseException) -> None:
     _outage = describe_failure(exc)
     uri = mlflow.get_tracking_uri()
     if (where := _our_frame(exc)) is not None:
-        print(
+        log(
             f"accelbench: WARNING: tracking to MLflow at {uri} stopped on a bug in accelbench "
             f"({_outage}, {Path(where.filename).name}:{where.lineno}), not on the store. The "
             "stage goes on and writes its DVC outputs; this process logs nothing more to "
-            "MLflow. Please report it with this line.",
-            file=sys.stderr,
-            flush=True,
+            "MLflow. Please report it with this line."
         )
         return
-    print(
+    log(
         f"accelbench: WARNING: MLflow tracking at {uri} failed ({_outage}). The stage goes "
         "on and writes its DVC outputs; this process logs nothing more to MLflow. "
-        f"Before the next run: {_remedy(uri, exc)}.",
-        file=sys.stderr,
-        flush=True,
+        f"Before the next run: {_remedy(uri, exc)}."
     )
 
 
@@ -1296,24 +1291,22 @@ def ui_intro(host: str, port: str, store: Path) -> int:
     `store` (a tracking server, another store: the runs are there), else print the link."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if is_server(uri):
-        print(
+        log(
             f"make ui: MLFLOW_TRACKING_URI is {uri}: the runs are on that server, open "
             f"{server_view_url(uri)} (or run `accelbench runs`); `MLFLOW_TRACKING_URI= make ui` "
-            "serves this checkout's own store",
-            file=sys.stderr,
+            "serves this checkout's own store"
         )
         return 1
     elsewhere = _sqlite_path(uri)
     if uri and (elsewhere is None or elsewhere.resolve() != store.resolve()):
-        print(
+        log(
             f"make ui: MLFLOW_TRACKING_URI is {uri}, not this checkout's store {store}: serve "
             f"it with `mlflow server --backend-store-uri {uri}`; `MLFLOW_TRACKING_URI= make ui` "
-            "serves this checkout's own",
-            file=sys.stderr,
+            "serves this checkout's own"
         )
         return 1
     if problem := _ui_address_problem(host, port):
-        print(f"make ui: {problem}", file=sys.stderr)
+        log(f"make ui: {problem}")
         return 1
     url, what = _training_view(f"http://{host}:{port}", store)
     print("Open", url, f"({what})")
@@ -1427,7 +1420,9 @@ def _speedup_baseline(runs: list[Any]) -> str:
 
 def _remedy(uri: str, exc: BaseException) -> str:
     """What to do about tracking at `uri` failing with `exc`."""
-    scheme = urlsplit(uri).scheme
+    # by hand, not urlsplit: a malformed URI (http://[::1) is advised on, not a crash
+    scheme, _, rest = uri.partition(":")
+    host = rest.lstrip("/").split("/")[0].rpartition("@")[2]  # host:port, no user info
     if "Unsupported" in describe_failure(exc):  # MLflow's Unsupported...StoreURIException
         return (
             f"MLflow has no tracking store for the scheme {scheme!r}: set MLFLOW_TRACKING_URI "
@@ -1447,7 +1442,7 @@ def _remedy(uri: str, exc: BaseException) -> str:
         )
     if "Invalid Host header" in describe_failure(exc) or "Invalid Host header" in str(exc):
         return (
-            f"the server runs but refuses the host name {urlsplit(uri).netloc}: use a name it "
+            f"the server runs but refuses the host name {host}: use a name it "
             f"allows, or add this one to MLFLOW_SERVER_ALLOWED_HOSTS on the server "
             "(docs/teams.md)"
         )
@@ -1482,9 +1477,9 @@ def summary_markdown(root: Path) -> str:
     except Exception as exc:  # MlflowException, requests and sqlite errors, ...
         raise TrackingUnreachable(_unreadable(tracking_uri(root), exc)) from exc
     if parent is None:
-        return f"No pipeline run in {tracking_uri(root)} yet: run `dvc repro`."
+        return f"No pipeline run in {redact(tracking_uri(root))} yet: run `dvc repro`."
     link = pipeline_path(parent.info.experiment_id, parent, view)
-    uri = tracking_uri(root)
+    uri = redact(tracking_uri(root))  # the `MLflow:` line and the link show no secret
     where = (  # on the server itself; this checkout's store through `make ui`
         f"in the UI, fastest first: {uri.rstrip('/')}{link}"
         if is_server(uri)
