@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -328,3 +329,100 @@ def test_a_rank_that_never_arrives_fails_the_others_within_the_timeout(tmp_path)
     assert done.returncode != 0 and "left the group" not in done.stdout
     assert re.search(r"[Tt]imed out|[Tt]imeout", done.stderr), done.stderr[-2000:]
     assert waited < 45, f"waited {waited:.0f} s for a 10 s timeout"
+
+
+# --- a compiled DDP rank's teardown: in order, and bounded ------------------------------------
+
+# sitecustomize.py for the train command's processes. Each notes its pid; a rank also notes,
+# as destroy_process_group is called, what could still hold the communicator (DDP wrappers,
+# the compiled step: on a GPU, CUDA graphs go with them), then Inductor's compile workers as
+# they are ended, then its exit (the last exit handler to run).
+_TEARDOWN_PROBE = """
+import os
+trace = os.environ["TEARDOWN_TRACE"]
+with open(os.path.join(trace, "pids"), "a") as pids:
+    pids.write(f"{os.getpid()}\\n")
+if "LOCAL_RANK" in os.environ and os.getppid() == int(os.environ["ACCELBENCH_PARENT_PID"]):
+    import atexit, gc, json, sys, threading, time
+    import psutil
+    import torch.distributed as dist
+    from accelbench.system import lifetime
+
+    def note(event, **facts):
+        with open(os.path.join(trace, f"rank{os.environ['RANK']}.jsonl"), "a") as notes:
+            notes.write(json.dumps({"event": event, "t": time.time(), **facts}) + "\\n")
+
+    def destroy_process_group(*args, **kwargs):
+        from torch._dynamo.eval_frame import _get_total_cache_entry_count
+        from torch._dynamo.utils import counters
+        from torch.nn.parallel import DistributedDataParallel
+        from accelbench.training.engine import TrainStep
+
+        try:  # issubclass: isinstance fails on a dead weak proxy
+            ddp = sum(issubclass(type(o), DistributedDataParallel) for o in gc.get_objects())
+            compiled = _get_total_cache_entry_count(TrainStep._loss)
+            graphs = counters["stats"]["unique_graphs"]
+            note("destroy", ddp=ddp, compiled=compiled, graphs=graphs)
+        finally:
+            destroy(*args, **kwargs)
+
+    def end_compile_workers():
+        pools = getattr(sys.modules.get("torch._inductor.async_compile"), "_pool_set", ())
+        sidecars = [psutil.Process(p.process.pid) for p in pools if getattr(p, "process", 0)]
+        pids = [p.pid for s in sidecars for p in (s, *s.children(recursive=True))]
+        note("end_compile_workers", pids=pids, threads=threading.active_count())
+        end_workers()
+
+    destroy, dist.destroy_process_group = dist.destroy_process_group, destroy_process_group
+    end_workers, lifetime.end_compile_workers = lifetime.end_compile_workers, end_compile_workers
+    atexit.register(note, "exit")  # the first registered, so the last to run
+    note("start")
+"""
+# A rank, once it has left its group, ends within this (its exit handlers run, MLflow's too).
+RANK_ENDS_S = 5
+
+
+@pytest.mark.slow
+def test_a_compiled_ddp_rank_frees_its_step_then_leaves_the_group_then_ends_its_workers(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    """A compiled DDP rank that never exits has two known causes: a live CUDA graph that
+    captured NCCL calls keeps the communicator in use (pytorch#115388), and Inductor's compile
+    workers hold up the interpreter's exit (pytorch#125235, #162199). So, in this order: no
+    DDP wrapper or compiled step is left when the group is destroyed, the compile workers are
+    ended after it, and the rank ends; no process of the stage outlives it."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "sitecustomize.py").write_text(_TEARDOWN_PROBE)
+    params = _params(tmp_path, epochs=2, ddp={**DDP, "compile": "default"})
+    with pytest.MonkeyPatch.context() as patch:
+        path = [str(trace), *filter(None, [os.environ.get("PYTHONPATH")])]
+        patch.setenv("PYTHONPATH", os.pathsep.join(path))
+        patch.setenv("TEARDOWN_TRACE", str(trace))
+        # the bound is for a hang; a shared 2-core machine takes 100 s to compile and train
+        code, output, ending = _train_and_time_its_end(
+            params, "ddp", prepared, tmp_path, mlflow_store, 300
+        )
+    assert code == 0, output[-3000:]
+    assert ending < ENDS_AFTER_SUMMARY_S, output[-3000:]
+    pids = [int(pid) for pid in (trace / "pids").read_text().split()]
+    assert len(pids) >= 4  # the stage, torchrun, its two ranks (and what they started)
+    for rank in (0, 1):
+        lines = (trace / f"rank{rank}.jsonl").read_text().splitlines()
+        notes = [json.loads(line) for line in lines]
+        events = [note["event"] for note in notes]
+        assert events == ["start", "destroy", "end_compile_workers", "exit"], (rank, notes)
+        _, destroy, workers, exit_ = notes
+        assert destroy["graphs"] > 0, f"rank {rank} compiled nothing"
+        assert destroy["ddp"] == 0, f"rank {rank}: a DDP wrapper alive at destroy_process_group"
+        assert destroy["compiled"] == 0, f"rank {rank}: its compiled step alive at destroy"
+        assert exit_["t"] - destroy["t"] < RANK_ENDS_S, (rank, notes)
+        pids += workers["pids"]
+    assert [pid for pid in pids if _running(pid)] == [], "outlived the stage"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -127,7 +127,11 @@ def process_group(placement: Placement, cfg: DistributedParams | None) -> Iterat
 
 def _release_device(placement: Placement) -> None:
     """Free what the training left holding the communicator (CUDA graphs that captured its
-    collectives, in reference cycles until collected) and wait for the GPU's queued work."""
+    collectives, in reference cycles until collected; a compiled step's code and Inductor's
+    CUDA graph trees, kept by Dynamo until reset) and wait for the GPU's queued work."""
+    dynamo = sys.modules.get("torch._dynamo")  # imported only where a step was compiled
+    if dynamo is not None:
+        dynamo.reset()
     gc.collect()
     if placement.device is not None and placement.device.type == "cuda":
         import torch
