@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from accelbench.core import phases
 from accelbench.core.phases import Recorder, StageTiming
 from accelbench.report import pipeline_time
+from helpers import write_params
 
 
 def test_a_nested_phase_counts_for_itself_only() -> None:
-    recorder = Recorder(started=time.time())
+    recorder = Recorder()
     with recorder.phase("training"):
         time.sleep(0.05)
         with recorder.phase("evaluation"):
@@ -34,7 +40,7 @@ def test_an_unknown_or_derived_phase_is_refused(name) -> None:
 
 def test_the_process_start_is_before_now_and_recent() -> None:
     started = phases.process_started()
-    assert time.time() - 3600 < started <= time.time()
+    assert phases.boot_clock() - 3600 < started <= phases.boot_clock()
 
 
 def test_timings_round_trip_and_unreadable_files_are_left_out(tmp_path) -> None:
@@ -42,6 +48,8 @@ def test_timings_round_trip_and_unreadable_files_are_left_out(tmp_path) -> None:
     phases.write(tmp_path, timing)
     (tmp_path / phases.TIMINGS_DIR / "broken.json").write_text("{not json")
     (tmp_path / phases.TIMINGS_DIR / "other.json").write_text(json.dumps({"stage": "x"}))
+    negative = timing.to_json() | {"stage": "env", "wall_s": -7166.3}  # the wall clock set back
+    (tmp_path / phases.TIMINGS_DIR / "env.json").write_text(json.dumps(negative))
     assert phases.read_all(tmp_path) == [timing]
     assert timing.overhead_s == pytest.approx(10.5)
     assert timing.other_s == pytest.approx(7.0)
@@ -50,7 +58,7 @@ def test_timings_round_trip_and_unreadable_files_are_left_out(tmp_path) -> None:
 def _timing(
     stage: str, started: float, wall: float, training: float | None = None, by: str | None = "1@0"
 ) -> StageTiming:
-    return StageTiming(stage, started, wall, {"imports": wall / 2}, training, by)
+    return StageTiming(stage, started, wall, {"imports": wall / 2}, training, by, started)
 
 
 def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_date() -> None:
@@ -137,3 +145,39 @@ def test_a_removed_variants_stages_leave_the_pipeline_table() -> None:
     gone = [_timing(s, 900.0, 3.0) for s in ("train@amp", "evaluate@amp", "quantize@amp")]
     stages = {"train@cpu", "evaluate@cpu", "quantize@cpu", "train@gpu", "evaluate@gpu"}
     assert pipeline_time.of_pipeline(kept + gone, stages) == kept
+
+
+def test_a_wall_clock_set_back_between_stages_leaves_the_span_whole() -> None:
+    """The date set back 2 h while train ran: Unix stamps go backwards, the boot clock does not."""
+    env = StageTiming("env", 9000.0, 2.0, {}, None, "1@0", 100.0)
+    train = StageTiming("train@cpu", 9003.0, 20.0, {}, 12.0, "1@0", 103.0)
+    compare = StageTiming("compare", 9025.0 - 7200, 3.0, {}, None, "1@0", 125.0)
+    pipeline = pipeline_time.collect([env, train], compare)
+    assert pipeline.span_s == pytest.approx(28.0) and pipeline.between_stages_s == pytest.approx(
+        3.0
+    )
+
+
+FAKETIME = next(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"), None)
+
+
+@pytest.mark.skipif(FAKETIME is None, reason="needs libfaketime (apt-get install faketime)")
+def test_a_stage_times_itself_truly_when_the_date_is_set_back_mid_run(tmp_path) -> None:
+    """libfaketime sets the date back 2 h one second into `accelbench env` (importing torch
+    takes longer): it printed `done in -7196.4 s (wall)` and wrote that to its timing file."""
+    fake = {"LD_PRELOAD": str(FAKETIME), "FAKETIME": "-2h", "FAKETIME_START_AFTER_SECONDS": "1"}
+    fake["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"  # a date set moves no monotonic clock
+    params = write_params(tmp_path)
+    command = [sys.executable, "-m", "accelbench.cli", "--params", str(params), "env"]
+    done = subprocess.run(
+        [*command, "--out", "env"],
+        cwd=tmp_path,
+        env=os.environ | fake,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    wall_s = float(re.search(r"done in (\S+) s \(wall\)", done.stderr)[1])
+    timing = json.loads((tmp_path / phases.TIMINGS_DIR / "env.json").read_text())
+    assert 1.0 < wall_s < 600 and timing["wall_s"] == pytest.approx(wall_s, abs=0.1)
+    assert timing["started"] < time.time() - 7000  # the stamp is the (faked) date's

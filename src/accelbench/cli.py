@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
@@ -257,7 +256,7 @@ def _run(
     root = Path.cwd()
     _persistent_compile_cache(root)
     recorder = phases.RECORDER
-    recorder.add("startup", time.time() - recorder.started)
+    recorder.add("startup", recorder.elapsed_s())
     recorder.stage = args.stage
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a DDP stage re-runs itself
     try:

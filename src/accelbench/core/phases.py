@@ -41,26 +41,29 @@ PHASES = (
 DERIVED = ("fit_setup",)  # training minus the timed epochs (`StageTiming.overhead_phases`)
 
 
-def process_started() -> float:
-    """When this process started (Unix time): from /proc on Linux, else this import."""
+def boot_clock() -> float:
+    """Seconds since boot (suspend included): one clock for every process of this machine,
+    which setting the wall clock never moves; durations come from it, Unix time only stamps."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+
+
+def process_started(pid: int | str = "self") -> float | None:
+    """When process `pid` started, on `boot_clock()`, from /proc (None where there is none)."""
     try:
-        stat = Path("/proc/self/stat").read_text()
-        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-        return time.time() - max(age, 0.0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")  # starttime
     except (OSError, ValueError, IndexError):
-        return _IMPORTED
+        return None
 
 
-_IMPORTED = time.time()
+_IMPORTED = boot_clock()
 
 
 @dataclass
 class Recorder:
     """Exclusive time per phase: time spent in a nested phase counts for that phase only."""
 
-    started: float = field(default_factory=process_started)  # Unix time
+    started_boot: float = field(default_factory=lambda: process_started() or _IMPORTED)
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # dvc.yaml's name of the stage ("train@amp"), set as soon as it is known
     training_s: float | None = None  # a training stage's timed epochs, summed
@@ -92,10 +95,17 @@ class Recorder:
     def _add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
+    def elapsed_s(self) -> float:
+        """Since the process started, on `boot_clock()`: never negative, whatever the wall
+        clock did meanwhile (an NTP step, a hand-set date)."""
+        return max(boot_clock() - self.started_boot, 0.0)
+
     def timing(self) -> StageTiming:
-        wall = time.time() - self.started
+        wall = self.elapsed_s()
+        started = time.time() - wall  # a stamp only: the wall clock may have been set since
+        seconds, by = dict(self.seconds), launcher()
         return StageTiming(
-            self.stage, self.started, wall, dict(self.seconds), self.training_s, launcher()
+            self.stage, started, wall, seconds, self.training_s, by, self.started_boot
         )
 
 
@@ -104,15 +114,12 @@ class StageTiming:
     """One stage's wall time, its phases and, for a training stage, its timed epochs."""
 
     stage: str  # dvc.yaml's name: "train@amp"
-    started: float  # Unix time the process started
-    wall_s: float
+    started: float  # Unix time the process started (a stamp: ordering, people)
+    wall_s: float  # on the boot clock, as every duration here
     phases: dict[str, float]
     training_s: float | None = None  # sum of the timed epochs (train stages)
     launcher: str | None = None  # the `dvc` process that ran it ("pid@start"), if any
-
-    @property
-    def ended(self) -> float:
-        return self.started + self.wall_s
+    started_boot: float | None = None  # on `boot_clock()`: spans across this machine's stages
 
     @property
     def other_s(self) -> float:
@@ -142,11 +149,20 @@ class StageTiming:
         return cls(
             stage=str(data["stage"]),
             started=float(data["started"]),
-            wall_s=float(data["wall_s"]),
+            wall_s=_duration(data["wall_s"]),
             phases={str(k): float(v) for k, v in data["phases"].items()},
             training_s=None if data.get("training_s") is None else float(data["training_s"]),
             launcher=None if data.get("launcher") is None else str(data["launcher"]),
+            started_boot=None if data.get("started_boot") is None else float(data["started_boot"]),
         )
+
+
+def _duration(value: object) -> float:
+    """A duration read back: one below zero (the wall clock's, set back mid-stage, in a file an
+    earlier version wrote) measured nothing."""
+    if (seconds := float(value)) < 0:
+        raise ValueError(f"negative duration {seconds}")
+    return seconds
 
 
 def is_dvc(cmdline: list[str]) -> bool:
@@ -163,7 +179,8 @@ def launcher() -> str | None:
 
         for parent in psutil.Process().parents():
             if is_dvc(parent.cmdline()):
-                return f"{parent.pid}@{parent.create_time():.2f}"
+                started = process_started(parent.pid) or parent.create_time()
+                return f"{parent.pid}@{started:.2f}"  # the boot clock's: a date set keeps it
     except Exception:
         return None
     return None

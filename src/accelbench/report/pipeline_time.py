@@ -110,8 +110,11 @@ def collect(timings: list[StageTiming], current: StageTiming) -> PipelineTime:
     if current.launcher is None:
         return PipelineTime(stages, {t.stage for t in stages}, None, current.stage)
     ran = [t for t in stages if t.launcher == current.launcher]
-    start = min(t.started for t in ran)
-    return PipelineTime(stages, {t.stage for t in ran}, current.ended - start, current.stage)
+    # On the boot clock, which a wall clock set back or forward between stages never moves
+    # (one dvc process's stages share a machine); none for stages an older version timed.
+    starts = [t.started_boot for t in ran]
+    span = None if None in starts else current.started_boot + current.wall_s - min(starts)
+    return PipelineTime(stages, {t.stage for t in ran}, span, current.stage)
 
 
 def _s(seconds: float | None) -> str:
