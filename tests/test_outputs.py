@@ -358,3 +358,35 @@ def test_the_cli_names_the_file_an_output_folder_would_replace(tmp_path) -> None
     assert devnull.returncode == 2
     assert "/dev/null: exists and is a special file, not a folder" in devnull.stderr
     assert "mirrors in order" not in devnull.stderr  # refused before anything is tried
+
+
+def test_a_fifo_at_the_params_file_is_refused_unopened(tmp_path) -> None:
+    """`accelbench check` opened it to read and waited for a writer, silent, for ever."""
+    fifo = tmp_path / "params.yaml"
+    os.mkfifo(fifo)
+    command = [sys.executable, "-m", "accelbench.cli", "--params", str(fifo), "check"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"accelbench check: error: {fifo}: is a special file (a FIFO, a device or a socket), "
+        "not a params file; pass a regular YAML file"
+    ]
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "models"])
+def test_train_refuses_a_fifo_checkpoint_and_a_models_link_loop(tmp_path, prepared, where) -> None:
+    """A FIFO at the checkpoint path was replaced by the first epoch's and so deleted; a
+    `models/` linking to itself was `unexpected RuntimeError: Symlink loop … report it`."""
+    checkpoint, models = tmp_path / "ck" / "cpu.pt", tmp_path / "models"
+    checkpoint.parent.mkdir()
+    os.mkfifo(checkpoint) if where == "checkpoint" else models.symlink_to("models")
+    done = _accelbench(
+        tmp_path, "train", "cpu", "--data", str(prepared), "--model", str(models / "cpu.pt"),
+        "--metrics", str(tmp_path / "metrics"), "--checkpoint", str(checkpoint), "--quiet",
+    )  # fmt: skip
+    named = {
+        "checkpoint": f"{checkpoint}: exists and is a special file, not a training checkpoint",
+        "models": f"{models}: is a symbolic link loop, not a folder; accelbench writes",
+    }
+    [line] = done.stderr.splitlines()
+    assert done.returncode == 2 and named[where] in line, line
+    assert checkpoint.is_fifo() if where == "checkpoint" else models.is_symlink()

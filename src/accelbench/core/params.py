@@ -543,6 +543,11 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     from ruamel.yaml import YAMLError
 
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO blocks open()
+        raise ParamsError(
+            f"{path}: is a special file (a FIFO, a device or a socket), not a params file; "
+            "pass a regular YAML file"
+        )
     try:
         with path.open("rb") as file:  # no more than the cap is read, whatever the file
             content = file.read(MAX_BYTES + 1)

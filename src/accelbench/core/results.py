@@ -10,6 +10,7 @@ a renamed field fails loudly where it is read instead of becoming an "n/a" in th
 from __future__ import annotations
 
 import csv
+import errno
 import functools
 import json
 import math
@@ -182,7 +183,16 @@ def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
 
 
 def refuse_foreign_folder(folder: Path) -> None:
-    """An output folder (`--metrics`, `--out`) that is a file is refused, never replaced."""
+    """An output folder (`--metrics`, `--out`) that is a file or a symlink loop is refused,
+    never replaced."""
+    try:
+        folder.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(
+                f"{folder}: is a symbolic link loop, not a folder; accelbench writes its outputs "
+                "into a folder: remove or fix the link, or pass another path"
+            ) from None
     if folder.exists() and not folder.is_dir():
         raise InputError(
             f"{folder}: exists and is {_a_file(folder)}, not a folder; accelbench writes its "

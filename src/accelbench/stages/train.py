@@ -22,6 +22,7 @@ from accelbench.core import phases
 from accelbench.core.console import log
 from accelbench.core.params import Params, TrainRecipe, VariantParams
 from accelbench.core.results import (
+    Kind,
     MetricsFiles,
     ModelFile,
     Skipped,
@@ -30,6 +31,7 @@ from accelbench.core.results import (
     claim,
     read_train,
     refuse_foreign,
+    refuse_foreign_folder,
     remove_leftovers,
     staged,
     write_epochs_csv,
@@ -43,6 +45,8 @@ from accelbench.training.job import TrainJob, TrainOutputs, run_params
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
 CHECKS = ("train.require_gpu",)
+# Any file there is read (one that is not a checkpoint is set aside); a folder or a FIFO never
+CHECKPOINT = Kind("a training checkpoint", lambda path: True)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ def run(
     file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too, as it does
     the GPUs or the CPU the training takes on this host (`slots.tenancy`)."""
     claim(out.model, out.metrics.train_json, out.metrics.epochs_csv)  # before any work
+    if out.checkpoint is not None:  # any file (one not ours is set aside); never a FIFO
+        refuse_foreign(out.checkpoint, CHECKPOINT)
     if out.compile_cache is not None:
         refuse_foreign(out.compile_cache, compile_cache.KIND)
     variant = inputs.variant
@@ -240,6 +246,8 @@ def main(args: argparse.Namespace, params: Params, root: Path) -> None:
     out = TrainOutputs(
         args.model, MetricsFiles(args.metrics), args.checkpoint, args.profile, args.compile_cache
     )
+    for output in filter(None, (out.model, out.checkpoint)):  # a loop has no room for a lock
+        refuse_foreign_folder(output.parent)
     with lifetime.sole_writer(args.variant, out.model, out.checkpoint) as locks:
         run(
             root,
