@@ -537,3 +537,51 @@ def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, command) -> 
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def _limited(limit_mib: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (limit_mib << 20, limit_mib << 20))
+
+
+@pytest.mark.parametrize(
+    ("stage", "limit_mib", "said"),
+    [
+        ("prepare", 60, "out of memory: this process may map only 60 MiB (ulimit -v)"),
+        ("prepare", 120, "out of memory: this process may map only 120 MiB (ulimit -v)"),
+        ("train", 1100, "out of memory or threads (ImportError: libtorch_cpu.so: failed to map"),
+    ],
+)
+def test_too_little_memory_is_named_not_reported_as_a_bug(
+    tmp_path, prepared, stage, limit_mib, said
+) -> None:
+    """Under `ulimit -v` prepare said "unexpected ImportError … report it" (60 MiB), or
+    OpenBLAS ended it with a line of its own (120 MiB); train could not import torch."""
+    before = {p: p.read_bytes() for p in prepared.rglob("*") if p.is_file()}
+    args = {
+        "prepare": ["--raw", str(tmp_path / "mirror"), "--out", str(prepared)],
+        "train": ["cpu", "--data", str(prepared), "--model", str(tmp_path / "cpu.pt"),
+                  "--metrics", str(tmp_path / "metrics")],
+    }[stage]  # fmt: skip
+    params = write_params(tmp_path, {"cpu": {"device": "cpu"}})
+    command = [sys.executable, "-m", "accelbench.cli", "--params", str(params), stage, *args]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, preexec_fn=lambda: _limited(limit_mib)
+    )
+    [line] = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 1 and line.startswith(f"accelbench {stage}: error: {said}"), line
+    assert "Traceback" not in done.stderr and "report it" not in line
+    assert {p: p.read_bytes() for p in prepared.rglob("*") if p.is_file()} == before  # kept
+
+
+def test_a_malformed_tracking_uri_is_named_without_its_password(tmp_path) -> None:
+    """It was "unexpected ValueError: Invalid IPv6 URL … report it"."""
+    env = os.environ | {"MLFLOW_TRACKING_URI": "http://ana:s3cret@[::1"}
+    command = [sys.executable, "-m", "accelbench.cli", "runs"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "accelbench runs: error: MLFLOW_TRACKING_URI is not a valid URI (Invalid IPv6 URL): set "
+        "it to a tracking server (http://host:5000) or store (sqlite:////path/mlflow.db), or "
+        "unset it for this checkout's own store"
+    ]

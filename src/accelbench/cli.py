@@ -11,12 +11,14 @@ import argparse
 import atexit
 import importlib
 import os
+import resource
 import signal
 import sys
 import threading
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from accelbench.core import phases
 from accelbench.core.console import (
@@ -24,6 +26,7 @@ from accelbench.core.console import (
     EXIT_INTERRUPTED,
     EXIT_READER_GONE,
     InputError,
+    StageError,
     error_message,
     log,
     print_error,
@@ -43,6 +46,31 @@ STAGES = {
     "quantize": "one trained variant on the CPU: fp32 next to int8 (dynamic, static)",
     "compare": "write the comparison report",
 }
+
+
+# numpy's OpenBLAS reserves its buffers at import and, where it cannot, ends the process
+# from C with a line of its own: a smaller address space is refused before any import.
+MIN_ADDRESS_SPACE = 1 << 30
+
+
+def _check_environment(stage: str) -> None:
+    """The process's limits and $MLFLOW_TRACKING_URI, before any work (the URI never echoed:
+    it may hold a password)."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if stage in STAGES and limit != resource.RLIM_INFINITY and limit < MIN_ADDRESS_SPACE:
+        raise StageError(
+            f"out of memory: this process may map only {limit >> 20} MiB (ulimit -v); a stage "
+            f"needs at least {MIN_ADDRESS_SPACE >> 20} MiB, a training stage several GiB "
+            "(torch's libraries): raise the limit (ulimit -v unlimited) and run again"
+        )
+    try:
+        _ = urlsplit(os.environ.get("MLFLOW_TRACKING_URI", "")).port  # raises where malformed
+    except ValueError as exc:
+        raise InputError(
+            f"MLFLOW_TRACKING_URI is not a valid URI ({exc}): set it to a tracking server "
+            "(http://host:5000) or store (sqlite:////path/mlflow.db), or unset it for this "
+            "checkout's own store"
+        ) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -260,6 +288,7 @@ def _run(
     recorder.stage = args.stage
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a DDP stage re-runs itself
     try:
+        _check_environment(args.stage)
         # Imported by name: a stage's code is its own module's imports, no other stage's
         # (dvc.yaml's deps list exactly them).
         stage = _stage_arguments(args.stage, stage_args, args) if args.stage in STAGES else None

@@ -58,12 +58,39 @@ INPUT_ERRNOS = {
 MAX_LINE = 500  # characters of an error line
 
 
+# Words of an error (or of its cause) that mean the machine or the process's limits ran out:
+# a library that could not be mapped at import, an allocation, a thread the kernel refused.
+_EXHAUSTED = ("failed to map segment", "cannot allocate memory", "can't start new thread")
+
+
+def _exhausted(exc: BaseException) -> BaseException | None:
+    """The innermost error in `exc`'s chain that says memory or threads ran out, if any."""
+    found, seen = None, exc
+    while seen is not None:
+        words = str(seen).lower()
+        if isinstance(seen, MemoryError) or (
+            isinstance(seen, ImportError | OSError | RuntimeError)
+            and any(w in words for w in _EXHAUSTED)
+        ):
+            found = seen
+        seen = seen.__cause__ or seen.__context__
+    return found
+
+
 def error_message(exc: BaseException) -> tuple[str, int]:
     """The message and exit code for an error, as the CLI and the scripts report it: the
-    project's own errors say what to do; an OS error names its path; anything else is a
-    failure worth a bug report."""
+    project's own errors say what to do; an OS error names its path; running out of memory
+    or threads is the machine's; anything else is a failure worth a bug report."""
     if isinstance(exc, AccelbenchError):
         return str(exc), exc.exit_code
+    if (cause := _exhausted(exc)) is not None:
+        return (
+            f"out of memory or threads ({first_sentence(cause, 120)}): the machine's free "
+            "memory or this process's limits (ulimit -v, ulimit -u, a container's memory or "
+            "pids limit) are too small for this stage; free memory or raise the limit and run "
+            "again",
+            EXIT_FAILURE,
+        )
     if isinstance(exc, OSError) and (exc.filename is not None or exc.errno in DISK_FULL_ERRNOS):
         what = exc.strerror or type(exc).__name__
         code = EXIT_INPUT if exc.errno in INPUT_ERRNOS else EXIT_FAILURE
