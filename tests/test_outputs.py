@@ -390,3 +390,31 @@ def test_train_refuses_a_fifo_checkpoint_and_a_models_link_loop(tmp_path, prepar
     [line] = done.stderr.splitlines()
     assert done.returncode == 2 and named[where] in line, line
     assert checkpoint.is_fifo() if where == "checkpoint" else models.is_symlink()
+
+
+@pytest.mark.parametrize("damage", ["deflate", "truncated"])
+def test_a_damaged_download_is_named_then_fetched_again(tmp_path, monkeypatch, damage) -> None:
+    """Bytes flipped inside a verified .gz (a broken deflate stream) made prepare and download
+    say "unexpected error: Error -3 while decompressing data … report it"; a truncated copy
+    was refused by download, which left it to the user to delete."""
+    mirror = shared_mnist()
+    if mirror is None:
+        pytest.skip("no MNIST mirror ($ACCELBENCH_MNIST_MIRROR)")
+    monkeypatch.setenv(mnist.MIRROR_ENV, str(mirror))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for path in mirror.glob("*.gz"):
+        (raw / path.name).write_bytes(path.read_bytes())
+    damaged = raw / "train-images-idx3-ubyte.gz"
+    content = damaged.read_bytes()
+    flipped = content[:12] + bytes(b ^ 0xFF for b in content[12:20]) + content[20:]
+    damaged.write_bytes(flipped if damage == "deflate" else content[: len(content) // 2])
+    prepared = _accelbench(tmp_path, "prepare", "--raw", str(raw), "--out", str(tmp_path / "p"))
+    [line] = prepared.stderr.splitlines()
+    assert prepared.returncode == 2, line
+    assert line.startswith(f"accelbench prepare: error: {damaged}: not a complete gzip file (")
+    assert line.endswith("run `accelbench download` (or `dvc repro download`) again")
+    fetched = _accelbench(tmp_path, "download", "--out", str(raw))
+    assert fetched.returncode == 0, fetched.stderr
+    assert f"download: {damaged} is a damaged copy (its gzip stream breaks: " in fetched.stderr
+    assert damaged.read_bytes() == content

@@ -15,6 +15,7 @@ import hashlib
 import io
 import pickle
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def read_archive(path: Path, expected_md5: str | None) -> tuple[dict[str, Split]
                 if member is None:
                     raise InputError(f"{path}: no {FOLDER}/{name} in the archive; {again}")
                 members[name] = member.read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: not a readable tar.gz ({exc}); {again}") from None
     train = [_batch(members[name], f"{ARCHIVE}:{name}") for name in TRAIN_BATCHES]
     splits = {

@@ -8,7 +8,8 @@ the same folder and is renamed into place, with the mode the umask gives; the `.
 a killed download left are removed on the next start. Each file from each mirror has an
 overall deadline besides the per-read timeout. A file already at the final path that
 verifies is kept, and nothing is fetched (DVC keeps the stage's folder when it re-runs, so
-a re-run after a code change needs no network); anything else there is refused.
+a re-run after a code change needs no network); a damaged copy of it is fetched again;
+anything else there is refused.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class DownloadError(AccelbenchError, RuntimeError):
 
 class ChecksumError(ValueError):
     """A file is not the one expected (its checksum, or its format, differs)."""
+
+
+class DamagedError(ChecksumError):
+    """A copy of the expected file damaged since (its compressed stream breaks off or does
+    not decode): fetched again, never refused as a file of the user's."""
 
 
 def mirrors_with_override(
@@ -195,6 +201,9 @@ def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: st
         try:
             check(final)
             return True
+        except DamagedError as exc:
+            log(f"download: {final} is a damaged copy ({exc}): fetching it again")
+            return False
         except (ChecksumError, OSError):
             pass
     raise InputError(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from accelbench.core.console import InputError
 from accelbench.data.datasets import Split
 from accelbench.data.download import (
     ChecksumError,
+    DamagedError,
     download_file,
     output_folder,
     refuse_foreign_download,
@@ -53,7 +55,10 @@ def check_gz(path: Path, expected_sha256: str) -> None:
         with gzip.open(path, "rb") as stream:
             while chunk := stream.read(_CHUNK):
                 digest.update(chunk)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
+        damaged = isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile)  # a gzip, cut short
+        if damaged and not str(exc).startswith("Not a gzipped file"):  # or corrupted
+            raise DamagedError(f"its gzip stream breaks: {exc}") from None
         raise ChecksumError(f"not a complete gzip file ({exc})") from None
     actual = digest.hexdigest()
     if actual != expected_sha256:
@@ -125,7 +130,7 @@ def _decompressed(path: Path, expected_sha256: str | None) -> bytes:
         content = gzip.decompress(path.read_bytes())
     except FileNotFoundError:
         raise InputError(f"{path}: missing; {what}") from None
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib's: a deflate stream that breaks
         raise InputError(f"{path}: not a complete gzip file ({exc}); {what}") from None
     if expected_sha256 is not None:
         actual = hashlib.sha256(content).hexdigest()
