@@ -251,3 +251,24 @@ def test_a_flood_of_problems_is_listed_up_to_a_limit(raw) -> None:
     message = _error(raw)
     assert "(500 problems)" in message and "... and 480 more" in message
     assert len(message.splitlines()) == MAX_PROBLEMS + 2
+
+
+# --- batches no larger than their set ----------------------------------------------------------
+
+
+def test_a_batch_larger_than_its_set_is_refused_naming_the_limit(tmp_path) -> None:
+    """`train.batch_size: 1000000` was accepted and trained on the CPU until killed."""
+    huge = _edited(tmp_path, "batch_size: 512", "batch_size: 1000000")
+    _refused(_check(huge), "train.batch_size = 1000000: at most the 60000 training images mnist")
+    (tmp_path / "eval").mkdir()
+    wide = _edited(tmp_path / "eval", "eval_batch_size: 2048", "eval_batch_size: 10001")
+    _refused(_check(wide), "train.eval_batch_size = 10001: at most the 10000 test images mnist")
+
+
+def test_train_subset_bounds_the_batch_and_test_subset_does_not(raw) -> None:
+    raw["train"] |= {"train_subset": 256, "test_subset": 256}
+    assert "train.batch_size = 512: at most the 256 training images train.train_subset leaves" in (
+        _error(raw)
+    )
+    raw["train"]["batch_size"] = 256  # the whole subset in one batch; evaluation's may be larger
+    assert parse_params(raw).train.eval_batch_size == 2048

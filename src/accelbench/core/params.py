@@ -49,6 +49,8 @@ CompileMode = Literal[
 ]
 Schedule = Literal["constant", "onecycle"]
 Dataset = Literal["mnist", "cifar10"]
+# Each dataset's training and test images: the most a batch can hold.
+SPLIT_SIZES = {"mnist": (60_000, 10_000), "cifar10": (50_000, 10_000)}
 
 
 class ParamsError(InputError):
@@ -314,7 +316,30 @@ class Params(_Strict):
                 )
         self._check_baselines()
         self._check_quantized()
+        self._check_batches()
         return self
+
+    def _check_batches(self) -> None:
+        """A batch larger than its set is the whole set, silently (1000000 trained on the CPU
+        until killed). A training batch is the recipe, bounded by what train_subset leaves; an
+        evaluation batch shapes no result, so a test_subset below it is fine."""
+        dataset, recipe = self.data.dataset, self.train
+        train, test = SPLIT_SIZES[dataset]
+        images = min(recipe.train_subset or train, train)
+        problems = []
+        if recipe.batch_size > images:
+            left = "train.train_subset leaves" if images < train else f"{dataset} has"
+            problems.append(
+                f"train.batch_size = {recipe.batch_size}: at most the {images} training images "
+                f"{left}"
+            )
+        if recipe.eval_batch_size > test:
+            problems.append(
+                f"train.eval_batch_size = {recipe.eval_batch_size}: at most the {test} test "
+                f"images {dataset} has"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def _check_quantized(self) -> None:
         names = self.quantize.variants
