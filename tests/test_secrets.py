@@ -73,7 +73,8 @@ def test_runs_hides_the_password_of_an_unreachable_tracking_server(tmp_path, hos
     host = host.format(port=_closed_port())
     write_params(tmp_path)
     env = _env(MLFLOW_TRACKING_URI=f"http://alice:{SECRET}@{host}")
-    _assert_hidden(_run([ACCELBENCH, "runs"], tmp_path, env), host)
+    named = "MLFLOW_TRACKING_URI is not a valid URI" if host == "[::1" else host  # refused first
+    _assert_hidden(_run([ACCELBENCH, "runs"], tmp_path, env), named)
 
 
 def test_the_train_stages_outage_warning_hides_the_password(tmp_path) -> None:
