@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import subprocess
 from dataclasses import replace
 
 import pytest
 
 from accelbench.core import spread
 from accelbench.core.params import VariantParams
-from accelbench.core.results import EpochRecord, Skipped
+from accelbench.core.results import EpochRecord, Skipped, read_epoch_records, read_train
 from accelbench.report.answer import (
     Row,
     break_even,
@@ -21,7 +22,7 @@ from accelbench.report.answer import (
     uncompiled_twins,
     variant_figures,
 )
-from helpers import trained_summary
+from helpers import train_command, trained_summary, write_params
 from test_report import ENV, epoch
 
 GPU = VariantParams(device="cuda", precision="fp32", compile="default", cuda_graph=True)
@@ -300,3 +301,41 @@ def test_a_cpu_only_report_speaks_of_no_compiling_and_ranks_no_one() -> None:
     text = " ".join(headline(rows, variant_figures(rows, "cpu", 0.99), ENV, "cpu", 0.99))
     assert "compil" not in text.lower() and " is first" not in text
     assert "To 99.0% test accuracy, cpu took: " in text
+
+
+def test_time_to_target_and_accuracy_over_seeds_come_from_the_repeats() -> None:
+    row = _row("amp_uncompiled", AMP_UNCOMPILED, 0.6, 0.14, 1)  # reaches 99% at epoch 3
+    repeats = [
+        [[0.2, 0.97], [0.15, 0.991], [0.15, 0.992]],  # epoch 2: its first epoch is the run's
+        [[0.2, 0.97], [0.15, 0.98], [0.15, 0.985]],  # never
+    ]
+    row.train = replace(row.train, repeats=3, repeat_epochs=repeats)
+    figures = variant_figures([row], None, 0.99)
+    spread = figures["amp_uncompiled"].seeds
+    run_to_target = figures["amp_uncompiled"].to_target.value
+    assert spread.count == 3 and spread.to_target_s == [pytest.approx(run_to_target), 0.75]
+    assert spread.final_accuracy == [0.992, 0.992, 0.985]
+    said = f"2/3 seeds: 0.750–{run_to_target:.3f} s, final 98.50%–99.20%"
+    assert spread.text() == said
+    assert f"; {said})" in " ".join(headline([row], figures, ENV, None, 0.99))
+    assert figures["amp_uncompiled"].metrics(None)["seeds_reached"] == 2
+    one = variant_figures([_row("cpu", VariantParams(device="cpu"), 11.0, 10.0)], None, 0.99)
+    assert one["cpu"].seeds is None  # one seed: no spread to give
+
+
+def test_each_repeat_trains_at_the_next_seed(tmp_path, prepared, mlflow_store) -> None:
+    variants = {"cpu": {"device": "cpu", "threads": 1}, "one": {"device": "cpu", "threads": 1,
+                "repeats": 1}}  # fmt: skip
+    params = write_params(tmp_path, variants, epochs=2, repeats=2, batch_size=128)
+    trained = {}
+    for name in variants:
+        metrics = tmp_path / name
+        command = train_command(params, name, prepared, tmp_path / f"{name}.pt", metrics)
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        trained[name] = read_train(metrics / "train.json")
+    run = [e.test_accuracy for e in read_epoch_records(tmp_path / "cpu" / "epochs.csv")]
+    (repeat,) = trained["cpu"].repeat_epochs
+    assert trained["cpu"].repeats == 2 and len(repeat) == 2
+    assert [accuracy for _, accuracy in repeat] != run  # another seed: other weights, order
+    assert trained["one"].repeats == 1 and trained["one"].repeat_epochs == []

@@ -158,7 +158,9 @@ class TrainRecipe(_Strict):
     train_subset: NonNegativeInt = 0  # 0 = the whole training set
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
     deterministic: bool = False  # deterministic algorithms (slower); for bitwise-repeatable runs
-    # trainings timed per variant: the run, then repeats - 1 more from scratch, timed only
+    # trainings per variant: the run at `seed`, then repeats - 1 more from scratch at seed + 1,
+    # seed + 2, ...: their steady epochs join the spread, their epochs give time to target and
+    # accuracy over seeds
     repeats: Annotated[int, Field(ge=1, le=20)] = 1
 
 
@@ -202,6 +204,7 @@ class VariantParams(_Strict):
     # this variant's own epochs (None: train.epochs): a slow baseline times fewer; its time
     # to target then comes from its own epochs, or reads "not reached"
     epochs: PositiveInt | None = None
+    repeats: Annotated[int, Field(ge=1, le=20)] | None = None  # its own train.repeats
     distributed: DistributedParams | None = None  # set: a DDP variant launched by torchrun
     loader: LoaderParams | None = None  # batches: dataloader only; unset = LoaderParams()
 

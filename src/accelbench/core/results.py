@@ -20,7 +20,7 @@ import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -320,7 +320,9 @@ def _strict(cls: type, payload: Mapping[str, Any], source: str, typed: bool = Tr
     """`cls(**payload)`, with a message naming the file and the keys that do not fit: unknown
     or missing, and where the values are `typed` (JSON's, not a CSV's text) a value of the
     wrong type (a number as text) or an accuracy outside 0..1."""
-    required = {f.name for f in fields(cls) if f.default is MISSING}
+    required = {
+        f.name for f in fields(cls) if MISSING is f.default and MISSING is f.default_factory
+    }
     unknown = set(payload) - {f.name for f in fields(cls)}
     missing = required - set(payload)
     redo = "re-run the stage that writes it"
@@ -386,7 +388,9 @@ class TrainSummary:
     # every steady epoch's seconds: the run's `steady_epochs`, then each timing repeat's
     # (`train.repeats`); the report's intervals are drawn from them. None: an older file
     steady_epochs_s: list[float] | None = None
-    repeats: int = 1  # trainings timed: the run itself, and repeats - 1 more from scratch
+    repeats: int = 1  # trainings: the run itself, and repeats - 1 more from scratch
+    # each repeat's epochs as [seconds, test accuracy], repeat k at the run's seed + k
+    repeat_epochs: list[list[list[float]]] = field(default_factory=list)
     # what else ran on this host while it trained (other stages holding GPU or CPU locks,
     # other processes' CPU use), in a line (`system/slots.py`); None: nothing, or an older file
     shared_machine: str | None = None

@@ -26,6 +26,7 @@ class Batches(Protocol):
     """A source of batches, epoch by epoch: `ResidentBatches` or `LoaderBatches`."""
 
     dataset: Dataset  # its images are normalized with this dataset's mean and std
+    seed: int  # each epoch's order is drawn from it (a repeat at another seed sets it)
 
     @property
     def num_samples(self) -> int: ...
@@ -187,6 +188,14 @@ class LoaderBatches:
     @property
     def num_samples(self) -> int:
         return self.sampler.num_samples * self.sampler.num_replicas
+
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    @seed.setter
+    def seed(self, seed: int) -> None:
+        self.sampler.seed = seed
 
     def __len__(self) -> int:
         return len(self.loader)

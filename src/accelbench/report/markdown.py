@@ -285,6 +285,8 @@ def _answer_table(
         )
         if f.to_target and t.compile_cache:
             to_target += f" ({t.compile_cache} compile)"
+        if f.seeds is not None:
+            to_target += f"; {f.seeds.text()}"
         lines.append(
             "| "
             + " | ".join(
@@ -307,12 +309,21 @@ def _answer_table(
         f"Steady epoch: the median over {_samples_note(rows, figures)}; {spread.METHOD} "
         "To target, training: training time up to the first epoch at the target, its interval "
         "redrawing the steady epochs from themselves (the first, warm-up and any compiling, "
-        "stays as measured, with its compile cache: cold, warm or portable). Train stage, end "
+        "stays as measured, with its compile cache: cold, warm or portable); *k/n seeds*: over "
+        "the run and its `repeats`, each at the next seed, each seed's epochs after the run's "
+        "first (range over the seeds that reached it), and their final accuracy; "
+        f"{_one_seed(rows)}. Train stage, end "
         "to end: the stage's wall time from process start to its end (imports, data, MLflow, "
         "the model saved and logged), from this pipeline's timings. Cost: energy and machine "
         "time at `cost:`'s prices (details below).",
         *(["", *notes] if (notes := shared_notes(rows)) else []),
     ]
+
+
+def _one_seed(rows: list[Row]) -> str:
+    """Which trained variants trained one seed only (`repeats: 1`)."""
+    one = [r.name for r in rows if isinstance(r.train, TrainSummary) and r.train.repeats == 1]
+    return f"one seed: {', '.join(one)}" if one else "every variant trained several seeds"
 
 
 def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str:

@@ -61,7 +61,12 @@ def select(params: Params, name: str) -> TrainInputs:
     train, variant = params.train, params.variant(name)
     recipe = TrainRecipe(**{key: getattr(train, key) for key in TrainRecipe.model_fields})
     return TrainInputs(
-        recipe=recipe.model_copy(update={"epochs": variant.epochs or recipe.epochs}),
+        recipe=recipe.model_copy(
+            update={
+                "epochs": variant.epochs or recipe.epochs,
+                "repeats": variant.repeats or recipe.repeats,
+            }
+        ),
         variant=variant,
         dataset=by_name(params.data.dataset),
         require_gpu=train.require_gpu,

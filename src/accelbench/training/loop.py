@@ -178,19 +178,23 @@ class _Fitting:
         )
 
     def repeat(self, count: int, accumulation_steps: int) -> list[list[EpochRecord]]:
-        """`count` more trainings from scratch, timed only (`train.repeats`): same seed,
-        recipe and accumulation as the run; their epochs are neither tracked nor kept, and the
-        run's model must be taken before (this replaces it)."""
+        """`count` more trainings from scratch (`train.repeats`) at the seeds after the run's,
+        with its recipe and accumulation; their epochs are not tracked, and the run's model
+        must be taken before (this replaces it)."""
         job = self.job
         repeats = []
         for index in range(count):
+            self.batches.seed = job.recipe.seed + index + 1
             progress = EpochProgress(
                 f"{job.name} repeat {index + 2}/{count + 1}",
                 job.recipe.epochs,
                 len(self.batches),
                 quiet=job.quiet or not job.placement.main,
             )
-            repeats.append(self._fit_once(progress, accumulation_steps, True, None, None, False))
+            seed = self.batches.seed
+            repeats.append(
+                self._fit_once(progress, accumulation_steps, True, None, None, False, seed)
+            )
             progress.close()
         return repeats
 
@@ -202,10 +206,11 @@ class _Fitting:
         resume_from: engine.TrainingState | None,
         save_checkpoint: Callable[[engine.TrainingState], None] | None,
         track: bool,
+        seed: int | None = None,
     ) -> list[EpochRecord]:
-        """One training: of the model as it is (`fresh`: of a new seeded one), its epochs
-        logged to the run where `track`; the fit's parts outside its timed epochs are
-        recorded as their phases."""
+        """One training: of the model as it is (`fresh`: of a new one seeded with `seed`, by
+        default the recipe's), its epochs logged to the run where `track`; the fit's parts
+        outside its timed epochs are recorded as their phases."""
         job = self.job
         variant, placement = job.variant, job.placement
         device = placement.device
@@ -225,7 +230,8 @@ class _Fitting:
                 save_checkpoint(state)
 
         if fresh:
-            self.model = build.fresh_model(job.dataset, job.recipe, variant, device)
+            recipe = job.recipe if seed is None else job.recipe.model_copy(update={"seed": seed})
+            self.model = build.fresh_model(job.dataset, recipe, variant, device)
         spec = engine.FitSpec(
             job.recipe,
             variant,

@@ -53,4 +53,5 @@ def summarize_run(
         ),
         compile_cache=compile_cache if variant.compile != "none" else None,
         repeats=1 + len(repeats),
+        repeat_epochs=[[[r.train_time_s, r.test_accuracy] for r in repeat] for repeat in repeats],
     )
