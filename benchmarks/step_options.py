@@ -12,6 +12,10 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   eagershift the augmentation outside the compiled loss (written once, as before 1b1bc46)
   im2col    conv1 under torch.compile as its 3x3 patches times the weights (one GEMM, its
             output channels-last) instead of nine multiply-adds
+  threads1  Inductor compiles in this process, no pool of compile workers
+  nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
+Each candidate starts with its own empty Inductor and CUDA JIT caches, as a train stage on a
+fresh machine does, and reports where its compiling went (Dynamo's compile_times).
 Reads --params (params.yaml) and --data (data/prepared: `dvc repro prepare`). Nothing is
 written to MLflow or DVC. The first epoch includes compilation and graph capture; steady is
 the median of the others, as in the report.
@@ -30,7 +34,17 @@ from pathlib import Path
 
 from accelbench.core.console import script_main
 
-OPTIONS = ("base", "cdt", "limit0", "poolfirst", "autotune", "eagershift", "im2col")
+OPTIONS = (
+    "base",
+    "cdt",
+    "limit0",
+    "poolfirst",
+    "autotune",
+    "eagershift",
+    "im2col",
+    "threads1",
+    "nobench",
+)
 
 
 def _patch(options: set[str], variant):
@@ -42,6 +56,10 @@ def _patch(options: set[str], variant):
 
     if "cdt" in options:
         torch._inductor.config.coordinate_descent_tuning = True
+    if "threads1" in options:
+        torch._inductor.config.compile_threads = 1
+    if "nobench" in options:
+        variant = variant.model_copy(update={"cudnn_benchmark": False})
     if "autotune" in options:
         variant = variant.model_copy(update={"compile": "max-autotune-no-cudagraphs"})
     if "poolfirst" in options:
@@ -120,6 +138,11 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
         records = variants.fit_as_pipeline(built, variant, recipe, lambda n: on_step())
     times = [r.train_time_s for r in records]
     steady = engine.summarize(records).steady_epoch_s
+    compiled = (
+        torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+        if variant.compile != "none"
+        else ([], [])
+    )
     return {
         "candidate": candidate,
         "device": where.device_name,
@@ -131,6 +154,12 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
         "test_accuracy": [round(r.test_accuracy, 4) for r in records],
         "train_loss": [round(r.train_loss, 4) for r in records],
         "wall_s": round(time.perf_counter() - started, 1),
+        "compile_times_s": {
+            name: round(float(seconds), 2)
+            for name, seconds in zip(*compiled, strict=False)
+            if float(seconds) >= 0.3
+        },
+        "graphs": dict(torch._dynamo.utils.counters["stats"]),
         "profiled": args.profile is not None,
     }
 
@@ -159,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for candidate in args.candidates:
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
-            env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache}
+            env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache, "CUDA_CACHE_PATH": f"{cache}/jit"}
             command = [sys.executable, __file__, "--one", candidate, "--epochs", str(args.epochs)]
             command += ["--params", str(args.params), "--data", str(args.data)]
             if args.subset is not None:
