@@ -155,12 +155,12 @@ class Seeds:
     final_accuracy: list[float]  # every seed's
 
     def metrics(self) -> dict[str, float | int]:
-        out: dict[str, float | int] = {"seeds": self.count, "seeds_reached": len(self.to_target_s)}
-        if self.to_target_s:
-            out |= {"time_to_target_seeds_min_s": min(self.to_target_s),
-                    "time_to_target_seeds_max_s": max(self.to_target_s)}  # fmt: skip
-        return out | {"final_accuracy_seeds_min": min(self.final_accuracy),
-                      "final_accuracy_seeds_max": max(self.final_accuracy)}  # fmt: skip
+        out = {"seeds": self.count, "seeds_reached": len(self.to_target_s)}
+        ranges = {
+            "time_to_target_seeds": self.to_target_s,
+            "final_accuracy_seeds": self.final_accuracy,
+        }
+        return out | {f"{k}_{f.__name__}": f(v) for k, v in ranges.items() if v for f in (min, max)}
 
     def text(self) -> str:
         """ "3/3 seeds: 1.25–1.31 s, final 99.23–99.31%"."""
@@ -176,18 +176,13 @@ def seeds(row: Row, target: float) -> Seeds | None:
     train = row.train
     if not isinstance(train, TrainSummary) or not train.repeat_epochs or not row.epochs:
         return None
-    first = row.epochs[0].train_time_s
-    runs = [[(e.train_time_s, e.test_accuracy) for e in row.epochs]] + [
-        [(seconds, accuracy) for seconds, accuracy in run] for run in train.repeat_epochs
-    ]
+    runs = [[(e.train_time_s, e.test_accuracy) for e in row.epochs], *train.repeat_epochs]
     reached = []
     for run in runs:
-        elapsed = first
-        for n, (seconds, accuracy) in enumerate(run):
-            elapsed += seconds if n else 0.0
-            if accuracy >= target:
-                reached.append(elapsed)
-                break
+        seconds = [row.epochs[0].train_time_s] + [s for s, _ in run[1:]]  # the run's first
+        hit = next((n for n, (_, accuracy) in enumerate(run) if accuracy >= target), None)
+        if hit is not None:
+            reached.append(sum(seconds[: hit + 1]))
     return Seeds(len(runs), reached, [run[-1][1] for run in runs])
 
 
@@ -215,46 +210,33 @@ def break_even(compiled: list[EpochRecord], twin: list[EpochRecord], saved_s: fl
             return BreakEven(n, True, first, twin_first, saved_s)
     extra = first - twin_first  # the compiling's cost, which the steady epochs pay back
     epochs = 1 + math.ceil(extra / saved_s) if saved_s > 0 else None
-    return BreakEven(max(epochs, 1) if epochs else None, False, first, twin_first, saved_s)
+    return BreakEven(epochs, False, first, twin_first, saved_s)
+
+
+def _twins(rows: list[Row], differing: set[str], base: Callable[[VariantParams], bool]):
+    """Each variant that is not a `base` one -> the first `base` variant whose settings
+    differ from its own only in `differing`."""
+    twins = {}
+    for row in rows:
+        ours = row.variant.model_dump(exclude=differing)
+        for other in rows if not base(row.variant) else ():
+            if base(other.variant) and other.variant.model_dump(exclude=differing) == ours:
+                twins[row.name] = other.name
+                break
+    return twins
 
 
 def fp32_twins(rows: list[Row]) -> dict[str, str]:
     """Each mixed-precision variant -> the fp32 variant whose settings are otherwise the
     same (amp -> gpu in params.yaml): their ratio is what mixed precision alone buys."""
-    twins = {}
-    for row in rows:
-        if row.variant.precision == "fp32":
-            continue
-        ours = row.variant.model_dump(exclude={"precision"})
-        for other in rows:
-            if other.variant.precision == "fp32" and (
-                other.variant.model_dump(exclude={"precision"}) == ours
-            ):
-                twins[row.name] = other.name
-                break
-    return twins
-
-
-# set-up spent for a faster steady epoch: a compiled variant's twin differs in these alone
-COMPILING = {"compile", "cudnn_benchmark"}
+    return _twins(rows, {"precision"}, lambda v: v.precision == "fp32")
 
 
 def uncompiled_twins(rows: list[Row]) -> dict[str, str]:
-    """Each compiled variant -> the uncompiled variant whose settings are otherwise the same
-    (compile and cudnn.benchmark's autotuning apart): amp -> amp_uncompiled in params.yaml."""
-    twins = {}
-    for row in rows:
-        if row.variant.compile == "none":
-            continue
-        ours = row.variant.model_dump(exclude=COMPILING)
-        for other in rows:
-            if (
-                other.variant.compile == "none"
-                and other.variant.model_dump(exclude=COMPILING) == ours
-            ):
-                twins[row.name] = other.name
-                break
-    return twins
+    """Each compiled variant -> the uncompiled one whose settings are otherwise the same,
+    compile and cudnn.benchmark apart (both set-up spent for a faster steady epoch): amp ->
+    amp_uncompiled in params.yaml."""
+    return _twins(rows, {"compile", "cudnn_benchmark"}, lambda v: v.compile == "none")
 
 
 def variant_figures(
