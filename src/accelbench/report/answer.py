@@ -213,16 +213,18 @@ def break_even(compiled: list[EpochRecord], twin: list[EpochRecord], saved_s: fl
     return BreakEven(epochs, False, first, twin_first, saved_s)
 
 
-def _twins(rows: list[Row], differing: set[str], base: Callable[[VariantParams], bool]):
+def _twins(
+    rows: list[Row], differing: set[str], base: Callable[[VariantParams], bool]
+) -> dict[str, str]:
     """Each variant that is not a `base` one -> the first `base` variant whose settings
     differ from its own only in `differing`."""
+    bases = [r for r in rows if base(r.variant)]
     twins = {}
     for row in rows:
         ours = row.variant.model_dump(exclude=differing)
-        for other in rows if not base(row.variant) else ():
-            if base(other.variant) and other.variant.model_dump(exclude=differing) == ours:
-                twins[row.name] = other.name
-                break
+        same = (b.name for b in bases if b.variant.model_dump(exclude=differing) == ours)
+        if not base(row.variant) and (twin := next(same, None)):
+            twins[row.name] = twin
     return twins
 
 
