@@ -12,7 +12,8 @@ GPU, a DDP variant's too, or the CPU), quantize@V the CPU; a skipped variant tak
   else /tmp/accelbench-slots-<uid>); the kernel releases it when its holder ends, however it
   ends. The file says who holds it: the stage, its pid and working directory.
 - Where too few are free, the stage waits, saying for what and who holds it, for at most
-  `ACCELBENCH_SLOT_WAIT_S` seconds (an hour by default), then fails saying so: it never shares.
+  `ACCELBENCH_SLOT_WAIT_S` seconds (two minutes by default), then fails saying so: it never
+  shares. It names the holder by stage and pid, never by another checkout's path.
 - Meanwhile it notes which other stages held a lock on this host (at its start or at any time
   during it) and how busy other processes kept the CPUs: `Tenancy.shared()` says it on the
   console, train.json and eval.json keep it as `shared_machine`, and the report prints it
@@ -39,7 +40,7 @@ from accelbench.system import lifetime
 
 SLOTS_DIR_ENV = "ACCELBENCH_SLOTS_DIR"
 WAIT_ENV = "ACCELBENCH_SLOT_WAIT_S"
-DEFAULT_WAIT_S = 3600.0
+DEFAULT_WAIT_S = 120.0  # a sweep whose CPU stages queue behind each other sets more
 POLL_S = 0.2  # between two tries to take what is busy
 SAMPLE_S = 2.0  # between two looks at who else holds a lock, while measuring
 # Other processes' CPU use, averaged over the stage, worth a note: half a CPU is more than
@@ -115,8 +116,8 @@ class Holder:
     pid: int | None
     workdir: str
 
-    def __str__(self) -> str:
-        return f"{self.stage} on {self.holds} (pid {self.pid}, {self.workdir})"
+    def __str__(self) -> str:  # no workdir: it may be another user's path
+        return f"{self.stage} on {self.holds} (pid {self.pid})"
 
 
 def _read_holder(path: Path) -> Holder | None:
@@ -203,7 +204,9 @@ def take(
         for _, fd in held:
             os.close(fd)
         busy = [h for p in paths if p not in mine and (h := _read_holder(p)) is not None]
-        who = "; ".join(dict.fromkeys(str(h) for h in busy)) or "another process"
+        cwd = os.getcwd()
+        named = (("" if h.workdir == cwd else "another checkout's ") + str(h) for h in busy)
+        who = "; ".join(dict.fromkeys(named)) or "another process"
         if elapsed >= wait_s:
             raise StageError(
                 f"{label}: waited {wait_s:g} s for {what}, still taken by {who}; wait for "
