@@ -298,3 +298,28 @@ def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
     assert "| cpu | static int8 (x86 backend) |" in report or "not supported" in report
     assert "## Cost of a run" in report
     assert "tutorials' published figures" not in report  # those are MNIST's
+
+
+def test_make_smoke_writes_a_report_and_leaves_the_workspace_alone(tmp_path) -> None:
+    """`make smoke` as a new user runs it: the whole pipeline as the DVC experiment `smoke`
+    in a copy of the workspace, its report copied to reports/smoke/, its runs in MLflow; the
+    workspace's params.yaml, dvc.lock and outputs untouched."""
+    mirror = shared_mnist()
+    if mirror is None:
+        pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
+    repo = tmp_path / "repo"
+    copy_repo(repo)
+    env = _env(mirror) | {"ACCELBENCH_ENV": sys.prefix}  # the tests' environment: no setup
+    command = ["make", "--no-print-directory", "smoke"]
+    made = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-4000:]
+    report = (repo / "reports" / "smoke" / "comparison.md").read_text()
+    assert "| cpu | trained |" in report and "training subset 6000" in report
+    assert (repo / "reports" / "smoke" / "summary.png").is_file()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True)
+    assert status.stdout == b"" and not (repo / "dvc.lock").exists()  # the workspace as it was
+    assert not (repo / "models").exists()
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("accelbench")
+    names = {r.info.run_name for r in client.search_runs([experiment.experiment_id])}
+    assert "cpu" in names and any(name.startswith("smoke ") for name in names)  # the pipeline's
