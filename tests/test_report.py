@@ -151,7 +151,10 @@ def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> No
     md = (tmp_path / "comparison.md").read_text()
     # cpu: 150 W × 3600 s = 150 Wh = $0.0225, plus one hour at $0.06; to 99%: both epochs;
     # per 1,000 runs
-    assert "| cpu | 150.00 Wh | stated: 150 W × time | $22.50 | $60.00 | $82.50 | $82.50 |" in md
+    assert (
+        "| cpu | 150.00 Wh | estimated: 150 W (stated) × time | $22.50 | $60.00 | $82.50 | $82.50 |"
+        in md
+    )
     # gpu: NVML's 36 kJ = 10 Wh = $0.0015, plus 72 s at $0.13/h = $0.0026; 99% not reached
     assert (
         "| gpu | 10.00 Wh | measured: GPU board (NVML) | $1.50 | $2.60 | $4.10 | not reached |"
@@ -173,7 +176,7 @@ def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -
     assert ddp.energy_source == "measured: CPU packages (RAPL)" and ddp.energy_j == 7200.0
     assert ddp.time_usd == 2 * CostParams().gpu_hour_usd
     stated = run_cost([epoch(1, 3600.0, 0.99)], "cuda", 2, CostParams(kwh_usd=1.0))
-    assert stated.energy_source == "stated: 2 × 450 W × time"
+    assert stated.energy_source == "estimated: 2 × 450 W (stated) × time"
     assert stated.energy_usd == 0.9  # 900 W for an hour at $1/kWh
 
 
@@ -186,15 +189,18 @@ def test_a_gpu_counter_that_read_0_j_every_steady_epoch_is_costed_at_the_stated_
 
     run = _epochs(*[(20.0, 0.9, 2808.8)] + [(0.07, 0.99, 0.0)] * 9)
     whole = run_cost(run, "cuda", 1, CostParams())
-    assert whole.energy_source == "stated: 450 W × time"
+    assert whole.energy_source == "estimated: 450 W (stated) × time"
     assert whole.energy_j == pytest.approx(450 * (20.0 + 9 * 0.07))
     upto = run_cost(run[:1], "cuda", 1, CostParams(), run=run)  # 99% at epoch 1: the run decides
-    assert upto.energy_source == "stated: 450 W × time"
+    assert upto.energy_source == "estimated: 450 W (stated) × time"
     # killed after epoch 3 and resumed: the resume's long warm-up read energy, no steady epoch did
     resumed = _epochs(*[(20.0, 0.9, 2808.8)] + [(0.07, 0.99, 0.0)] * 2 + [(19.0, 0.99, 2600.0)]
                       + [(0.07, 0.99, 0.0)] * 2)  # fmt: skip
     resumed[3] = replace(resumed[3], warm_up=True)
-    assert run_cost(resumed, "cuda", 1, CostParams()).energy_source == "stated: 450 W × time"
+    assert (
+        run_cost(resumed, "cuda", 1, CostParams()).energy_source
+        == "estimated: 450 W (stated) × time"
+    )
     from accelbench.training.engine import summarize
 
     assert summarize(resumed).steady_gpu_energy_j_per_epoch is None
@@ -249,9 +255,39 @@ def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) ->
     report.write_report(tmp_path, [row], ENV, _spec())
     md = (tmp_path / "comparison.md").read_text()
     assert "no variant has a steady epoch (none trained two epochs or more" in md
-    assert "| cpu | cpu, fp32 | one epoch: no steady | — | — | — | 99.00% | — |" in md  # tested
+    assert "| cpu | cpu, fp32 | one epoch: no steady | — | — | 99.00% | — |" in md  # tested
     # two epochs, resumed after the first: each warmed up, neither is steady
     resumed = replace(row, train=replace(row.train, epochs=2))
     report.write_report(tmp_path, [resumed], ENV, _spec())
     md = (tmp_path / "comparison.md").read_text()
     assert "| cpu | cpu, fp32 | no steady epoch (resumed) |" in md
+
+
+def test_a_cpu_only_report_ranks_nothing_and_says_each_skip_reason_once(tmp_path) -> None:
+    """A machine without a GPU, as a new user's: one variant trained, three skipped for two
+    reasons. No speedups of one variant, each reason once, no all-n/a columns, a pointer to a
+    GPU's figures, and the stated-watts energy called an estimate."""
+    from accelbench.core.params import CostParams
+
+    no_gpu = "needs CUDA but no NVIDIA driver found"
+    cpu = trained_summary(122.0, device="cpu", device_name="Test CPU")
+    rows = [
+        report.Row("cpu", VariantParams(device="cpu"), cpu,
+                   epochs=_epochs((130.0, 0.98, None), (122.0, 0.985, None), (122.0, 0.989, None))),
+        *[report.Row(n, VariantParams(device="cuda"), Skipped(no_gpu, "cuda")) for n in ("gpu", "amp")],
+        report.Row("ddp", VariantParams(device="cuda", distributed={"nproc_per_node": 2}),
+                   Skipped("asks for 2 GPUs per node", "cuda")),
+    ]  # fmt: skip
+    report.write_report(tmp_path, rows, replace(ENV, cuda=NO_GPU), _spec(cost=CostParams()))
+    md = (tmp_path / "comparison.md").read_text()
+    answer_part, details = md.split("## Details")
+    assert "speedup vs" not in md and "trains fastest" not in md
+    assert "| gpu | cuda, fp32 | skipped | — |" in answer_part
+    assert md.count(no_gpu) == 1 and f"Skipped gpu, amp: {no_gpu}." in answer_part
+    assert md.count("asks for 2 GPUs per node") == 1
+    assert "docs/results/2026-12-03-h200-end-to-end.md" in answer_part
+    table = [line for line in details.splitlines() if line.startswith("| cpu | trained")]
+    assert len(table) == 1 and "n/a" not in table[0] and "| gpu |" not in details
+    assert "estimated: 150 W (stated) × time" in md
+    entry = json.loads((tmp_path / "comparison.json").read_text())["cpu"]
+    assert entry["energy_source"] == "estimated: 150 W (stated) × time"

@@ -36,7 +36,7 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert headline["cpu.speedup_vs_cpu"] == 1.0
 
     report = (tmp_path / "reports" / "comparison.md").read_text()
-    assert "| cpu | trained |" in report and "| gpu | skipped |" in report
+    assert "| cpu | trained |" in report and "| gpu | cuda, fp32 | skipped |" in report
     assert "Skipped gpu, amp" in report
     assert "## Quantized inference on the CPU" in report
     assert "| cpu | dynamic int8 (Linear layers) |" in report

@@ -24,7 +24,7 @@ class RunCost:
 
     train_s: float
     energy_j: float
-    energy_source: str  # what the energy covers: which counters, or the stated wattage
+    energy_source: str  # "measured: " which counters, or "estimated: " the stated wattage
     energy_usd: float
     time_usd: float
 
@@ -71,7 +71,7 @@ def run_cost(
         energy_j = watts * train_s
         systems = f"{processes} × " if device == "cuda" and processes > 1 else ""
         stated = prices.gpu_system_w if device == "cuda" else prices.cpu_system_w
-        source = f"stated: {systems}{stated:g} W × time"
+        source = f"estimated: {systems}{stated:g} W (stated) × time"
     hour_usd = prices.gpu_hour_usd * processes if device == "cuda" else prices.cpu_hour_usd
     return RunCost(
         train_s=train_s,

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import FormatStrFormatter
 
 from accelbench.core import spread
 from accelbench.core.params import CostParams, VariantParams
@@ -158,6 +159,7 @@ class CostFigures:
 
     cost_usd: float  # the whole run's training
     energy_j: float
+    energy_source: str  # "measured: " its counters, or "estimated: " stated watts × time
     cost_to_target_usd: float | None  # up to the epoch that reached the target; None: none did
 
 
@@ -257,11 +259,13 @@ def _answer_table(
 ) -> list[str]:
     """The compact table under the headline: at most eight columns, spreads included."""
     baseline = spec.speedup_baseline or "a baseline (none set)"
+    compared = len(figures) > 1  # a speedup column needs two variants to compare
+    gpu_trained = any(r.trained and r.variant.device == "cuda" for r in rows)
     head = [
         "variant",
         "device, precision",
         "steady epoch (95% interval)",
-        f"speedup vs {baseline}",
+        *([f"speedup vs {baseline}"] if compared else []),
         f"to {spec.target_accuracy:.1%}: training",
         "train stage, end to end",
         "test accuracy",
@@ -271,7 +275,7 @@ def _answer_table(
     for row in rows:
         f = figures.get(row.name)
         if f is None:
-            why = f"skipped: {row.train.reason}" if not row.trained else _no_steady(row)
+            why = "skipped" if not row.trained else _no_steady(row)
             cells = [row.name, f"{row.variant.device}, {row.variant.precision}", why]
             cells += ["—"] * (len(head) - len(cells))
             if row.trained:  # one epoch measures no speed, but the model was tested
@@ -287,6 +291,7 @@ def _answer_table(
             to_target += f" ({t.compile_cache} compile)"
         if f.seeds is not None:
             to_target += f"; {f.seeds.text()}"
+        speed = "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup)
         lines.append(
             "| "
             + " | ".join(
@@ -294,7 +299,7 @@ def _answer_table(
                     f"**{row.name}**" + (f" {SHARED_MARK}" if shared_machine(row) else ""),
                     f"{t.device_name}, {_precision_mode(row.variant)}",
                     fmt_time(f.steady_epoch),
-                    "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup),
+                    *([speed] if compared else []),
                     to_target,
                     _cell(row.stage_s, "s") if row.stage_s else "n/a",
                     _cell(row.test_accuracy, "pct"),
@@ -317,6 +322,8 @@ def _answer_table(
         "the model saved and logged), from this pipeline's timings. Cost: energy and machine "
         "time at `cost:`'s prices (details below).",
         *(["", *notes] if (notes := shared_notes(rows)) else []),
+        *_skipped_lines(rows),
+        *(["", H200_POINTER] if spec.dataset == "mnist" and not gpu_trained else []),
     ]
 
 
@@ -324,6 +331,25 @@ def _one_seed(rows: list[Row]) -> str:
     """Which trained variants trained one seed only (`repeats: 1`)."""
     one = [r.name for r in rows if isinstance(r.train, TrainSummary) and r.train.repeats == 1]
     return f"one seed: {', '.join(one)}" if one else "every variant trained several seeds"
+
+
+# Where a machine without a GPU finds a GPU's figures (the README's Result, from this file).
+H200_POINTER = (
+    "No GPU variant trained here: the README's *Result* has one H200's figures "
+    "(docs/results/2026-12-03-h200-end-to-end.md)."
+)
+
+
+def _skipped_lines(rows: list[Row]) -> list[str]:
+    """Each distinct reason for skipping once, with the variants it skipped."""
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        if not row.trained:
+            reasons.setdefault(row.train.reason, []).append(row.name)
+    lines = []
+    for reason, names in reasons.items():
+        lines += ["", f"Skipped {', '.join(names)}: {reason}."]
+    return lines
 
 
 def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str:
@@ -358,16 +384,14 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
         "test accuracy",
         f"time to {spec.target_accuracy:.1%}",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for row in rows:
         t = row.train
-        if not isinstance(t, TrainSummary):
-            variant = row.variant
-            cells = [row.name, t.status, variant.device, variant.precision, variant.batches]
-            cells += ["n/a"] * (len(head) - len(cells))
-        else:
-            reached = time_to_target(row.epochs, spec.target_accuracy)
-            cells = [
+        if not isinstance(t, TrainSummary):  # skipped: in the first table, with why
+            continue
+        reached = time_to_target(row.epochs, spec.target_accuracy)
+        table.append(
+            [
                 row.name,
                 "trained",
                 t.device_name,
@@ -388,14 +412,15 @@ def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec)
                 _cell(row.test_accuracy, "pct"),
                 f"{fmt_seconds(reached[0])} (epoch {reached[1]})" if reached else "not reached",
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    reasons: dict[str, list[str]] = {}
-    for row in rows:
-        if not row.trained:
-            reasons.setdefault(row.train.reason, []).append(row.name)
-    for reason, names in reasons.items():
-        lines += ["", f"Skipped {', '.join(names)}: {reason}."]
-    return lines
+        )
+    if not table:
+        return []
+    shown = [i for i in range(len(head)) if any(cells[i] != "n/a" for cells in table)]
+    return [
+        "| " + " | ".join(head[i] for i in shown) + " |",
+        "|" + "---|" * len(shown),
+        *("| " + " | ".join(cells[i] for i in shown) + " |" for cells in table),
+    ]
 
 
 def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
@@ -548,6 +573,7 @@ def _cost_figures(row: Row, spec: ReportSpec) -> CostFigures | None:
     return CostFigures(
         cost_usd=whole.total_usd,
         energy_j=whole.energy_j,
+        energy_source=whole.energy_source,
         cost_to_target_usd=upto.total_usd if upto else None,
     )
 
@@ -606,23 +632,24 @@ def _epoch_times_figure(
                 va="bottom",
                 fontsize=8,
             )
-        for ref in TUTORIAL_FIGURES[1::2] if references else ():
-            ax.axhline(ref.epoch_s, linestyle=":", color="#d62728", linewidth=1)
-            ax.annotate(
-                f"tutorial: {ref.hardware} {ref.epoch_s} s",
-                (len(trained) - 0.5, ref.epoch_s),
-                ha="right",
-                va="bottom",
-                fontsize=7,
-                color="#d62728",
-            )
+        low, high = min(first + steady), max(first + steady)
+        log = high / low > 10  # a log axis only where the times span decades
+        bottom, top = (low / 2, high * 3) if log else (0, high * 1.25)  # room for the labels
+        # the tutorials' published epochs that fall within the measured range, in the legend
+        shown = [f for f in TUTORIAL_FIGURES if references and bottom <= f.epoch_s <= top]
+        for ref, color in zip(shown, ("#d62728", "#9467bd", "#8c564b", "#e377c2"), strict=False):
+            label = f"{ref.source}: {ref.hardware}, {ref.epoch_s} s"
+            ax.axhline(ref.epoch_s, linestyle=":", color=color, linewidth=1.2, label=label)
         ax.set_xticks(x, [f"{r.name}\n{r.train.device_name[:28]}" for r in trained], fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("training time per epoch (s, log scale)")
-        ax.legend(loc="upper right", fontsize=8)
+        if log:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.set_ylim(bottom, top)
+        ax.set_ylabel(f"training time per epoch (s{', log scale' if log else ''})")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_title("Epoch time (training only, synchronized clocks)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend beside the axes
     plt.close(fig)
 
 
@@ -648,21 +675,27 @@ def _summary_figure(
         [(f.hi if f.has_interval else f.value) - f.value for f in steady],
     ]
     bars = time_ax.barh(names, widths, color=colors, xerr=errors, capsize=3)
-    for bar, name in zip(bars, names, strict=True):
-        label = f" {fmt_time(figures[name].steady_epoch)}"
+    for bar, name, hi in zip(bars, names, errors[1], strict=True):
+        label = fmt_time(figures[name].steady_epoch)
         if figures[name].speedup is not None and name != baseline:
-            label += f"\n {fmt_speedup(figures[name].speedup)} vs {baseline}"
-        time_ax.text(
-            bar.get_width() * 1.15,
-            bar.get_y() + bar.get_height() / 2,
+            label += f"\n{fmt_speedup(figures[name].speedup)} vs {baseline}"
+        time_ax.annotate(
             label,
+            (bar.get_width() + hi, bar.get_y() + bar.get_height() / 2),
+            xytext=(6, 0),
+            textcoords="offset points",
             va="center",
             fontsize=8,
         )
-    time_ax.set_xscale("log")
-    time_ax.set_xlim(min(widths, default=0.01) / 2, max(widths, default=1) * 60)
+    low, high = min(widths, default=0.01), max(widths, default=1)
+    log = high / low > 10  # a log axis only where the times span decades
+    if log:
+        time_ax.set_xscale("log")
+        time_ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    time_ax.set_xlim(low / 2 if log else 0, high * (8 if log else 1.8))  # room for the labels
     time_ax.invert_yaxis()
-    time_ax.set_xlabel("steady-state training time per epoch (s, log scale; 95% interval)")
+    scale = "log scale; " if log else ""
+    time_ax.set_xlabel(f"steady-state training time per epoch (s, {scale}95% interval)")
     time_ax.set_title(f"Epoch time on {gpu}" if gpu else "Epoch time")
     accuracy = [100 * r.test_accuracy for r in trained]
     acc_bars = acc_ax.barh(names, accuracy, color=colors)
@@ -718,7 +751,7 @@ def write_report(
         with staged() as outputs:
             return write_report(out_dir, rows, env, spec, pipeline, outputs)
     figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
-    speedups = _speedups(figures)
+    speedups = _speedups(figures) if len(figures) > 1 else {}  # one variant: nothing to compare
     curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
     _curves_figure(outputs(curves, FIGURE), rows, spec.target_accuracy)
