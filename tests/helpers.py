@@ -130,11 +130,15 @@ SMALL = {"epochs": 2, "batch_size": 128, "eval_batch_size": 256, "shift_px": 0}
 
 
 def repo_params_raw(variants: dict | None = None, **train: Any) -> dict:
-    """params.yaml as a mapping, with some `train` values (and the variants) replaced; a
-    replaced variant set keeps only the report baselines and quantized variants that still
+    """params.yaml as a mapping, with some `train` values (and the variants) replaced: a
+    `train` epochs or repeats holds for every variant, over a variant's own; a replaced
+    variant set keeps only the report baselines and quantized variants that still
     name variants."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     raw["train"].update(train)
+    for key in {"epochs", "repeats"} & set(train):  # the test's size, for every variant
+        for variant in raw["variants"].values():
+            variant.pop(key, None)
     if variants is not None:
         raw["variants"] = variants
         report = raw.get("report", {})
