@@ -22,8 +22,10 @@ from helpers import fit_small
 FP32 = VariantParams(device="cpu", precision="fp32")
 
 
-def _train(prepared, *, epochs=3, seed=0, variant=FP32, **overrides) -> tuple[SeedCNN, list]:
-    train = TrainParams(epochs=epochs, batch_size=64, seed=seed, lr=2e-3, **overrides)
+def _train(
+    prepared, *, epochs=3, seed=0, variant=FP32, batch_size=64, **overrides
+) -> tuple[SeedCNN, list]:
+    train = TrainParams(epochs=epochs, batch_size=batch_size, seed=seed, lr=2e-3, **overrides)
     return fit_small(prepared, train, variant)
 
 
@@ -36,10 +38,10 @@ def test_loss_falls_and_accuracy_rises(prepared) -> None:
     assert all(r.nonfinite_steps == 0 for r in records)
 
 
-def test_same_seed_gives_bitwise_identical_weights(prepared) -> None:
-    first, _ = _train(prepared, epochs=2, seed=3)
-    second, _ = _train(prepared, epochs=2, seed=3)
-    other, _ = _train(prepared, epochs=2, seed=4)
+def test_same_seed_gives_bitwise_identical_weights(tiny_prepared) -> None:
+    first, _ = _train(tiny_prepared, epochs=2, seed=3, batch_size=8)  # 4 steps an epoch
+    second, _ = _train(tiny_prepared, epochs=2, seed=3, batch_size=8)
+    other, _ = _train(tiny_prepared, epochs=2, seed=4, batch_size=8)
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert not torch.equal(first.classifier.weight, other.classifier.weight)
@@ -60,15 +62,15 @@ def test_the_device_clock_waits_for_the_gpu_before_every_read(monkeypatch) -> No
     assert waits == [gpu, gpu]  # nothing to wait for on the CPU
 
 
-def test_energy_counter_is_read_around_the_timed_region(prepared) -> None:
+def test_energy_counter_is_read_around_the_timed_region(tiny_prepared) -> None:
     readings = iter(range(0, 1000, 7))  # a cumulative counter, in joules
 
-    train = TrainParams(epochs=2, batch_size=128)
+    train = TrainParams(epochs=2, batch_size=8)
     hooks = engine.FitHooks(gpu_energy_j=lambda: float(next(readings)))
-    _, records = fit_small(prepared, train, hooks=hooks)
+    _, records = fit_small(tiny_prepared, train, hooks=hooks)
     assert [r.gpu_energy_j for r in records] == [7.0, 7.0]
     assert engine.summarize(records).steady_gpu_energy_j_per_epoch == 7.0
-    _, plain = _train(prepared, epochs=1)
+    _, plain = _train(tiny_prepared, epochs=1, batch_size=8)
     assert plain[0].gpu_energy_j is None
 
 
@@ -97,13 +99,13 @@ def test_epochs_too_short_for_the_counter_have_no_steady_energy_not_zero() -> No
     assert summary.steady_cpu_energy_j_per_epoch is None
 
 
-def test_a_fit_resumed_from_its_state_ends_with_the_uninterrupted_weights(prepared) -> None:
-    train = TrainParams(epochs=3, batch_size=128, shift_px=2, schedule="onecycle")  # dropout
+def test_a_fit_resumed_from_its_state_ends_with_the_uninterrupted_weights(tiny_prepared) -> None:
+    train = TrainParams(epochs=3, batch_size=8, shift_px=2, schedule="onecycle")  # dropout
     states = []  # copies: a state holds the live weights, as torch.save would read them
     hooks = engine.FitHooks(on_checkpoint=lambda state: states.append(copy.deepcopy(state)))
-    whole, records = fit_small(prepared, train, hooks=hooks)
+    whole, records = fit_small(tiny_prepared, train, hooks=hooks)
     assert [s.epochs_done for s in states] == [1, 2, 3]
-    resumed, again = fit_small(prepared, train, resume_from=states[0])
+    resumed, again = fit_small(tiny_prepared, train, resume_from=states[0])
     assert again[0] == records[0]  # restored with the state
     # Each process's first epoch compiled and autotuned: never a steady one.
     assert [r.warm_up for r in records] == [True, False, False]
@@ -115,7 +117,7 @@ def test_a_fit_resumed_from_its_state_ends_with_the_uninterrupted_weights(prepar
         assert torch.equal(value, resumed.state_dict()[name]), name
 
 
-def test_the_parts_outside_the_timed_epochs_are_handed_to_the_hooks(prepared) -> None:
+def test_the_parts_outside_the_timed_epochs_are_handed_to_the_hooks(tiny_prepared) -> None:
     seen = []
 
     def around(part: str):
@@ -124,12 +126,13 @@ def test_the_parts_outside_the_timed_epochs_are_handed_to_the_hooks(prepared) ->
     hooks = engine.FitHooks(
         around_step_setup=around("step setup"), around_evaluation=around("evaluation")
     )
-    fit_small(prepared, TrainParams(epochs=2, batch_size=128), hooks=hooks)
+    fit_small(tiny_prepared, TrainParams(epochs=2, batch_size=8), hooks=hooks)
     assert seen == ["step setup", "evaluation", "evaluation"]
 
 
-def test_onecycle_schedule_changes_lr_per_step(prepared) -> None:
-    _, records = _train(prepared, epochs=2, schedule="onecycle")
+def test_onecycle_schedule_changes_lr_per_step(tiny_prepared) -> None:
+    # 16 steps, as 512 images in batches of 64 made: the rate anneals to its end
+    _, records = _train(tiny_prepared, epochs=2, batch_size=4, schedule="onecycle")
     assert records[0].lr != records[1].lr
     assert records[-1].lr < 0.05 * 2e-3 * 10  # annealed to a few % of the peak rate by the end
 
@@ -284,11 +287,13 @@ def _poison_cross_entropy(monkeypatch, bad_calls) -> None:
     monkeypatch.setattr(engine, "F", types.SimpleNamespace(cross_entropy=cross_entropy, pad=F.pad))
 
 
-def test_consecutive_nonfinite_losses_fail_naming_epoch_and_step(prepared, monkeypatch) -> None:
+def test_consecutive_nonfinite_losses_fail_naming_epoch_and_step(
+    tiny_prepared, monkeypatch
+) -> None:
     _poison_cross_entropy(monkeypatch, lambda n: n > 5)  # from epoch 2, step 2 on
-    train = TrainParams(epochs=3, batch_size=128, max_nonfinite_steps=2)  # 4 steps an epoch
+    train = TrainParams(epochs=3, batch_size=8, max_nonfinite_steps=2)  # 4 steps an epoch
     with pytest.raises(engine.NonFiniteLossError, match=r"epoch 2, step 3: 2 consecutive") as info:
-        fit_small(prepared, train)
+        fit_small(tiny_prepared, train)
     assert "lower train.lr" in str(info.value)
 
 
@@ -300,21 +305,23 @@ def test_the_limit_counts_consecutive_steps_only() -> None:
         engine.check_nonfinite(finite, 4, 2, fp16)
 
 
-def test_gradscaler_skipped_steps_are_counted(prepared, monkeypatch) -> None:
-    """fp16 + GradScaler, on the CPU: an inf loss gives inf gradients, a skipped step."""
+def test_gradscaler_skipped_steps_are_counted(tiny_prepared, monkeypatch) -> None:
+    """fp16 + GradScaler, on the CPU: an inf loss gives inf gradients, a skipped step. CPU fp16
+    is slow, so 32 images in batches of 8: the same 4 steps an epoch at a sixteenth the work."""
     _poison_cross_entropy(monkeypatch, lambda n: n in (2, 3))  # epoch 1 of 4 steps
     fp16 = VariantParams.model_construct(device="cpu", precision="fp16")  # GPU-only in params
-    train = TrainParams(epochs=2, batch_size=128, shift_px=0)
-    model, records = fit_small(prepared, train, fp16)
+    train = TrainParams(epochs=2, batch_size=8, shift_px=0)
+    model, records = fit_small(tiny_prepared, train, fp16)
+    assert [r.samples for r in records] == [32, 32]
     assert [r.scaler_skipped_steps for r in records] == [2, 0]
     assert [r.nonfinite_steps for r in records] == [2, 0]
     assert all(torch.isfinite(p).all() for p in model.parameters())  # never trained on inf
     assert engine.summarize(records).scaler_skipped_steps == 2
 
 
-def test_deterministic_mode_gives_identical_weights(prepared) -> None:
+def test_deterministic_mode_gives_identical_weights(tiny_prepared) -> None:
     variant = VariantParams(device="cpu")
-    train = TrainParams(epochs=1, batch_size=128, deterministic=True, shift_px=2)
+    train = TrainParams(epochs=1, batch_size=8, deterministic=True, shift_px=2)
     environ: dict[str, str] = {}
     engine.request_determinism(environ)
     assert environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
@@ -323,7 +330,7 @@ def test_deterministic_mode_gives_identical_weights(prepared) -> None:
         for _ in range(2):
             engine.configure_backends(variant, train.deterministic)
             assert torch.are_deterministic_algorithms_enabled()
-            model, _ = fit_small(prepared, train, variant)
+            model, _ = fit_small(tiny_prepared, train, variant)
             weights.append(model.state_dict())
     finally:
         engine.configure_backends(variant, False)
@@ -331,22 +338,22 @@ def test_deterministic_mode_gives_identical_weights(prepared) -> None:
         assert torch.equal(value, weights[1][name]), name
 
 
-def test_accumulated_chunks_give_the_update_of_one_whole_batch(prepared) -> None:
+def test_accumulated_chunks_give_the_update_of_one_whole_batch(tiny_prepared) -> None:
     weights = {}
     for k in (1, 4):
-        train = TrainParams(epochs=1, batch_size=128, dropout=0.0, accumulation_steps=k)
-        model, records = fit_small(prepared, train, accumulation_steps=k)
+        train = TrainParams(epochs=1, batch_size=8, dropout=0.0, accumulation_steps=k)
+        model, records = fit_small(tiny_prepared, train, accumulation_steps=k)
         weights[k] = (model.state_dict(), records[0].train_loss)
     for name, value in weights[1][0].items():
         torch.testing.assert_close(weights[4][0][name], value, rtol=1e-4, atol=1e-6, msg=name)
     assert abs(weights[4][1] - weights[1][1]) < 1e-5
 
 
-def test_fit_takes_accumulation_as_its_argument_not_from_the_recipe(prepared) -> None:
+def test_fit_takes_accumulation_as_its_argument_not_from_the_recipe(tiny_prepared) -> None:
     """OOM retries change the passes per step; fit must use what it is given."""
-    train = TrainParams(epochs=1, batch_size=128, dropout=0.0, accumulation_steps=4)
-    _, given = fit_small(prepared, train, accumulation_steps=1)
-    _, whole = fit_small(prepared, train.model_copy(update={"accumulation_steps": 1}))
+    train = TrainParams(epochs=1, batch_size=8, dropout=0.0, accumulation_steps=4)
+    _, given = fit_small(tiny_prepared, train, accumulation_steps=1)
+    _, whole = fit_small(tiny_prepared, train.model_copy(update={"accumulation_steps": 1}))
     assert given[0].train_loss == whole[0].train_loss
 
 

@@ -10,7 +10,11 @@ from accelbench.core.console import StageError
 from accelbench.core.results import MetricsFiles, read_train
 from accelbench.stages import train as train_stage
 from accelbench.training import engine
+from accelbench.training.oom import retry_on_oom
+from accelbench.training.placement import Placement
 from helpers import small_params
+
+CPU = Placement(torch.device("cpu"), "Test CPU")
 
 
 def _oom_when_passes_exceed(limit: int, monkeypatch):
@@ -33,6 +37,27 @@ def _train_cpu(tmp_path, prepared, params):
     inputs = train_stage.select(params, "cpu")
     train_stage.run(tmp_path, "cpu", inputs, prepared, out, quiet=True)
     return out
+
+
+def _fits_passes_of(limit: int, tried: list):
+    def attempt(accumulation: int, fresh: bool) -> str:
+        tried.append((128 // accumulation, fresh))
+        if 128 // accumulation > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return "trained"
+
+    return attempt
+
+
+def test_each_retry_halves_the_pass_from_scratch_until_the_retries_run_out() -> None:
+    """retry_on_oom alone (the fast tier's); the stage's own tests below train through it."""
+    tried: list = []
+    args = {"name": "cpu", "batch_size": 128, "accumulation_steps": 1, "placement": CPU}
+    assert retry_on_oom(_fits_passes_of(40, tried), retries=3, **args) == ("trained", 4)
+    assert tried == [(128, False), (64, True), (32, True)]
+    with pytest.raises(StageError, match=r"batch 128 \(64 samples per .*oom_retries") as info:
+        retry_on_oom(_fits_passes_of(40, []), retries=1, **args)
+    assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
 
 
 def test_out_of_memory_halves_the_pass_and_keeps_the_batch(
