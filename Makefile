@@ -16,7 +16,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup hooks repro smoke test lint format ui server lock wheelhouse container-test schema metrics plots exps clean clean-history
+.PHONY: help setup hooks repro smoke test test-full lint format ui server lock wheelhouse container-test schema metrics plots exps clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -71,7 +71,13 @@ smoke: setup  ## a first result in about 2 minutes: the pipeline on a tenth of M
 	dvc get . reports --rev smoke --out reports/smoke --force
 	@echo "make smoke: wrote reports/smoke/comparison.md; the full run is make repro"
 
-test: setup lint  ## lint, then run the test suite
+# Two tiers (pyproject.toml's `slow` marker): the fast one covers every module in at most
+# 5 minutes on 2 cores; the full one adds the end-to-end runs, the browser and service
+# (PostgreSQL, sshd) tests and those a GPU host skips, as CI (.ci/run) runs them.
+test: setup lint  ## lint, then the fast tests (every module; at most 5 min on 2 cores)
+	pytest -m "not slow"
+
+test-full: setup lint  ## lint, then every test: slow, browser and service tests too (CI's)
 	pytest
 
 lint: setup  ## ruff lint + format check, hadolint on the Dockerfile

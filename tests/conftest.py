@@ -1,5 +1,5 @@
-"""Fixtures: small fake MNIST files made by the tests, and a private MLflow store.
-Helpers the tests share are in helpers.py."""
+"""Fixtures: small fake MNIST files made by the tests, and a private MLflow store; the test
+tiers (gpu, browser and service tests are slow). Helpers the tests share are in helpers.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,19 @@ from accelbench.data.prepared import prepare
 from helpers import REPO, write_fake_mnist
 
 __all__ = ["REPO"]  # tests/test_containers.py imports it from here
+
+
+FULL_TIER_ONLY = ("gpu", "browser", "services")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """GPU, browser and service tests belong to the full tier (`make test-full`) whatever
+    their own time: they are `slow` too, so the fast tier (`pytest -m "not slow"`) leaves
+    them out on any machine, one that has a GPU, Chromium or PostgreSQL included."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in FULL_TIER_ONLY):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_variants_benchmark_prints_a_row_per_variant(tmp_path, prepared) -> None:
     params = write_params(tmp_path, {"cpu": CPU, "gpu": {"device": "cuda"}}, batch_size=64)
     result = _run("variants.py", "--params", str(params), "--data", str(prepared),
@@ -42,6 +43,7 @@ def _step_options():
     return load_script(BENCHMARKS / "step_options.py")
 
 
+@pytest.mark.slow
 def test_step_options_times_each_candidate_in_its_own_process(tmp_path, prepared) -> None:
     params = write_params(tmp_path, {"cpu": CPU, "gpu": {"device": "cuda"}}, batch_size=64)
     common = ("--params", str(params), "--data", str(prepared), "--epochs", "2")
@@ -84,15 +86,20 @@ def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepa
         assert named in result.stderr
 
 
+def _slow(*case):
+    """variants.py imports torch before it refuses: seconds a case, so the full tier only."""
+    return pytest.param(*case, marks=pytest.mark.slow)
+
+
 @pytest.mark.parametrize(
     ("script", "args", "message"),
     [
-        ("variants.py", ["nosuch"], "unknown variant 'nosuch'"),
-        ("variants.py", ["cpu", "--set", "train.epochz=1"], "train.epochz: unknown key"),
-        ("variants.py", ["cpu", "--data", "missing"], "missing: no such folder"),
+        _slow("variants.py", ["nosuch"], "unknown variant 'nosuch'"),
+        _slow("variants.py", ["cpu", "--set", "train.epochz=1"], "train.epochz: unknown key"),
+        _slow("variants.py", ["cpu", "--data", "missing"], "missing: no such folder"),
         ("scaling.py", ["--only", "nosuch"], "--only nosuch: not a candidate"),
-        ("variants.py", ["cpu", "nosuch"], "unknown variant 'nosuch'"),  # before cpu trains
-        ("variants.py", ["--params", "missing.yaml"], "missing.yaml"),
+        _slow("variants.py", ["cpu", "nosuch"], "unknown variant 'nosuch'"),  # before cpu trains
+        _slow("variants.py", ["--params", "missing.yaml"], "missing.yaml"),
     ],
 )
 def test_a_benchmark_refuses_bad_input_in_one_line(tmp_path, script, args, message) -> None:

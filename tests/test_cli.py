@@ -16,6 +16,7 @@ from accelbench.cli import main
 from helpers import REPO, cpu_train_command, mlflow_runs, write_params
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_run_killed_and_writes_no_outputs(
     tmp_path, prepared, mlflow_store
 ) -> None:
@@ -493,6 +494,7 @@ def test_a_full_disk_is_named_not_reported_as_a_bug(tmp_path, monkeypatch, capsy
     assert "unexpected" not in err and "report it" not in err
 
 
+@pytest.mark.slow
 def test_the_traceback_comes_only_on_request(tmp_path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("not a model\n")
@@ -520,7 +522,7 @@ def test_the_traceback_comes_only_on_request(tmp_path) -> None:
     assert by_env.returncode == 2 and "Traceback" in by_env.stderr
 
 
-@pytest.mark.parametrize("command", [["check"], ["runs"]])
+@pytest.mark.parametrize("command", [["check"], pytest.param(["runs"], marks=pytest.mark.slow)])
 def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, command) -> None:
     """`accelbench runs | head -2` ended "error: unexpected BrokenPipeError ... report it"
     (exit 1). A command whose reader has gone now stops without a word, with the exit code a

@@ -72,6 +72,7 @@ def _train(workspace, prepared, mlflow_store, cache_file, variant=COMPILED_CPU):
     return summary, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_a_compiled_variant_carries_its_cache_to_a_machine_without_one(
     tmp_path, prepared, mlflow_store
 ) -> None:

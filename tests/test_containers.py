@@ -99,7 +99,7 @@ def test_image_installs_from_the_same_lock_as_make_and_ci() -> None:
         and 'pip install --quiet "uv==$(UV_VERSION)"' in makefile
     )
     ci = (REPO / ".ci" / "run").read_text()
-    assert "make test" in ci and "make container-test" in ci
+    assert "make test-full" in ci and "make container-test" in ci
     containers = (REPO / "docs" / "containers.md").read_text()  # the README links it
     assert "uv.lock" in containers and "docker build" in containers
     assert "uv.lock" in (REPO / "README.md").read_text()

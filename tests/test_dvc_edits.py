@@ -18,6 +18,8 @@ import yaml
 
 from helpers import DVC, REPO
 
+pytestmark = pytest.mark.slow  # each case runs `dvc status` in a fresh repository
+
 TRAINING = {
     f"train@{name}" for name in yaml.safe_load((REPO / "params.yaml").read_text())["variants"]
 }

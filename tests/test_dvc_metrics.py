@@ -41,6 +41,7 @@ def _metrics_show(repo: Path) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_dvc_metrics_show_fits_120_columns_for_the_default_variants(tmp_path) -> None:
     repo = dvc_repo(tmp_path)
     headline = _h200_headline()

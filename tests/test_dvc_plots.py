@@ -61,6 +61,7 @@ def test_plot_data_is_long_form_one_row_per_variant_and_epoch(tmp_path) -> None:
     assert per_class[-1] == "cpu,9,0.98,0.98,0.98"
 
 
+@pytest.mark.slow
 def test_offline_template_inlines_vega_and_keeps_dvcs_placeholders() -> None:
     page = dvc_plots.html_template()
     assert "{plot_divs}" in page and "{refresh_tag}" in page
@@ -114,6 +115,7 @@ def _div_ids(html: str) -> list[str]:
     return re.findall(r'<div id = "([^"]*)">', html)
 
 
+@pytest.mark.slow
 def test_dvc_plots_show_draws_each_figure_once_with_every_variant(tmp_path) -> None:
     repo, variants = _repo_with_plot_data(tmp_path)
     html = _plots_show(repo, "plots").read_text()

@@ -29,6 +29,7 @@ def _train(
     return fit_small(prepared, train, variant)
 
 
+@pytest.mark.slow
 def test_loss_falls_and_accuracy_rises(prepared) -> None:
     _, records = _train(prepared, epochs=3)
     assert [r.epoch for r in records] == [1, 2, 3]
@@ -417,6 +418,7 @@ def test_the_flop_count_is_shared_through_its_cache(tmp_path, monkeypatch) -> No
     assert build.flops_per_sample(mnist, model, cache=cache) == first  # broken: counted again
 
 
+@pytest.mark.slow
 def test_a_compiled_variant_compiles_the_whole_loss_and_trains_like_the_eager_one(
     prepared, monkeypatch
 ) -> None:

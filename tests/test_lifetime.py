@@ -147,6 +147,7 @@ def test_a_lock_left_by_a_killed_process_never_blocks(tmp_path) -> None:
         assert (tmp_path / ".cpu.pt.lock").read_text() == f"{os.getpid()}\n"
 
 
+@pytest.mark.slow
 def test_a_second_train_of_a_training_variant_is_refused_and_the_first_finishes(
     tmp_path, prepared, mlflow_store, leftovers
 ) -> None:
@@ -231,6 +232,7 @@ def test_killing_only_dvc_ends_the_training_and_a_rerun_resumes(
     assert [r.info.status for r in mlflow_runs(mlflow_store, "cpu")] == ["FINISHED"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["dvc", "stage"])
 def test_no_ddp_process_outlives_its_stage(
     tmp_path, prepared, mlflow_store, leftovers, victim
@@ -384,6 +386,7 @@ print(json.dumps({"workers": len(workers), "alive": alive(),
 """
 
 
+@pytest.mark.slow
 def test_a_finished_stage_ends_its_compile_workers_without_waiting() -> None:
     """Inductor's orderly shutdown waits for each idle worker's teardown (0.8-3.1 s on an
     H200 host, 0.9 s here); a stage that is done ends them at once, and quietly."""
@@ -412,6 +415,7 @@ HANGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hang", HANGS.values(), ids=HANGS.keys())
 def test_a_finished_stage_ends_within_its_limit_whatever_hangs(hang: str) -> None:
     """A thread or exit handler that never returns (a DDP communicator's teardown, say) is cut

@@ -60,6 +60,7 @@ def test_each_retry_halves_the_pass_from_scratch_until_the_retries_run_out() -> 
     assert isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
 
 
+@pytest.mark.slow
 def test_out_of_memory_halves_the_pass_and_keeps_the_batch(
     tmp_path, prepared, mlflow_store, monkeypatch
 ) -> None:
@@ -71,6 +72,7 @@ def test_out_of_memory_halves_the_pass_and_keeps_the_batch(
     assert summary.accumulation_steps == 4 and summary.status == "trained"
 
 
+@pytest.mark.slow
 def test_out_of_memory_without_retries_explains_what_to_change(
     tmp_path, prepared, mlflow_store, monkeypatch
 ) -> None:

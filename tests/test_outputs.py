@@ -153,6 +153,7 @@ def _compare(root: Path, inputs: compare.CompareInputs) -> None:
     compare.run(root, inputs, root / "env", root / "metrics", root / "reports")
 
 
+@pytest.mark.slow
 def test_compare_replaces_links_and_never_writes_through_them(
     tmp_path, untracked, mlflow_store
 ) -> None:
@@ -344,6 +345,7 @@ def test_quantize_refuses_a_foreign_file_before_loading_anything(tmp_path) -> No
     assert files.quantized_json.read_text() == "my own quantization notes"
 
 
+@pytest.mark.slow
 def test_the_cli_names_the_file_an_output_folder_would_replace(tmp_path) -> None:
     a_file = tmp_path / "reports"
     a_file.write_text("not a folder")

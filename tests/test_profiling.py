@@ -70,6 +70,7 @@ def test_profile_window_refuses_epochs_too_short_to_hold_it(steps_per_epoch):
         profile_window(steps_per_epoch, 20)
 
 
+@pytest.mark.slow
 def test_train_with_profile_records_steady_steps_per_rank(tmp_path, prepared, mlflow_store) -> None:
     # 512 samples / batch 15 = 35 steps an epoch (the last one partial): epoch 1, 5 settling
     # and 3 profiler warm-up steps pass before the 20 recorded ones, all in epoch 2.

@@ -14,6 +14,7 @@ import yaml
 from helpers import REPO, repo_params_raw
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlflow_store) -> None:
     """Strong scaling splits each batch size over the processes; weak scaling gives each
     process the batch size, and sets that run against the baseline trained at it (once)."""

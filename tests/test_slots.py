@@ -204,6 +204,7 @@ def test_other_processes_cpu_use_is_noted_from_half_a_cpu() -> None:
     )
 
 
+@pytest.mark.slow
 def test_cpu_trainings_take_turns_and_the_report_notes_a_shared_one(
     tmp_path, prepared, mlflow_store
 ) -> None:
@@ -278,6 +279,7 @@ def _trained_cpu(tmp_path: Path, prepared: Path) -> train.TrainOutputs:
     return out
 
 
+@pytest.mark.slow
 def test_evaluate_and_quantize_of_a_cpu_variant_wait_for_the_cpu_turn(
     tmp_path, prepared, monkeypatch
 ) -> None:
@@ -329,6 +331,7 @@ def _line_with(text: str, start: str) -> str:
     return found[0]
 
 
+@pytest.mark.slow
 def test_the_wait_of_evaluate_and_quantize_is_bounded_as_a_trainings(
     tmp_path, prepared, monkeypatch, capsys
 ) -> None:

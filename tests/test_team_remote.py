@@ -31,7 +31,7 @@ from test_team_server import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.services]
 
 SSHD = Path("/usr/sbin/sshd")
 # Outputs DVC restores from a remote; env/ is each machine's own (not cached, not pushed).

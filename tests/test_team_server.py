@@ -371,6 +371,7 @@ def assert_refused(result: subprocess.CompletedProcess, *says: str) -> None:
     assert DB_PASSWORD not in result.stderr + result.stdout
 
 
+@pytest.mark.slow
 def test_refuses_what_is_not_a_postgresql_database_or_a_folder(tmp_path) -> None:
     folder, port = str(tmp_path / "artifacts"), str(free_port())
     good = f"postgresql://{DB_USER}:{DB_PASSWORD}@127.0.0.1:{port}/mlflow"
@@ -419,6 +420,7 @@ def test_refuses_what_is_not_a_postgresql_database_or_a_folder(tmp_path) -> None
     )
 
 
+@pytest.mark.services
 def test_refuses_a_wrong_password_or_a_missing_database(postgres, tmp_path) -> None:
     folder = str(tmp_path / "artifacts")
     wrong = postgres.uri("postgres").replace(DB_PASSWORD, "wrong-pw")
@@ -428,6 +430,7 @@ def test_refuses_a_wrong_password_or_a_missing_database(postgres, tmp_path) -> N
     assert not Path(folder).exists() or not any(Path(folder).iterdir())
 
 
+@pytest.mark.services
 def test_a_missing_database_is_refused_with_the_command_an_admin_runs(postgres, tmp_path) -> None:
     """Before: the hint was `createdb -U alice ...`, which a role made by plain `createuser`
     (docs/teams.md) may not run: "permission denied to create database"."""
@@ -470,6 +473,7 @@ def test_a_missing_database_is_refused_with_the_command_an_admin_runs(postgres, 
 # --- the pipeline through the server ----------------------------------------------------------
 
 
+@pytest.mark.services
 @pytest.mark.slow
 def test_make_server_serves_two_pipelines_at_once_every_run_metric_and_artifact(
     postgres, tmp_path
@@ -556,6 +560,7 @@ def _process_group(pgid: int) -> list[int]:
     return pids
 
 
+@pytest.mark.services
 @pytest.mark.slow
 def test_a_server_restarted_mid_training_costs_the_pipeline_nothing(team_server, tmp_path) -> None:
     """The server is killed outright while `train@cpu` runs and started again. The contract
@@ -614,6 +619,7 @@ def test_a_server_restarted_mid_training_costs_the_pipeline_nothing(team_server,
         server.stop()
 
 
+@pytest.mark.services
 def test_the_systemd_units_command_serves_from_its_environment_file(postgres, tmp_path) -> None:
     """deploy/accelbench-server.service's ExecStart, in a checkout, with the environment file
     its header describes (the variables, not a command-line secret); on 127.0.0.1 and a free
@@ -671,6 +677,7 @@ def test_the_systemd_units_command_serves_from_its_environment_file(postgres, tm
     assert (tmp_path / "artifacts").is_dir()
 
 
+@pytest.mark.services
 def test_the_url_users_are_told_is_allowed_and_the_workers_start_quietly(
     postgres, tmp_path
 ) -> None:
@@ -716,6 +723,7 @@ LOG_A_PIPELINE = """
 """
 
 
+@pytest.mark.services
 def test_runs_and_make_ui_lead_to_the_server(team_server, tmp_path) -> None:
     """Before: runs logged to a server printed MLflow's "View run" lines (two a run);
     `accelbench runs` linked the UI of `make ui`, which served the checkout's empty store."""

@@ -122,6 +122,7 @@ def _assert_ddp_trains_like_single(params, prepared, folder, store, timeout, rto
         torch.testing.assert_close(ddp[key], value, rtol=rtol, atol=atol, msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulation", [1, 3], ids=["one-pass", "accumulated"])
 def test_ddp_matches_a_single_process_on_the_same_global_batches(
     tmp_path, prepared, mlflow_store, accumulation
@@ -145,6 +146,7 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
     assert runs[0].data.metrics["samples"] == 512  # the global count, summed over processes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulation", [1, 3], ids=["one-pass", "accumulated"])
 def test_compiled_ddp_trains_like_a_compiled_single_process(
     tmp_path, prepared, mlflow_store, accumulation
@@ -161,6 +163,7 @@ def test_compiled_ddp_trains_like_a_compiled_single_process(
     _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 600, 1e-3, 1e-4)
 
 
+@pytest.mark.slow
 def test_a_dying_rank_fails_the_stage_within_bounded_time(tmp_path, prepared, mlflow_store) -> None:
     params = _params(tmp_path, epochs=50, ddp=DDP)
     started = time.monotonic()
@@ -239,6 +242,7 @@ def test_nccl_ddp_trains_like_one_process_on_the_same_global_batches(
         assert diff < 0.02 * moved, f"{key}: ddp vs single differ by {diff:.2e} (moved {moved:.2e})"
 
 
+@pytest.mark.slow
 def test_two_nodes_on_localhost_static_rendezvous(tmp_path, prepared, mlflow_store) -> None:
     """Two torchrun 'nodes' of one process each; node 0 holds rank 0 and writes the outputs."""
     import socket
@@ -300,7 +304,8 @@ def _free_port() -> str:
 
 
 def test_a_teardown_that_hangs_ends_the_rank_with_one_line(tmp_path) -> None:
-    """destroy_process_group that never returns: the rank says so and ends, its work done."""
+    """destroy_process_group that never returns: the rank says so and ends, its work done.
+    (The fast tier's one test of torchrun.py: one process, a 2 s limit.)"""
     start = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", _GROUP, "0", _free_port(), "1", "hang"],
@@ -312,6 +317,7 @@ def test_a_teardown_that_hangs_ends_the_rank_with_one_line(tmp_path) -> None:
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_arrives_fails_the_others_within_the_timeout(tmp_path) -> None:
     """distributed.timeout_s bounds the wait for a stuck rank; the error names the wait."""
     port = _free_port()

@@ -42,6 +42,7 @@ def test_an_exception_marks_the_run_failed(tmp_path, mlflow_store) -> None:
     assert mlflow_runs(mlflow_store, "y")[0].info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_closed_tracking_port_costs_seconds_and_loses_no_outputs(tmp_path, prepared) -> None:
     import socket
 
@@ -57,6 +58,7 @@ def test_closed_tracking_port_costs_seconds_and_loses_no_outputs(tmp_path, prepa
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.slow
 def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     sys.path.insert(0, str(REPO / "tools"))
     import mlflow_ui
@@ -92,6 +94,7 @@ def test_tracking_server_dying_mid_run(tmp_path, prepared) -> None:
     assert run.info.status == "RUNNING"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("by_hand", [False, True], ids=["dvc-stage", "by-hand"])
 def test_a_run_killed_outright_is_closed_by_the_rerun(
     tmp_path, prepared, mlflow_store, by_hand

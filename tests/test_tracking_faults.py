@@ -182,6 +182,7 @@ COMPARE = """
 """
 
 
+@pytest.mark.slow
 def test_a_deleted_store_starts_cleanly_and_leaves_nothing_running(tmp_path) -> None:
     """Before: a stage reading run ids of the deleted store (DVC's run cache restores a
     trained variant's outputs, run id included) failed all tracking, and a pipeline run
@@ -212,6 +213,7 @@ def test_a_deleted_store_starts_cleanly_and_leaves_nothing_running(tmp_path) -> 
     assert "WARNING" not in out
 
 
+@pytest.mark.slow
 def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
     """Before: `accelbench --params ../params.yaml runs` from a subfolder created a new store
     there and said "No pipeline run"."""
@@ -242,6 +244,7 @@ def test_runs_from_a_subfolder_reads_the_workspace_store(tmp_path) -> None:
     assert again.stdout == after.stdout
 
 
+@pytest.mark.slow
 def test_runs_reads_a_store_on_a_read_only_mount(tmp_path) -> None:
     """`accelbench runs` took the store's set-up lock to read it: beside a store on a
     read-only mount (a colleague's results, shared) it failed "Read-only file system:
@@ -360,6 +363,7 @@ SETUP = """
 """
 
 
+@pytest.mark.slow
 def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path) -> None:
     """`dvc queue start -j 2` on a new workspace: before, two experiments raced to create and
     migrate mlflow.db and one failed ("duplicate column name"), its pipeline untracked."""
@@ -408,6 +412,7 @@ def test_make_ui_refuses_another_store_named_by_the_environment(
     assert tracking.ui_intro("127.0.0.1", "5000", store) == 0
 
 
+@pytest.mark.slow
 def test_make_ui_serves_the_link_it_prints(tmp_path) -> None:
     """The README's `make ui`, run as it ships: the link it prints answers, and its start-up
     is MLflow's few lines (one worker; no warnings about MLflow's own imports)."""

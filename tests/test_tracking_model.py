@@ -43,6 +43,7 @@ def _log_model(tmp_path, name: str = "cpu") -> str:
     return run_id
 
 
+@pytest.mark.slow
 def test_the_model_is_logged_with_its_requirements_and_no_scan(
     tmp_path, mlflow_store, no_distribution_map
 ) -> None:
@@ -74,6 +75,7 @@ def test_a_requirement_the_environment_does_not_meet_is_still_reported(
     assert no_distribution_map == []
 
 
+@pytest.mark.slow
 def test_a_map_mlflow_built_already_is_used_as_it_is(
     tmp_path, mlflow_store, no_distribution_map
 ) -> None:
@@ -86,6 +88,7 @@ def test_a_map_mlflow_built_already_is_used_as_it_is(
     assert requirements_utils._MODULES_TO_PACKAGES is built and no_distribution_map == []
 
 
+@pytest.mark.slow
 def test_a_training_prints_its_own_lines_not_mlflows(tmp_path, prepared, mlflow_store) -> None:
     """A trained, tracked and logged variant: MLflow's INFO lines and its pickle caution do
     not reach the stage's output; the run and its model are in the store all the same."""

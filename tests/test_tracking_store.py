@@ -48,6 +48,7 @@ def _move(checkout: Path, dest: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_store_and_artifacts_move_together(tmp_path, own_store, monkeypatch) -> None:
     first = tmp_path / "host" / "accelbench"
     first.mkdir(parents=True)
@@ -67,6 +68,7 @@ def test_store_and_artifacts_move_together(tmp_path, own_store, monkeypatch) -> 
     assert (moved / tracking.ARTIFACTS / second / "artifacts" / "note.txt").is_file()
 
 
+@pytest.mark.slow
 def test_a_store_with_absolute_artifact_paths_is_rewritten_once(
     tmp_path, own_store, monkeypatch
 ) -> None:
@@ -93,6 +95,7 @@ def test_a_store_with_absolute_artifact_paths_is_rewritten_once(
     assert Path(local).read_text() == "old artifact\n"
 
 
+@pytest.mark.slow
 def test_a_shared_server_keeps_its_own_artifact_locations(tmp_path, mlflow_store) -> None:
     """With MLFLOW_TRACKING_URI set, accelbench changes nothing in that store's locations."""
     experiment_id = tracking.setup(tmp_path)
@@ -100,6 +103,7 @@ def test_a_shared_server_keeps_its_own_artifact_locations(tmp_path, mlflow_store
     assert location != f"{tracking.ARTIFACTS}/{experiment_id}"
 
 
+@pytest.mark.slow
 def test_the_pipeline_run_is_found_by_the_checkout_not_the_host(
     tmp_path, own_store, monkeypatch
 ) -> None:
@@ -127,6 +131,7 @@ def test_the_pipeline_run_is_found_by_the_checkout_not_the_host(
     assert client.get_run(again).data.tags["mlflow.parentRunId"] != parent
 
 
+@pytest.mark.slow
 def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     tmp_path, own_store, monkeypatch
 ) -> None:
@@ -142,6 +147,7 @@ def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     assert MlflowClient().get_run(other).data.tags["mlflow.parentRunId"] != parent
 
 
+@pytest.mark.slow
 def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
     tmp_path, own_store, monkeypatch
 ) -> None:
@@ -183,6 +189,7 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
     assert [run.info.run_id for run in children] == [trained]
 
 
+@pytest.mark.slow
 def test_a_stage_run_by_hand_ends_its_pipeline_run_as_it_exits(tmp_path) -> None:
     """Its pipeline run stayed RUNNING for good, and every later stage run by hand joined it."""
     code = (
@@ -277,6 +284,7 @@ FIGURES = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_variant_figures_are_logged_without_reopening_the_runs(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     client = MlflowClient()
@@ -311,6 +319,7 @@ def test_variant_figures_are_logged_without_reopening_the_runs(tmp_path, mlflow_
     assert sorted(m.step for m in history) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     client = MlflowClient()
@@ -323,6 +332,7 @@ def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflo
     assert {r.info.run_name for r in shown} == {"cpu", "amp"}
 
 
+@pytest.mark.slow
 def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     client = MlflowClient()
@@ -366,6 +376,7 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
     assert query["workflowType"] == ["machine_learning"]
 
 
+@pytest.mark.slow
 def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
     tmp_path, mlflow_store
 ) -> None:
@@ -406,6 +417,7 @@ def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
     assert tracking.named_variant_runs(client.get_run(third).data.tags) == [ids["cpu"]]
 
 
+@pytest.mark.slow
 def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
     store = tmp_path / "mlflow.db"
     assert tracking.training_view_url("http://ui", store).endswith(
@@ -417,6 +429,7 @@ def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
     )
 
 
+@pytest.mark.slow
 def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, capsys) -> None:
     """`make ui` on a fresh clone said "(the newest pipeline run: its trained variants,
     fastest first)" with no store at all."""
@@ -435,6 +448,7 @@ def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, c
     assert "(the newest pipeline run: its trained variants, fastest first)" in said()
 
 
+@pytest.mark.slow
 def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     tracking.log_variant_figures(tmp_path, {ids[name]: FIGURES[name] for name in FIGURES})
@@ -459,6 +473,7 @@ def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     assert dict(zip(header.split("|"), cpu.split("|"), strict=True))[" result "] == " interrupted "
 
 
+@pytest.mark.slow
 def test_speedups_over_another_baseline_are_tagged_and_headed_as_such(
     tmp_path, mlflow_store
 ) -> None:
@@ -480,6 +495,7 @@ def test_speedups_over_another_baseline_are_tagged_and_headed_as_such(
     assert amp_row.split(" | ")[1] == "148× (140–156×)"
 
 
+@pytest.mark.slow
 def test_accelbench_runs_shows_the_evaluated_accuracy(tmp_path, mlflow_store) -> None:
     """Before: the last per-epoch `test_accuracy` the run logged, which after a tracking outage
     mid-training is an early epoch's (87.99% against the evaluated 97.17%)."""
@@ -505,6 +521,7 @@ def test_a_store_that_cannot_be_read_is_not_a_server_to_start(tmp_path, mlflow_s
     assert "move it aside" in str(error.value)
 
 
+@pytest.mark.slow
 def test_setup_hides_mlflows_run_links_unless_asked(tmp_path, mlflow_store, monkeypatch) -> None:
     monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
     tracking.setup(tmp_path)
@@ -529,6 +546,7 @@ def test_make_ui_refuses_a_tracking_server(tmp_path, monkeypatch, capsys) -> Non
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_a_second_comparison_replaces_the_figures_and_tags_it_changes(
     tmp_path, mlflow_store
 ) -> None:

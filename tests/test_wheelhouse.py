@@ -277,6 +277,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     tmp_path, offline_pip, capsys
 ):
@@ -347,6 +348,7 @@ def test_builds_sdist_downloads_wheel_skips_host_and_installs_offline(
     assert proc.stdout.strip() == "purefake 0.1 ok binfake 1.0 ok"
 
 
+@pytest.mark.slow
 def test_compiled_sdist_missing_pin_and_wrong_hashes_fail_clearly_and_leave_out_alone(
     tmp_path, offline_pip, capsys
 ):
@@ -439,6 +441,7 @@ def _module_level_imports(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_the_gpu_host_collects_every_test_module():
     """`pytest -m gpu` runs on a host with the runtime group and its own pytest: no test module,
     nor a tool, may import a development-only package when it loads (json5 once did, and

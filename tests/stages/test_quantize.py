@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from accelbench.core.results import (
     QUANT_METHODS,
     MetricsFiles,
@@ -32,6 +34,7 @@ def _trained(tmp_path, prepared) -> train.TrainOutputs:
     return out
 
 
+@pytest.mark.slow
 def test_a_trained_model_gets_fp32_and_int8_figures(tmp_path, prepared) -> None:
     out = _trained(tmp_path, prepared)
     inputs = quantize.select(small_params())
@@ -48,6 +51,7 @@ def test_a_trained_model_gets_fp32_and_int8_figures(tmp_path, prepared) -> None:
     assert result.metrics()["quant_dynamic_int8_latency_ms"] == dynamic.latency_ms
 
 
+@pytest.mark.slow
 def test_a_build_without_static_int8_gets_a_stated_reason(tmp_path, prepared, monkeypatch) -> None:
     from accelbench.evaluation import quantization
 

@@ -16,6 +16,7 @@ from accelbench.system import tracking
 from helpers import run_all_stages, small_params
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
 def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, mlflow_store) -> None:
     params = small_params()

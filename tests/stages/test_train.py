@@ -42,6 +42,7 @@ def test_the_stage_reads_the_recipe_not_the_report_keys() -> None:
     assert inputs.recipe.batch_size == 128 and inputs.require_gpu is True
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_resumes_to_bitwise_identical_weights(
     tmp_path, prepared, mlflow_store
 ) -> None:
@@ -92,6 +93,7 @@ def test_sigkill_then_rerun_resumes_to_bitwise_identical_weights(
     assert statuses == ["FINISHED", "FINISHED"]  # the killed run was continued, not duplicated
 
 
+@pytest.mark.slow
 def test_outputs_are_all_new_or_all_old_and_leftovers_go(
     tmp_path, prepared, mlflow_store, monkeypatch
 ) -> None:
@@ -134,6 +136,7 @@ def test_outputs_are_all_new_or_all_old_and_leftovers_go(
     assert [h for h in hidden if ".new." in h or h.endswith(".tmp")] == []
 
 
+@pytest.mark.slow
 def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlflow_store) -> None:
     """train.repeats: 2 trains once more from scratch, timed only: its steady epochs join the
     samples; the model, epochs.csv and the MLflow run's per-epoch metrics are the first's."""
@@ -164,6 +167,7 @@ def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlfl
     assert len(client.get_metric_history(run.info.run_id, "train_time_s")) == 3
 
 
+@pytest.mark.slow
 def test_the_stage_records_its_phases_around_the_fit(tmp_path, prepared, mlflow_store) -> None:
     """The engine records nothing itself: the stage and loop.py time the parts of a fit
     outside its epochs (step set-up, evaluation, checkpoints) under the same phase names."""
