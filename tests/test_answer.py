@@ -323,6 +323,7 @@ def test_time_to_target_and_accuracy_over_seeds_come_from_the_repeats() -> None:
     assert one["cpu"].seeds is None  # one seed: no spread to give
 
 
+@pytest.mark.slow
 def test_each_repeat_trains_at_the_next_seed(tmp_path, prepared, mlflow_store) -> None:
     variants = {"cpu": {"device": "cpu", "threads": 1}, "one": {"device": "cpu", "threads": 1,
                 "repeats": 1}}  # fmt: skip
