@@ -100,6 +100,7 @@ def test_make_ui_hides_the_password_of_the_tracking_server(tmp_path) -> None:
     _assert_hidden(_run(["make", "--no-print-directory", "ui"], REPO, env), host)
 
 
+@pytest.mark.slow  # a real MLflow server: 30 s
 def test_runs_on_a_live_server_hides_the_token(tmp_path, monkeypatch) -> None:
     """The `MLflow:` line and the UI's link each showed the token."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
