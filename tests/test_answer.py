@@ -230,6 +230,25 @@ def test_the_shared_machine_note_names_training_and_inference() -> None:
     assert shared_machine(trained_only) == "train@cpu on the CPU"  # as train.json says it
 
 
+def test_an_epoch_its_process_was_stopped_in_is_named_and_in_no_steady_figure() -> None:
+    """SIGSTOP for 30 s during epoch 2 of 3: the report said "20.7 s (6.576–34.8 s) a steady
+    epoch", and nothing named the pause."""
+    from accelbench.report.answer import shared_notes
+
+    stopped = epoch(2, 34.8, 0.98, stopped_s=30.1)
+    epochs = [epoch(1, 9.0, 0.97), stopped, epoch(3, 6.576, 0.99)]
+    row = Row("cpu", VariantParams(device="cpu"), trained_summary(6.576), None, epochs)
+    figures = variant_figures([row], None, 0.99)["cpu"]
+    assert figures.steady_epoch.value == 6.576
+    assert figures.to_target.value == pytest.approx(9.0 + 34.8 - 30.1 + 6.576)  # run, not stop
+    assert shared_notes([row]) == [
+        "- cpu epoch 2 was stopped for 30.1 s (SIGSTOP, a suspend or no CPU): left out of the "
+        "steady figures."
+    ]
+    briefly = replace(row, epochs=[epochs[0], replace(stopped, stopped_s=0.3), epochs[2]])
+    assert shared_notes([briefly]) == []  # 0.3 s of 34.8 s: under both limits, a steady epoch
+
+
 def test_an_interval_narrower_than_the_last_digit_is_left_out() -> None:
     """A time to target 19.3 s of first epoch and two 0.07 s epochs read "19.5 s (19.5–19.5
     s)" in `accelbench runs` and the report."""

@@ -260,7 +260,7 @@ def test_a_single_epoch_run_has_no_steady_figures_and_still_reports(tmp_path) ->
     resumed = replace(row, train=replace(row.train, epochs=2))
     report.write_report(tmp_path, [resumed], ENV, _spec())
     md = (tmp_path / "comparison.md").read_text()
-    assert "| cpu | cpu, fp32 | no steady epoch (resumed) |" in md
+    assert "| cpu | cpu, fp32 | no steady epoch (resumed or stopped) |" in md
 
 
 def test_a_cpu_only_report_ranks_nothing_and_says_each_skip_reason_once(tmp_path) -> None:

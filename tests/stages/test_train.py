@@ -186,3 +186,40 @@ def test_the_stage_records_its_phases_around_the_fit(tmp_path, prepared, mlflow_
     assert recorded >= {"imports", "device", "model", "data", "checkpoint", "mlflow"}
     assert recorded >= {"training", "step_setup", "evaluation", "outputs"}
     assert recorder.training_s > 0
+
+
+def test_an_epoch_the_process_was_stopped_in_is_marked_and_in_no_steady_figure(
+    tmp_path, prepared, mlflow_store
+) -> None:
+    """SIGSTOP for 30 s during epoch 2 of 3 made that epoch 34.8 s, and half the steady
+    figure. Stopped 2 s here, in a real training process."""
+    from accelbench.core.results import read_epoch_records, read_train
+
+    cpu = {"cpu": {"device": "cpu", "threads": 1}}
+    params = write_params(tmp_path, cpu, epochs=3, repeats=1, batch_size=2)
+    command = train_command(params, "cpu", prepared, tmp_path / "cpu.pt", tmp_path / "metrics")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
+    process = subprocess.Popen(
+        [arg for arg in command if arg != "--quiet"],  # one line per epoch on stderr
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    while "epoch 1/3" not in (lines[-1] if lines else ""):
+        lines.append(process.stderr.readline())
+        assert lines[-1] or process.poll() is None, "".join(lines)[-3000:]
+    time.sleep(0.1)  # into epoch 2 (256 steps: about a second)
+    process.send_signal(signal.SIGSTOP)
+    time.sleep(2)
+    process.send_signal(signal.SIGCONT)
+    rest = process.communicate(timeout=120)[1]
+    assert process.returncode == 0, rest[-3000:]
+    assert "cpu epoch 2/3: " in rest and ", STOPPED 2." in rest
+
+    epochs = read_epoch_records(tmp_path / "metrics" / "epochs.csv")
+    assert epochs[1].stopped and 1.9 < epochs[1].stopped_s < 2.5, epochs
+    steady = read_train(tmp_path / "metrics" / "train.json").steady_epochs_s
+    assert epochs[1].train_time_s not in steady
+    assert steady == [e.train_time_s for e in epochs[2:] if not e.stopped]  # as warm-up epochs

@@ -75,8 +75,9 @@ class EpochProgress:
                 f"{self.name} epoch {record.epoch}/{self.epochs}: train {record.train_time_s:.3f} s "
                 f"({record.samples_per_s:,.0f} samples/s), loss {record.train_loss:.4f}, "
                 f"test accuracy {record.test_accuracy:.2%}"
+                + (f", {record.nonfinite_steps} NON-FINITE steps" if record.nonfinite_steps else "")
                 + (
-                    f", {record.nonfinite_steps} NON-FINITE steps" if record.nonfinite_steps else ""
+                    f", STOPPED {record.stopped_s:.1f} s: no steady epoch" if record.stopped else ""
                 ),
                 file=sys.stderr,
                 flush=True,

@@ -798,6 +798,9 @@ def atomic_torch_save(payload: Any, path: Path) -> None:
             raise
 
 
+STOPPED_LIMIT_S, STOPPED_SHARE = 0.5, 0.05  # an epoch stopped longer is no steady one
+
+
 @dataclass(frozen=True)
 class EpochRecord:
     """One trained epoch: a row of `epochs.csv` (its columns, in this order), a step of the
@@ -817,9 +820,17 @@ class EpochRecord:
     gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
     cpu_energy_j: float | None = None  # CPU packages' energy in the same window, from RAPL
     scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
+    # seconds the process did not run in the timed epoch (SIGSTOP, a suspend, no CPU), from a
+    # heartbeat (`timing.Heartbeat`); over STOPPED_LIMIT_S or STOPPED_SHARE: no steady epoch
+    stopped_s: float = 0.0
     # Its process's first epoch, which paid for compilation, autotuning and graph capture:
     # epoch 1, and the first after a resume. Never a steady epoch (`steady_epochs`).
     warm_up: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped for a substantial part of it: what it measured is not the training."""
+        return self.stopped_s > min(STOPPED_LIMIT_S, STOPPED_SHARE * self.train_time_s)
 
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -863,8 +874,9 @@ class EpochRecord:
 
 def steady_epochs(records: Sequence[EpochRecord]) -> list[EpochRecord]:
     """The steady epochs of one training: every epoch but its processes' first (epoch 1, and
-    a resumed training's first), which compiled, autotuned and captured graphs."""
-    return [r for r in records[1:] if not r.warm_up]
+    a resumed training's first), which compiled, autotuned and captured graphs, and but
+    those the process was `stopped` in."""
+    return [r for r in records[1:] if not (r.warm_up or r.stopped)]
 
 
 def energy_read(records: Sequence[EpochRecord], counter: str) -> bool:

@@ -8,8 +8,11 @@ deadlines) read `time` where they are measured.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
+
+from accelbench.core.phases import boot_clock
 
 if TYPE_CHECKING:  # core imports no torch: the clock's caller has it loaded already
     import torch
@@ -33,3 +36,33 @@ class DeviceClock:
     def now(self) -> float:
         self.synchronize()
         return time.perf_counter()
+
+
+HEARTBEAT_S = 0.05  # the heartbeat's tick
+STOPPED_GAP_S = 0.25  # a longer gap between ticks was time the process did not run
+
+
+class Heartbeat:
+    """Seconds this process did not run: stopped (SIGSTOP, Ctrl-Z), its machine suspended, or
+    starved of CPU. A daemon thread ticks every HEARTBEAT_S on the boot clock, which counts a
+    suspend; while the process is stopped so is its thread, so a gap far over the tick is
+    time the process was stopped. Read it outside timed regions: it takes a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last, self._stopped_s = boot_clock(), 0.0
+        threading.Thread(target=self._beat, name="accelbench-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            self.stopped_s()
+
+    def stopped_s(self) -> float:
+        """Seconds stopped since the heartbeat started, a gap still open included."""
+        with self._lock:
+            now = boot_clock()
+            if now - self._last > STOPPED_GAP_S:
+                self._stopped_s += now - self._last - HEARTBEAT_S
+            self._last = now
+            return self._stopped_s

@@ -81,15 +81,24 @@ def shared_machine(row: Row) -> str | None:
 
 
 def shared_notes(rows: list[Row]) -> list[str]:
-    """The variants measured while other work shared the machine, and what it was: a list
-    under a line, or nothing where every variant had the machine to itself."""
+    """The variants measured while other work shared the machine, and what it was, and the
+    epochs their process was stopped in (left out of the steady figures): a list, or nothing
+    where every variant had the machine to itself."""
     shared = [(row.name, note) for row in rows if (note := shared_machine(row))]
+    stopped = [
+        f"- {row.name} epoch {e.epoch} was stopped for {fmt_seconds(e.stopped_s)} (SIGSTOP, "
+        "a suspend or no CPU): left out of the steady figures."
+        for row in rows
+        for e in row.epochs
+        if e.stopped
+    ]
     if not shared:
-        return []
+        return stopped
     return [
         f"{SHARED_MARK}: measured while other work ran on the machine, so its times may be "
         "slower than the machine alone gives:",
         *(f"- {name}: {note}." for name, note in shared),
+        *stopped,
     ]
 
 
@@ -260,11 +269,12 @@ def variant_figures(
         reached = time_to_target(row.epochs, target)
         to_target = None
         if reached:
-            # warm-up epochs (the first, a resume's first) stay as measured; the rest redrawn
+            # warm-up epochs (the first, a resume's first) stay as measured, less any time
+            # stopped, as do stopped ones; the steady epochs are redrawn
             epochs = row.epochs[: reached[1]]
-            warm = [e.train_time_s for e in epochs if e is epochs[0] or e.warm_up]
-            settled = [e.train_time_s for e in steady_epochs(epochs)]
-            to_target = spread.total_after(sum(warm), settled)
+            settled = steady_epochs(epochs)
+            fixed = [e.train_time_s - e.stopped_s for e in epochs if e not in settled]
+            to_target = spread.total_after(sum(fixed), [e.train_time_s for e in settled])
         out[row.name] = VariantFigures(
             steady_epoch=steady,
             samples_per_s=steady.inverse(row.train.train_samples),

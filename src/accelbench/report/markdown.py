@@ -250,8 +250,11 @@ def _tflops(train: TrainSummary) -> str:
 
 
 def _no_steady(row: Row) -> str:
-    """Why a trained variant has no steady epoch: one epoch, or each a warm-up (resumed)."""
-    return "one epoch: no steady" if row.train.epochs == 1 else "no steady epoch (resumed)"
+    """Why a trained variant has no steady epoch: one epoch, or each a warm-up (resumed) or
+    stopped."""
+    return (
+        "one epoch: no steady" if row.train.epochs == 1 else "no steady epoch (resumed or stopped)"
+    )
 
 
 def _answer_table(

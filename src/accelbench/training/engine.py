@@ -445,6 +445,10 @@ def _untimed() -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
+def _never_stopped() -> float:
+    return 0.0
+
+
 @dataclass(frozen=True)
 class FitHooks:
     """What `fit` calls out to, all optional.
@@ -460,6 +464,7 @@ class FitHooks:
     on_checkpoint: Callable[[TrainingState], None] | None = None  # after each epoch
     gpu_energy_j: Callable[[], float] | None = None  # the GPU board's counter (NVML)
     cpu_energy_j: Callable[[], float] | None = None  # the CPU packages' counter (RAPL)
+    stopped_s: Callable[[], float] = _never_stopped  # seconds stopped so far (a Heartbeat)
     around_step_setup: Callable[[], contextlib.AbstractContextManager[None]] = _untimed
     around_evaluation: Callable[[], contextlib.AbstractContextManager[None]] = _untimed
 
@@ -496,6 +501,7 @@ def fit(
     try:
         for epoch in range(first_epoch, recipe.epochs):
             model.train()
+            stopped_from = hooks.stopped_s()  # outside the timed epoch: the heartbeat's lock
             totals = _train_epoch(
                 step,
                 scheduler,
@@ -505,6 +511,7 @@ def fit(
                 (hooks.gpu_energy_j, hooks.cpu_energy_j),
                 hooks.on_step,
             )
+            stopped_s = hooks.stopped_s() - stopped_from
             check_nonfinite(totals.finite, epoch + 1, recipe.max_nonfinite_steps, variant)
             if spec.distributed:
                 totals = _summed_over_processes(totals, device)
@@ -512,7 +519,9 @@ def fit(
             # would recompile for eval mode and the test batch shapes.
             with hooks.around_evaluation():
                 result = evaluate(model, test_batches, variant, device)
-            record = totals.record(epoch + 1, result, device, warm_up=epoch == first_epoch)
+            record = totals.record(
+                epoch + 1, result, device, warm_up=epoch == first_epoch, stopped_s=stopped_s
+            )
             records.append(record)
             if hooks.on_epoch is not None:
                 hooks.on_epoch(record)
@@ -571,7 +580,13 @@ class _EpochTotals:
     cpu_energy_j: float | None = None
 
     def record(
-        self, epoch: int, result: EvalPass, device: torch.device, *, warm_up: bool
+        self,
+        epoch: int,
+        result: EvalPass,
+        device: torch.device,
+        *,
+        warm_up: bool,
+        stopped_s: float,
     ) -> EpochRecord:
         return EpochRecord(
             epoch=epoch,
@@ -590,6 +605,7 @@ class _EpochTotals:
             gpu_energy_j=self.energy_j,
             cpu_energy_j=self.cpu_energy_j,
             scaler_skipped_steps=self.scaler_skipped,
+            stopped_s=stopped_s,
             warm_up=warm_up,
         )
 

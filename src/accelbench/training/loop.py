@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from accelbench.core.results import (
     write_epochs_csv,
     write_json,
 )
+from accelbench.core.timing import Heartbeat
 from accelbench.data import prepared
 from accelbench.data.batches import Batches, ResidentBatches
 from accelbench.system import hardware, tracking
@@ -130,6 +131,7 @@ class _Fitting:
     model: torch.nn.Module  # replaced by each training from scratch
     batches: Batches
     test_batches: ResidentBatches
+    heartbeat: Heartbeat = field(default_factory=Heartbeat)  # what stopped each epoch
 
     @classmethod
     def build(cls, job: TrainJob) -> _Fitting:
@@ -258,6 +260,7 @@ class _Fitting:
                 on_checkpoint=on_checkpoint if save_checkpoint is not None else None,
                 gpu_energy_j=gpu_energy_j,
                 cpu_energy_j=cpu_energy_j,
+                stopped_s=self.heartbeat.stopped_s,
                 around_step_setup=lambda: phases.phase("step_setup"),
                 around_evaluation=lambda: phases.phase("evaluation"),
             )
