@@ -59,7 +59,9 @@ $(VENV)/bin/uv:
 	$(PYTHON) -m venv "$(VENV)"
 	"$(BIN)/python" -m pip install --quiet "uv==$(UV_VERSION)"
 
+# params.yaml checked first: DVC parses it itself and runs out of memory on a YAML alias bomb.
 repro: setup  ## run the whole DVC pipeline (dvc repro)
+	@accelbench check
 	dvc repro
 
 # A first result in minutes (docs/pipeline.md): the whole pipeline on a tenth of MNIST as the

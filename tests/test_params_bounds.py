@@ -272,3 +272,21 @@ def test_train_subset_bounds_the_batch_and_test_subset_does_not(raw) -> None:
     )
     raw["train"]["batch_size"] = 256  # the whole subset in one batch; evaluation's may be larger
     assert parse_params(raw).train.eval_batch_size == 2048
+
+
+def test_make_repro_refuses_an_alias_bomb_in_one_line_before_dvc_starts(tmp_path) -> None:
+    """Before: `make repro` ran `dvc repro`, which died with a MemoryError inside DVC."""
+    (tmp_path / "params.yaml").write_text(
+        _bomb() + TEXT.replace("dataset: mnist", "dataset: *lol9")
+    )
+    (tmp_path / "uv.lock").symlink_to(REPO / "uv.lock")  # the Makefile reads uv's version there
+    env = {**os.environ, "ACCELBENCH_ENV": str(Path(sys.executable).parents[1])}  # no uv sync
+    make = ["make", "--no-print-directory", "-f", str(REPO / "Makefile"), "repro"]
+    result = subprocess.run(
+        make, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        preexec_fn=_limit_memory,
+    )  # fmt: skip
+    ours, made = result.stderr.splitlines()  # dvc, not started, said nothing
+    assert result.returncode != 0 and "Error 2" in made
+    assert ours.startswith("accelbench check: error: ") and "more than 100000 values" in ours
+    assert "dvc" not in result.stdout.lower() + ours.lower()
