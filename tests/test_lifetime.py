@@ -82,7 +82,7 @@ def _under_fake_dvc(tmp_path: Path, shell: str, command: list[str], env: dict, l
         )
 
 
-def _stage(dvc: subprocess.Popen, timeout_s: float = 60) -> psutil.Process:
+def _stage(dvc: subprocess.Popen, timeout_s: float = 60, marker: str = "accelbench.cli"):
     """The `accelbench train` process under the fake DVC (below its shell, if one stays)."""
     found: list[psutil.Process] = []
 
@@ -90,7 +90,7 @@ def _stage(dvc: subprocess.Popen, timeout_s: float = 60) -> psutil.Process:
         assert dvc.poll() is None, "the fake dvc ended early"
         for child in psutil.Process(dvc.pid).children(recursive=True):
             try:
-                if "accelbench.cli" in child.cmdline():
+                if marker in child.cmdline():
                     found.append(child)
                     return True
             except psutil.Error:
@@ -230,6 +230,39 @@ def test_killing_only_dvc_ends_the_training_and_a_rerun_resumes(
     assert "resuming after epoch" in rerun.stderr
     assert len((out / "metrics" / "epochs.csv").read_text().splitlines()) == 1 + 15
     assert [r.info.status for r in mlflow_runs(mlflow_store, "cpu")] == ["FINISHED"]
+
+
+# A stage whose unwinding will not end: an exit handler that takes a minute (a tracking
+# server that stopped answering, say).
+SLOW_EXIT = "import atexit, runpy, time; atexit.register(time.sleep, 60); "
+SLOW_EXIT += "runpy.run_module('accelbench.cli', run_name='__main__')"
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
+def test_a_stage_ends_within_its_bound_once_dvc_is_killed(
+    tmp_path, prepared, mlflow_store, leftovers, shell
+) -> None:
+    """`kill <dvc pid>`: the stage was still running 2 s later (a watchdog polling every
+    0.5 s, then an unwinding without a bound)."""
+    params = write_params(tmp_path, CPU, epochs=500, batch_size=64)
+    out = tmp_path / "run"
+    python, _, _, *args = train_command(params, "cpu", prepared, out / "cpu.pt", out / "metrics")
+    log = tmp_path / "stage.log"
+    dvc = _under_fake_dvc(
+        tmp_path, shell, [python, "-c", SLOW_EXIT, *args], _env(mlflow_store), log
+    )
+    leftovers.append(psutil.Process(dvc.pid))
+    stage = _stage(dvc, marker=SLOW_EXIT)
+    leftovers.append(stage)
+    _until(lambda: "train cpu: " in log.read_text(), "training to start", 120)
+
+    dvc.terminate()
+    killed = time.monotonic()
+    _until(lambda: not lifetime._alive(stage), "the stage to end", 30)  # a zombie has ended
+    ended_s = time.monotonic() - killed
+    bound_s = lifetime.WATCH_INTERVAL_S + lifetime.STOP_LIMIT_S + 0.4  # the 2 s documented
+    assert ended_s < bound_s, f"{ended_s:.1f} s:\n{log.read_text()[-2000:]}"
+    assert "the stopping stage did not end within 1.5 s" in log.read_text()
 
 
 @pytest.mark.slow

@@ -163,6 +163,8 @@ def _interrupt_on_sigterm() -> None:
         # short the clean-up the first one started (MLflow's run ended as KILLED, say).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _interrupted_by.append(f"signal {signal.Signals(signum).name}")
+        if lifetime.ending_with_launcher():  # DVC or torchrun gone, or stopping it: bounded
+            lifetime.end_within(lifetime.STOP_LIMIT_S, EXIT_INTERRUPTED, "the stopping stage")
         raise KeyboardInterrupt(_interrupted_by[-1])
 
     signal.signal(signal.SIGTERM, handler)

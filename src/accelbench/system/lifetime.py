@@ -8,6 +8,8 @@ process at a time trains into the same outputs.
 - A DDP stage's torchrun ends with the stage, and torchrun's workers with torchrun.
 - "Ends" means SIGTERM, which the CLI turns into the same unwinding as `kill` or Ctrl-C:
   the MLflow run ended as KILLED, the checkpoint of the last finished epoch kept.
+- How soon: the parent-death signal at once, a watchdog within WATCH_INTERVAL_S; the
+  unwinding then has STOP_LIMIT_S (the CLI's SIGTERM handler): within 2 s in all.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from accelbench.core.console import InputError, log
 # Set by `accelbench.training.torchrun` for the processes it starts: the pid they must not outlive
 # (read by torchrun's wrapper from the stage, by the workers from the wrapper).
 PARENT_ENV = "ACCELBENCH_PARENT_PID"
-WATCH_INTERVAL_S = 0.5
+WATCH_INTERVAL_S = 0.1  # a few /proc reads a tick
+# Once its launcher is gone, a stage's unwinding has this long (the MLflow run marked KILLED:
+# 0.1 s here, more on a loaded machine or a slow server); then it ends unfinished.
+STOP_LIMIT_S = 1.5
 # A stage whose work is done ends within this long. Exit handlers or threads that have not
 # returned by then are cut short, with one line: a communicator's teardown, a stuck pool.
 ENDING_LIMIT_S = 30.0
@@ -40,6 +45,11 @@ def is_torchrun_worker() -> bool:
 
 
 _ENDING_WITH_LAUNCHER = False  # set by the first end_with_launcher of this process
+
+
+def ending_with_launcher() -> bool:
+    """Whether this process ends with its launcher: SIGTERM then gets STOP_LIMIT_S (the CLI)."""
+    return _ENDING_WITH_LAUNCHER and (is_torchrun_worker() or "DVC_STAGE" in os.environ)
 
 
 def end_with_launcher() -> None:
@@ -155,7 +165,7 @@ def end_within(limit_s: float, code: int, what: str) -> None:
             if t.is_alive() and t not in (threading.main_thread(), threading.current_thread())
         ]
         waiting = f" (threads still running: {', '.join(running)})" if running else ""
-        log(f"accelbench: {what} did not end within {limit_s:.0f} s{waiting}; ending it now")
+        log(f"accelbench: {what} did not end within {limit_s:g} s{waiting}; ending it now")
         end_now(code)
 
     threading.Thread(target=deadline, name="accelbench-ending", daemon=True).start()
