@@ -91,14 +91,8 @@ format: setup  ## apply ruff's fixes and formatting
 	ruff check --fix src tests tools benchmarks
 	ruff format src tests tools benchmarks
 
-# One worker is plenty for one person's browser (MLflow's default of 4 printed every start-up
-# line four times); MLflow 3.17's own import of starlette.middleware.wsgi warns on each start,
-# which is MLflow's to change, not the user's.
-UI_WARNINGS := ignore:starlette.middleware.wsgi is deprecated:UserWarning
 ui: setup  ## MLflow UI over mlflow.db (default http://127.0.0.1:5000; PORT=, HOST= to change)
-	@python -c 'import sys; from pathlib import Path; from accelbench.system.tracking import ui_intro; sys.exit(ui_intro(sys.argv[1], sys.argv[2], Path("mlflow.db")))' '$(HOST)' '$(PORT)'
-	PYTHONWARNINGS="$(UI_WARNINGS)$${PYTHONWARNINGS:+,$$PYTHONWARNINGS}" mlflow server --backend-store-uri "sqlite:///$(CURDIR)/mlflow.db" \
-	  --host $(HOST) --port $(PORT) --workers 1
+	accelbench ui --host $(HOST) --port $(PORT)
 
 # A team's tracking server (docs/teams.md): the database and artifact store come from
 # MLFLOW_BACKEND_STORE_URI and MLFLOW_ARTIFACTS_DESTINATION; HOST=0.0.0.0 serves the team.

@@ -61,22 +61,11 @@ def _host_slots_are_the_sessions(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _tracking_bugs_fail_the_test(monkeypatch):
-    """A bug in accelbench's tracking code raises (in stages the tests start, too): a stage
-    would carry on through it as through an outage, and the test would pass."""
-    from accelbench.system import tracking
-
-    monkeypatch.setenv(tracking.BUGS_ENV, "raise")
-
-
-@pytest.fixture(autouse=True)
-def _tracking_outage_is_per_test():
+def _tracking_outage_is_per_test(monkeypatch):
     """A simulated tracking outage in one test must not switch tracking off for the next."""
-    from accelbench.system import tracking
+    from accelbench.system.tracking import outage
 
-    tracking._outage = None
-    yield
-    tracking._outage = None
+    monkeypatch.setattr(outage, "_outage", None)
 
 
 @pytest.fixture

@@ -223,10 +223,10 @@ def mlflow_runs(store: str, name: str) -> list:
     """The runs named `name` in the accelbench experiment of the store at `store`."""
     from mlflow.tracking import MlflowClient
 
-    from accelbench.system import tracking
+    from accelbench.system.tracking.store import EXPERIMENT
 
     client = MlflowClient(store)
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is None:
         return []
     return client.search_runs([experiment.experiment_id], f"attributes.run_name = '{name}'")

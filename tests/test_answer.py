@@ -188,7 +188,7 @@ def test_dvc_metrics_and_the_mlflow_tags_are_figures_of_comparison_json(tmp_path
     """DVC's metrics pick figures comparison.json has (same names, same values), and each
     MLflow tag names a figure the report writes and reads as the report writes it."""
     from accelbench.report import markdown
-    from accelbench.system import tracking
+    from accelbench.system.tracking.logs import FIGURE_TAGS, figure_text
 
     rows = [
         _row("cpu", VariantParams(device="cpu"), 11.0, 10.0, 1),
@@ -209,8 +209,8 @@ def test_dvc_metrics_and_the_mlflow_tags_are_figures_of_comparison_json(tmp_path
         "speedup_vs_fp32_hi", "time_to_target_s",
     }  # fmt: skip
     assert comparison["ddp"] == {"status": "skipped", "reason": "needs 2 GPUs"}
-    for tag, (figure, fmt) in tracking.FIGURE_TAGS.items():
-        text = tracking.figure_text(comparison["amp"], figure, fmt)
+    for tag, (figure, fmt) in FIGURE_TAGS.items():
+        text = figure_text(comparison["amp"], figure, fmt)
         assert text is not None and text in md, tag
 
 

@@ -111,7 +111,6 @@ def test_the_hosts_users_are_told_are_allowed_unless_a_users_list_says_otherwise
     assert {"localhost:*", "127.0.0.1:*", "10.*", "192.168.*"} <= set(allowed)  # MLflow's
     # `make ui`'s filter, the user's own after it (the later wins)
     assert env["PYTHONWARNINGS"] == f"{server.UI_WARNINGS},error::UserWarning"
-    assert f"UI_WARNINGS := {server.UI_WARNINGS}\n" in (REPO / "Makefile").read_text()
 
     # a list of the user's own goes to MLflow as given; one that refuses the URL is named
     for extra, environ in (([], "mlbox:5001"), (["--allowed-hosts", "mlbox:5001"], "other:1")):

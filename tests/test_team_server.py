@@ -775,8 +775,9 @@ def test_runs_and_make_ui_lead_to_the_server(team_server, tmp_path) -> None:
         "from pathlib import Path\n"
         "from mlflow.tracking import MlflowClient\n"
         "from accelbench.system import tracking\n"
+        "from accelbench.system.tracking.store import setup\n"
         "ids = [r.info.run_id for r in MlflowClient().search_runs(\n"
-        "    [tracking.setup(Path('.'))], \"attributes.run_name = 'cpu'\")]\n"
+        "    [setup(Path('.'))], \"attributes.run_name = 'cpu'\")]\n"
         "tracking.finish_pipeline(Path('.'), [], {}, ids[:1])\n"
     )
     again = subprocess.run(

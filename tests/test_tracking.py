@@ -15,6 +15,17 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from accelbench.system import tracking
+from accelbench.system.tracking.dead_runs import (
+    CLOSED_TAG,
+    HOST_TAG,
+    MACHINE_TAG,
+    PID_STARTED_TAG,
+    PID_TAG,
+    close_zombies,
+    machine_id,
+)
+from accelbench.system.tracking.runs import pipeline_run_id
+from accelbench.system.tracking.store import HTTP_DEFAULTS, setup
 from helpers import REPO, cpu_train_command, mlflow_runs
 
 
@@ -123,7 +134,7 @@ def test_a_run_killed_outright_is_closed_by_the_rerun(
     closed = runs.pop(orphan.info.run_id)
     [finished] = runs.values()
     assert closed.info.status == "KILLED" and finished.info.status == "FINISHED"
-    assert f"process {process.pid}" in closed.data.tags[tracking.CLOSED_TAG]
+    assert f"process {process.pid}" in closed.data.tags[CLOSED_TAG]
     parent = "mlflow.parentRunId"
     if not by_hand:
         assert closed.data.tags[parent] == finished.data.tags[parent]
@@ -138,30 +149,30 @@ def test_a_run_killed_outright_is_closed_by_the_rerun(
 def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store) -> None:
     import psutil
 
-    experiment_id = tracking.setup(tmp_path)
-    parent = tracking.pipeline_run_id(tmp_path, experiment_id)
+    experiment_id = setup(tmp_path)
+    parent = pipeline_run_id(tmp_path, experiment_id)
     client = MlflowClient()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         live = {
-            tracking.HOST_TAG: __import__("socket").gethostname(),
-            tracking.MACHINE_TAG: tracking.machine_id(),
-            tracking.PID_TAG: str(sleeper.pid),
-            tracking.PID_STARTED_TAG: f"{psutil.Process(sleeper.pid).create_time():.2f}",
+            HOST_TAG: __import__("socket").gethostname(),
+            MACHINE_TAG: machine_id(),
+            PID_TAG: str(sleeper.pid),
+            PID_STARTED_TAG: f"{psutil.Process(sleeper.pid).create_time():.2f}",
         }
         elsewhere = {
             **live,
-            tracking.HOST_TAG: "another-host",
-            tracking.MACHINE_TAG: "another-boot",
-            tracking.PID_TAG: "1",
+            HOST_TAG: "another-host",
+            MACHINE_TAG: "another-boot",
+            PID_TAG: "1",
         }
-        reused = {**live, tracking.PID_STARTED_TAG: "12.00"}  # the pid, but not its process
+        reused = {**live, PID_STARTED_TAG: "12.00"}  # the pid, but not its process
         # A stage killed in a container: another host name, the same kernel, a pid gone.
         container = {
-            tracking.HOST_TAG: "3f9a1c0e2b7d",
-            tracking.MACHINE_TAG: tracking.machine_id(),
-            tracking.PID_TAG: "999999",
-            tracking.PID_STARTED_TAG: "12.00",
+            HOST_TAG: "3f9a1c0e2b7d",
+            MACHINE_TAG: machine_id(),
+            PID_TAG: "999999",
+            PID_STARTED_TAG: "12.00",
         }
         ids = {}
         cases = (
@@ -175,7 +186,7 @@ def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store)
                 experiment_id, tags={**tags, "variant": "cpu", "mlflow.parentRunId": parent}
             )
             ids[name] = run.info.run_id
-        tracking.close_zombies(experiment_id, parent, "cpu")
+        close_zombies(experiment_id, parent, "cpu")
         status = {name: client.get_run(i).info.status for name, i in ids.items()}
         assert status == {
             "live": "RUNNING",
@@ -237,7 +248,7 @@ def test_compares_tracking_calls_survive_an_outage(tmp_path, monkeypatch, capsys
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
-    for key, value in tracking.HTTP_DEFAULTS.items():
+    for key, value in HTTP_DEFAULTS.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     summary = EvalSummary(0.99, 0.03, 0.99, 1.0, per_class={})

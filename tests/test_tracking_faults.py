@@ -4,6 +4,7 @@ busy port, and processes creating one new store at once all succeed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -12,15 +13,24 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from accelbench.system import tracking
+from accelbench.system import ui
+from accelbench.system.server import port_problem
+from accelbench.system.tracking import outage
+from accelbench.system.tracking.outage import tolerant
+from accelbench.system.tracking.runs import PIPELINE_RUN_FILE, flatten
+from accelbench.system.tracking.store import (
+    EXPERIMENT,
+    STORE,
+    STORE_LOCK,
+    WORKSPACE_ENV,
+    workspace_root,
+)
 from helpers import REPO, cpu_train_command, write_params
 
 
@@ -28,7 +38,7 @@ def _own_store_env() -> dict[str, str]:
     """The environment of a stage `dvc repro` runs (DVC_STAGE set) that tracks into its
     workspace's own mlflow.db."""
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_STAGE": "train@cpu"}
-    for key in ("MLFLOW_TRACKING_URI", tracking.WORKSPACE_ENV):
+    for key in ("MLFLOW_TRACKING_URI", WORKSPACE_ENV):
         env.pop(key, None)
     return env
 
@@ -50,7 +60,7 @@ def _python(root: Path, code: str, env: dict[str, str] | None = None) -> str:
 def _runs(root: Path) -> dict[str, tuple[str, str, str | None]]:
     """run id -> (name, status, parent run id) in `root`'s store, read afresh from the file
     (MLflow's client keeps a connection to a store that was since deleted)."""
-    with closing(sqlite3.connect(root / tracking.STORE)) as db:
+    with closing(sqlite3.connect(root / STORE)) as db:
         rows = db.execute(
             "SELECT runs.run_uuid, runs.name, runs.status, tags.value FROM runs LEFT JOIN tags "
             "ON tags.run_uuid = runs.run_uuid AND tags.key = 'mlflow.parentRunId'"
@@ -65,8 +75,8 @@ def test_a_locked_store_is_one_warning_line_not_mlflows_tracebacks(tmp_path, pre
     store = tmp_path / "mlflow.db"
     uri = f"sqlite:///{store}"
     env = {**_own_store_env(), "MLFLOW_TRACKING_URI": uri}
-    _python(tmp_path, "from pathlib import Path; from accelbench.system import tracking; "
-            "tracking.setup(Path('.'))", env)  # fmt: skip
+    _python(tmp_path, "from pathlib import Path; from accelbench.system.tracking import store; "
+            "store.setup(Path('.'))", env)  # fmt: skip
     holder = sqlite3.connect(store, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another program writing: readers pass, writers wait
     try:
@@ -92,17 +102,17 @@ def test_a_locked_store_is_one_warning_line_not_mlflows_tracebacks(tmp_path, pre
 def test_mlflow_errors_of_a_call_that_succeeds_are_still_shown(tmp_path, capsys) -> None:
     import logging
 
-    @tracking.tolerant
+    @tolerant
     def noisy() -> str:
         logging.getLogger("mlflow.test").error("kept: the call succeeded")
         return "ok"
 
-    with tracking._mlflow_logs_held():
+    with outage.logs_held():
         pass  # installs the filter on MLflow's handler
     assert noisy() == "ok"
     assert "kept: the call succeeded" in capsys.readouterr().err
 
-    @tracking.tolerant
+    @tolerant
     def failing() -> None:
         logging.getLogger("mlflow.test").error("dropped: the call failed")
         raise sqlite3.OperationalError("database is locked")
@@ -113,53 +123,52 @@ def test_mlflow_errors_of_a_call_that_succeeds_are_still_shown(tmp_path, capsys)
     assert "OperationalError: database is locked" in err
 
 
-def test_a_bug_in_our_tracking_code_is_named_as_one_not_as_an_outage(monkeypatch, capsys) -> None:
+def test_a_bug_in_our_tracking_code_raises_and_is_no_outage(tmp_path, capsys) -> None:
     """A TypeError in accelbench's own code was reported as the store failing, with the advice
-    to move a healthy mlflow.db aside."""
-    monkeypatch.delenv(tracking.BUGS_ENV)
-    assert tracking.tolerant(tracking._numbers)(None) is None  # None.items(): our bug
-    [line] = capsys.readouterr().err.splitlines()
-    assert "stopped on a bug in accelbench (AttributeError: " in line
-    assert "tracking.py:" in line and "Please report it" in line
-    assert "move it aside" not in line and "Before the next run" not in line
-    monkeypatch.setattr(tracking, "_outage", None)
-    monkeypatch.setenv(tracking.BUGS_ENV, "raise")  # as the test suite runs
-    with pytest.raises(AttributeError):
-        tracking.tolerant(tracking._numbers)(None)
-
-
-def _raised(call: Callable[[], Any]) -> BaseException:
-    with pytest.raises(Exception) as caught:
-        call()
-    return caught.value
-
-
-def test_an_error_from_mlflow_or_its_store_is_an_outage_not_a_bug(
-    tmp_path, monkeypatch, capsys
-) -> None:
-    import json
-
+    to move a healthy mlflow.db aside, and the stage carried on untracked."""
     from accelbench.core.results import write_json
 
+    with pytest.raises(AttributeError):
+        tolerant(flatten)(None)  # None.items(): our bug
+    # raised in the standard library, on what accelbench's code handed it: a bug too
+    with pytest.raises(TypeError):
+        tolerant(lambda: write_json(tmp_path / "x.json", object()))()
+    assert capsys.readouterr().err == "" and outage._outage is None  # tracking goes on
+
+
+def _sqlalchemy_error() -> None:
+    import sqlalchemy.exc
+
+    raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+
+def _locked() -> None:
+    raise sqlite3.OperationalError("database is locked")
+
+
+def _refused() -> None:  # a refused connection, retried in MLflow
+    MlflowClient("http://127.0.0.1:9").get_run("0" * 32)
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (_locked, "OperationalError: database is locked"),
+        (lambda: json.loads("<html>bad gateway</html>"), "JSONDecodeError"),
+        (_refused, "MlflowException"),
+        (_sqlalchemy_error, "OperationalError: (builtins.Exception) server closed"),
+        (lambda: Path("/nonexistent/mlflow.db").read_text(), "FileNotFoundError"),
+    ],
+)
+def test_an_error_from_mlflow_its_store_or_the_network_is_an_outage(
+    monkeypatch, capsys, failure, said
+) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-
-    def locked() -> None:
-        raise sqlite3.OperationalError("database is locked")
-
-    assert not tracking.raised_here(_raised(locked))
-    assert not tracking.raised_here(_raised(lambda: json.loads("<html>bad gateway</html>")))
-    no_server = MlflowClient("http://127.0.0.1:9")  # a refused connection, retried in MLflow
-    assert not tracking.raised_here(_raised(lambda: no_server.get_run("0" * 32)))
-    # raised inside MLflow, not as an MlflowException: MLflow's, not a bug of ours
-    from mlflow.utils.uri import append_to_uri_path
-
-    assert not tracking.raised_here(_raised(lambda: append_to_uri_path(None, "x")))
-    # raised in the standard library, on what accelbench's code handed it: a bug, and the
-    # warning names accelbench's line, not the standard library's
-    serializing = _raised(lambda: write_json(tmp_path / "x.json", object()))
-    assert tracking.raised_here(serializing)
-    tracking._report_outage(serializing)
-    assert "results.py:" in capsys.readouterr().err
+    assert tolerant(failure)() is None
+    [line] = capsys.readouterr().err.splitlines()
+    assert "WARNING: MLflow tracking" in line and said in line, line
+    assert tolerant(failure)() is None  # the rest of the process tracks nothing, quietly
+    assert capsys.readouterr().err == ""
 
 
 # The stages' tracking calls, as a process runs them: train opens the variant's run in the
@@ -189,9 +198,9 @@ def test_a_deleted_store_starts_cleanly_and_leaves_nothing_running(tmp_path) -> 
     opened by another call stayed RUNNING."""
     out = _python(tmp_path, TRAIN)
     old_run = out.split("RUN ")[1].split()[0]
-    pointer = tmp_path / tracking.PIPELINE_RUN_FILE
+    pointer = tmp_path / PIPELINE_RUN_FILE
     assert pointer.is_file()  # the pipeline run is open: compare has not run
-    (tmp_path / tracking.STORE).unlink()  # the user deletes the store between runs
+    (tmp_path / STORE).unlink()  # the user deletes the store between runs
 
     out = _python(tmp_path, COMPARE.replace("RUN_ID", old_run))
     assert "WARNING: MLflow tracking" not in out, out
@@ -205,7 +214,7 @@ def test_a_deleted_store_starts_cleanly_and_leaves_nothing_running(tmp_path) -> 
 
     # and a stale pointer alone (the store deleted mid-pipeline): a new pipeline run
     _python(tmp_path, TRAIN)
-    (tmp_path / tracking.STORE).unlink()
+    (tmp_path / STORE).unlink()
     out = _python(tmp_path, TRAIN)
     [(_, status, parent)] = [run for run in _runs(tmp_path).values() if run[0] == "cpu"]
     assert status == "FINISHED" and pointer.read_text().strip() == parent
@@ -257,7 +266,7 @@ def test_runs_reads_a_store_on_a_read_only_mount(tmp_path) -> None:
     shared, mounted = tmp_path / "shared", tmp_path / "mounted"
     shared.mkdir()
     mounted.mkdir()
-    shutil.copy2(workspace / tracking.STORE, shared / tracking.STORE)
+    shutil.copy2(workspace / STORE, shared / STORE)
     mount = subprocess.run(["mount", "--bind", str(shared), str(mounted)], capture_output=True)
     if mount.returncode != 0:
         pytest.skip(f"cannot bind-mount here: {mount.stderr.decode().strip()}")
@@ -270,7 +279,7 @@ def test_runs_reads_a_store_on_a_read_only_mount(tmp_path) -> None:
         subprocess.run(["umount", "-l", str(mounted)], check=False)
     assert shown.returncode == 0, shown.stderr
     assert "Pipeline run `pipeline " in shown.stdout and "| cpu |" in shown.stdout
-    assert sorted(p.name for p in shared.iterdir()) == [tracking.STORE]  # nothing written
+    assert sorted(p.name for p in shared.iterdir()) == [STORE]  # nothing written
 
 
 def test_runs_refuses_a_store_uri_naming_no_file_and_creates_nothing(tmp_path) -> None:
@@ -292,14 +301,11 @@ def test_runs_refuses_a_store_uri_naming_no_file_and_creates_nothing(tmp_path) -
 def test_the_workspace_is_found_as_dvc_finds_it_else_by_the_params_file(tmp_path) -> None:
     (tmp_path / "ws" / ".dvc").mkdir(parents=True)
     (tmp_path / "ws" / "a" / "b").mkdir(parents=True)
-    assert tracking.workspace_root(tmp_path / "ws" / "a" / "b") == (tmp_path / "ws").resolve()
+    assert workspace_root(tmp_path / "ws" / "a" / "b") == (tmp_path / "ws").resolve()
     (tmp_path / "plain" / "sub").mkdir(parents=True)
-    found = tracking.workspace_root(tmp_path / "plain" / "sub", Path("../params.yaml"))
+    found = workspace_root(tmp_path / "plain" / "sub", Path("../params.yaml"))
     assert found == (tmp_path / "plain").resolve()
-    assert (
-        tracking.workspace_root(tmp_path / "plain", Path("params.yaml"))
-        == (tmp_path / "plain").resolve()
-    )
+    assert workspace_root(tmp_path / "plain", Path("params.yaml")) == (tmp_path / "plain").resolve()
 
 
 def _make_env() -> dict[str, str]:
@@ -330,7 +336,7 @@ def test_make_ui_refuses_a_busy_port_before_printing_a_link() -> None:
     assert "Open" not in result.stdout and "mlflow server" not in result.stdout
     [message] = [line for line in result.stderr.splitlines() if line.startswith("make ui:")]
     assert f"port {port} on 127.0.0.1 is in use" in message and f"PORT={port + 1}" in message
-    assert tracking.port_problem("127.0.0.1", port) is None  # free again once closed
+    assert port_problem("127.0.0.1", port) is None  # free again once closed
 
 
 @pytest.mark.parametrize(
@@ -347,7 +353,7 @@ def test_make_ui_refuses_a_bad_port_or_host_naming_what_to_pass(
     """PORT=99999 printed the link, then the server's traceback, and exited 0; a bad HOST was
     told to choose another port."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert tracking.ui_intro(host, port, tmp_path / "mlflow.db") == 1
+    assert ui.ui_intro(host, port, tmp_path / "mlflow.db") == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"make ui: {said}")
     assert "HOST=127.0.0.1" in err if host != "127.0.0.1" else "another port" not in err
@@ -356,10 +362,10 @@ def test_make_ui_refuses_a_bad_port_or_host_naming_what_to_pass(
 SETUP = """
     import sys, time
     from pathlib import Path
-    from accelbench.system import tracking
+    from accelbench.system.tracking.store import setup
     start = float(sys.argv[1])
     time.sleep(max(0.0, start - time.time()))  # every process at once
-    print(tracking.setup(Path('.')))
+    print(setup(Path('.')))
 """
 
 
@@ -370,7 +376,7 @@ def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path) -> None:
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     copies = [tmp_path / f"exp{i}" for i in range(4)]  # each experiment runs in a copy
-    env = {**_own_store_env(), tracking.WORKSPACE_ENV: str(workspace)}
+    env = {**_own_store_env(), WORKSPACE_ENV: str(workspace)}
     start = time.time() + 8  # after every interpreter has imported MLflow
     processes = []
     for copy in copies:
@@ -391,8 +397,8 @@ def test_processes_creating_one_new_store_at_once_all_succeed(tmp_path) -> None:
     assert len({out.split()[-1] for out, _, _ in results}) == 1  # one experiment
     assert not list(workspace.glob("mlflow.db-journal"))
     experiments = MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").search_experiments()
-    assert [e.name for e in experiments].count(tracking.EXPERIMENT) == 1
-    assert (workspace / tracking.STORE_LOCK).is_file()
+    assert [e.name for e in experiments].count(EXPERIMENT) == 1
+    assert (workspace / STORE_LOCK).is_file()
 
 
 def test_make_ui_refuses_another_store_named_by_the_environment(
@@ -403,13 +409,13 @@ def test_make_ui_refuses_another_store_named_by_the_environment(
     store = tmp_path / "mlflow.db"
     other = f"sqlite:///{tmp_path / 'colleague' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", other)
-    assert tracking.ui_intro("127.0.0.1", "5000", store) == 1
+    assert ui.ui_intro("127.0.0.1", "5000", store) == 1
     [message] = capsys.readouterr().err.splitlines()
     assert message.startswith(f"make ui: MLFLOW_TRACKING_URI is {other}, not this checkout's")
     assert f"mlflow server --backend-store-uri {other}" in message
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")  # its own, named: served
-    monkeypatch.setattr(tracking, "port_problem", lambda *_: None)
-    assert tracking.ui_intro("127.0.0.1", "5000", store) == 0
+    monkeypatch.setattr(ui, "port_problem", lambda *_: None)
+    assert ui.ui_intro("127.0.0.1", "5000", store) == 0
 
 
 @pytest.mark.slow
@@ -461,10 +467,9 @@ def test_an_outage_in_a_stage_says_what_to_do(monkeypatch, capsys, failure, reme
     line; the advice was `accelbench runs`'s alone."""
     import mlflow
 
-    monkeypatch.setattr(tracking, "_outage", None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlbox:5000")
     monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
-    tracking._report_outage(RuntimeError(failure))
+    outage.report(RuntimeError(failure))
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("accelbench: WARNING: MLflow tracking at http://mlbox:5000 failed")
     assert "Before the next run: " in line and remedy in line.split("Before the next run: ")[1]
@@ -478,13 +483,13 @@ def test_an_unknown_scheme_or_a_file_no_store_is_named_as_such() -> None:
     try:
         raise UnsupportedModelRegistryStoreURIException("foo://bar", []) from KeyError("foo")
     except UnsupportedModelRegistryStoreURIException as exc:
-        unknown = tracking._remedy("foo://bar", exc)
+        unknown = outage.remedy("foo://bar", exc)
     assert unknown.startswith("MLflow has no tracking store for the scheme 'foo': set ")
     # a scheme MLflow has (Unity Catalog's), failing for another reason: no such advice
-    assert "no tracking store" not in tracking._remedy("databricks-uc://p", KeyError("x"))
+    assert "no tracking store" not in outage.remedy("databricks-uc://p", KeyError("x"))
     not_sqlite = sqlite3.DatabaseError("file is not a database")
-    said = tracking._remedy("sqlite:////work/params.yaml", not_sqlite)
+    said = outage.remedy("sqlite:////work/params.yaml", not_sqlite)
     assert said.startswith("that file is no SQLite database (damaged, or not a store at all)")
     assert "locked" not in said and "move it aside" in said
     for uri in ("postgresql+psycopg2://u@db/mlflow", "/tmp/mlruns", "file:///tmp/mlruns"):
-        assert "no tracking store for the scheme" not in tracking._remedy(uri, OSError())
+        assert "no tracking store for the scheme" not in outage.remedy(uri, OSError())

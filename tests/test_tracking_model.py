@@ -14,6 +14,7 @@ from mlflow.utils import requirements_utils
 
 from accelbench.data.datasets import DATASETS
 from accelbench.system import tracking
+from accelbench.system.tracking.store import EXPERIMENT
 from accelbench.training.build import trained_model
 from accelbench.training.models import for_dataset
 
@@ -52,7 +53,7 @@ def test_the_model_is_logged_with_its_requirements_and_no_scan(
     assert no_distribution_map == []
     assert requirements_utils._MODULES_TO_PACKAGES is None  # MLflow's again
     [model] = MlflowClient().search_logged_models(
-        [mlflow.get_experiment_by_name(tracking.EXPERIMENT).experiment_id],
+        [mlflow.get_experiment_by_name(EXPERIMENT).experiment_id],
         filter_string=f"source_run_id = '{run_id}'",
     )
     folder = mlflow.artifacts.download_artifacts(f"models:/{model.model_id}", dst_path=tmp_path)

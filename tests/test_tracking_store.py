@@ -17,7 +17,27 @@ from mlflow.tracking import MlflowClient
 
 from accelbench.core.spread import Figure
 from accelbench.report import answer
-from accelbench.system import tracking
+from accelbench.report.runs import TrackingUnreachable, pipeline_summary, summary_markdown
+from accelbench.system import tracking, ui
+from accelbench.system.tracking.logs import SPEEDUP_BASELINE_TAG
+from accelbench.system.tracking.runs import EXP_NAME_TAG, PIPELINE_RUN_FILE, end_by_hand_runs
+from accelbench.system.tracking.store import (
+    ARTIFACTS,
+    EXPERIMENT,
+    STORE,
+    relative_artifacts,
+    setup,
+    store_root,
+)
+from accelbench.system.tracking.view import (
+    VARIANT_RUNS_TAG,
+    VIEW_ID,
+    VIEW_TAG,
+    named_variant_runs,
+    training_view_url,
+    ui_path,
+    variants_filter,
+)
 
 
 @pytest.fixture
@@ -54,18 +74,18 @@ def test_store_and_artifacts_move_together(tmp_path, own_store, monkeypatch) -> 
     first.mkdir(parents=True)
     monkeypatch.chdir(first)  # stages run in the repository root
     run_id = _log_variant(first, "cpu")
-    assert MlflowClient().get_run(run_id).info.artifact_uri.startswith(f"{tracking.ARTIFACTS}/")
+    assert MlflowClient().get_run(run_id).info.artifact_uri.startswith(f"{ARTIFACTS}/")
 
     moved = _move(first, tmp_path / "workspace", monkeypatch)  # e.g. seen from a container
-    tracking.setup(moved)
+    setup(moved)
     local = MlflowClient().download_artifacts(run_id, "note.txt", dst_path=str(tmp_path))
     assert Path(local).read_text() == "cpu artifact\n"
-    assert (moved / tracking.ARTIFACTS).is_dir() and not first.exists()
+    assert (moved / ARTIFACTS).is_dir() and not first.exists()
     # The run logged after the move lands beside the first one.
     second = _log_variant(moved, "gpu")
-    runs = {r.info.run_name for r in MlflowClient().search_runs([tracking.setup(moved)])}
+    runs = {r.info.run_name for r in MlflowClient().search_runs([setup(moved)])}
     assert {"cpu", "gpu"} <= runs
-    assert (moved / tracking.ARTIFACTS / second / "artifacts" / "note.txt").is_file()
+    assert (moved / ARTIFACTS / second / "artifacts" / "note.txt").is_file()
 
 
 @pytest.mark.slow
@@ -76,9 +96,9 @@ def test_a_store_with_absolute_artifact_paths_is_rewritten_once(
     old = tmp_path / "old"
     old.mkdir()
     monkeypatch.chdir(old)
-    mlflow.set_tracking_uri(f"sqlite:///{old / tracking.STORE}")
+    mlflow.set_tracking_uri(f"sqlite:///{old / STORE}")
     experiment_id = mlflow.create_experiment(
-        tracking.EXPERIMENT, artifact_location=(old / tracking.ARTIFACTS).as_uri()
+        EXPERIMENT, artifact_location=(old / ARTIFACTS).as_uri()
     )
     (old / "note.txt").write_text("old artifact\n")
     with mlflow.start_run(experiment_id=experiment_id) as run:
@@ -86,11 +106,11 @@ def test_a_store_with_absolute_artifact_paths_is_rewritten_once(
     assert run.info.artifact_uri.startswith("file:///")
 
     moved = _move(old, tmp_path / "new", monkeypatch)
-    assert tracking.relative_artifacts(moved / tracking.STORE) == 2  # the experiment and the run
-    assert tracking.relative_artifacts(moved / tracking.STORE) == 0  # already relative
-    tracking.setup(moved)
+    assert relative_artifacts(moved / STORE) == 2  # the experiment and the run
+    assert relative_artifacts(moved / STORE) == 0  # already relative
+    setup(moved)
     info = MlflowClient().get_run(run.info.run_id).info
-    assert info.artifact_uri == f"{tracking.ARTIFACTS}/{run.info.run_id}/artifacts"
+    assert info.artifact_uri == f"{ARTIFACTS}/{run.info.run_id}/artifacts"
     local = MlflowClient().download_artifacts(run.info.run_id, "note.txt", dst_path=str(tmp_path))
     assert Path(local).read_text() == "old artifact\n"
 
@@ -98,9 +118,9 @@ def test_a_store_with_absolute_artifact_paths_is_rewritten_once(
 @pytest.mark.slow
 def test_a_shared_server_keeps_its_own_artifact_locations(tmp_path, mlflow_store) -> None:
     """With MLFLOW_TRACKING_URI set, accelbench changes nothing in that store's locations."""
-    experiment_id = tracking.setup(tmp_path)
+    experiment_id = setup(tmp_path)
     location = MlflowClient().get_experiment(experiment_id).artifact_location
-    assert location != f"{tracking.ARTIFACTS}/{experiment_id}"
+    assert location != f"{ARTIFACTS}/{experiment_id}"
 
 
 @pytest.mark.slow
@@ -126,7 +146,7 @@ def test_the_pipeline_run_is_found_by_the_checkout_not_the_host(
     report.write_text("report\n")
     assert tracking.finish_pipeline(moved, [report], {"runs": 2}) == parent
     assert client.get_run(parent).info.status == "FINISHED"
-    assert not (moved / tracking.PIPELINE_RUN_FILE).exists()
+    assert not (moved / PIPELINE_RUN_FILE).exists()
     again = _log_variant(moved, "cpu")
     assert client.get_run(again).data.tags["mlflow.parentRunId"] != parent
 
@@ -136,7 +156,7 @@ def test_a_pointer_to_another_store_or_a_finished_run_starts_a_new_pipeline_run(
     tmp_path, own_store, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    pointer = tmp_path / tracking.PIPELINE_RUN_FILE
+    pointer = tmp_path / PIPELINE_RUN_FILE
     pointer.parent.mkdir()
     pointer.write_text("0123456789abcdef0123456789abcdef\n")  # no such run in this store
     run_id = _log_variant(tmp_path, "cpu")
@@ -162,9 +182,9 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
     profiled = _log_variant(tmp_path, "cpu")  # `accelbench train cpu ... --profile`
     by_hand = client.get_run(profiled).data.tags["mlflow.parentRunId"]
     assert client.get_run(by_hand).info.run_name.startswith("by hand ")
-    tracking.end_by_hand_runs()  # as its process exits
+    end_by_hand_runs()  # as its process exits
     assert client.get_run(by_hand).info.status == "FINISHED"
-    assert not (tmp_path / tracking.PIPELINE_RUN_FILE).exists()
+    assert not (tmp_path / PIPELINE_RUN_FILE).exists()
 
     monkeypatch.setenv("DVC_STAGE", "train@cpu")
     monkeypatch.setenv("DVC_EXP_NAME", "tgt50")
@@ -178,7 +198,7 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
     again = _log_variant(tmp_path, "gpu")
     second = client.get_run(again).data.tags["mlflow.parentRunId"]
     assert second not in (by_hand, pipeline)
-    tracking.end_by_hand_runs()
+    end_by_hand_runs()
 
     monkeypatch.setenv("DVC_STAGE", "compare")
     assert tracking.finish_pipeline(tmp_path, [], {}) == pipeline
@@ -207,7 +227,7 @@ def test_a_stage_run_by_hand_ends_its_pipeline_run_as_it_exits(tmp_path) -> None
         parents.append(client.get_run(done.stdout.split()[-1]).data.tags["mlflow.parentRunId"])
         assert client.get_run(parents[-1]).info.status == "FINISHED"
     assert parents[0] != parents[1]
-    assert not (tmp_path / tracking.PIPELINE_RUN_FILE).exists()  # no pointer for the next
+    assert not (tmp_path / PIPELINE_RUN_FILE).exists()  # no pointer for the next
 
 
 def test_a_dvc_experiment_copy_tracks_into_its_workspace(tmp_path, own_store, monkeypatch) -> None:
@@ -224,19 +244,19 @@ def test_a_dvc_experiment_copy_tracks_into_its_workspace(tmp_path, own_store, mo
         monkeypatch.setenv("DVC_EXP_NAME", exp_name)
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
         runs[exp_name] = _log_variant(copy, "cpu")
-        assert not (copy / tracking.STORE).exists()
+        assert not (copy / STORE).exists()
     for copy in copies:
         shutil.rmtree(copy)  # as DVC does once the experiment is collected
 
     monkeypatch.delenv("DVC_ROOT")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(workspace)
-    tracking.setup(workspace)
+    setup(workspace)
     client = MlflowClient()
     parents = set()
     for exp_name, run_id in runs.items():
         run = client.get_run(run_id)
-        assert run.data.tags[tracking.EXP_NAME_TAG] == exp_name
+        assert run.data.tags[EXP_NAME_TAG] == exp_name
         parent = client.get_run(run.data.tags["mlflow.parentRunId"])
         assert parent.info.run_name.startswith(f"{exp_name} ")
         parents.add(parent.info.run_id)
@@ -247,11 +267,11 @@ def test_a_dvc_experiment_copy_tracks_into_its_workspace(tmp_path, own_store, mo
 
 def test_a_workspace_that_is_not_here_falls_back_to_the_checkout(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DVC_ROOT", str(tmp_path / "elsewhere"))
-    assert tracking.store_root(tmp_path) == tmp_path
+    assert store_root(tmp_path) == tmp_path
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    assert tracking.store_root(tmp_path / "copy") == tmp_path
+    assert store_root(tmp_path / "copy") == tmp_path
     monkeypatch.delenv("DVC_ROOT")
-    assert tracking.store_root(tmp_path / "copy") == tmp_path / "copy"
+    assert store_root(tmp_path / "copy") == tmp_path / "copy"
 
 
 STEADY = {"cpu": 12.3, "amp": 0.0834}
@@ -269,7 +289,7 @@ def _pipeline(root: Path) -> dict[str, str]:
         ids[name] = run_id
     tracking.record_skipped(root, "gpu", {}, "no CUDA device")
     [skipped] = MlflowClient().search_runs(
-        [tracking.setup(root)], "attributes.run_name = 'gpu'", max_results=1
+        [setup(root)], "attributes.run_name = 'gpu'", max_results=1
     )
     return ids | {"gpu": skipped.info.run_id}
 
@@ -328,7 +348,7 @@ def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflo
     assert skipped.data.tags["status"] == "skipped"
     assert skipped.data.tags["skip_reason"] == "no CUDA device"
     parent = skipped.data.tags["mlflow.parentRunId"]
-    shown = client.search_runs([tracking.setup(tmp_path)], tracking.variants_filter(parent))
+    shown = client.search_runs([setup(tmp_path)], variants_filter(parent))
     assert {r.info.run_name for r in shown} == {"cpu", "amp"}
 
 
@@ -336,11 +356,11 @@ def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflo
 def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     client = MlflowClient()
-    experiment = client.get_experiment(tracking.setup(tmp_path))
+    experiment = client.get_experiment(setup(tmp_path))
     parent = client.get_run(ids["cpu"]).data.tags["mlflow.parentRunId"]
-    view = json.loads(experiment.tags[tracking.VIEW_TAG])
+    view = json.loads(experiment.tags[VIEW_TAG])
     state = json.loads(view["state"])
-    assert state["searchFilter"] == tracking.variants_filter(parent)
+    assert state["searchFilter"] == variants_filter(parent)
     assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`steady_epoch_s`", True)
     assert state["columnOrder"][:4] == [
         "tags.`speedup`",
@@ -350,28 +370,25 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
     ]
     assert set(state["selectedColumns"]) <= set(state["columnOrder"])
     store = tmp_path / "mlflow.db"
-    link = tracking.training_view_url("http://ui", store)
+    link = training_view_url("http://ui", store)
     assert link == (
         f"http://ui/#/experiments/{experiment.experiment_id}/runs?"
-        f"workflowType=machine_learning&viewStateShareKey={tracking.VIEW_ID}"
+        f"workflowType=machine_learning&viewStateShareKey={VIEW_ID}"
     )
     # the next pipeline takes the view over; the link follows
     tracking.finish_pipeline(tmp_path, [], {})
     with tracking.variant_run(tmp_path, "cpu", {}, {"status": "trained"}) as newer:
         pass
     newer_parent = client.get_run(newer).data.tags["mlflow.parentRunId"]
-    assert (
-        f"'{newer_parent}'"
-        in client.get_experiment(experiment.experiment_id).tags[tracking.VIEW_TAG]
-    )
-    assert tracking.training_view_url("http://ui", store) == link
+    assert f"'{newer_parent}'" in client.get_experiment(experiment.experiment_id).tags[VIEW_TAG]
+    assert training_view_url("http://ui", store) == link
     # a view that is not the newest pipeline's (written by another store's copy, or deleted):
     # the link filters and sorts by itself
-    client.set_experiment_tag(experiment.experiment_id, tracking.VIEW_TAG, "{}")
-    fallback = tracking.training_view_url("http://ui", store)
+    client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, "{}")
+    fallback = training_view_url("http://ui", store)
     assert "viewStateShareKey" not in fallback
     query = parse_qs(urlsplit(fallback.split("#", 1)[1]).query)
-    assert query["searchFilter"] == [tracking.variants_filter(newer_parent)]
+    assert query["searchFilter"] == [variants_filter(newer_parent)]
     assert query["orderByKey"] == ["metrics.`steady_epoch_s`"]
     assert query["workflowType"] == ["machine_learning"]
 
@@ -387,44 +404,44 @@ def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
     ids = _pipeline(tmp_path)
     trained = [ids["cpu"], ids["amp"]]
     client = MlflowClient()
-    experiment_id = tracking.setup(tmp_path)
+    experiment_id = setup(tmp_path)
     first = tracking.finish_pipeline(tmp_path, [], {}, trained)
-    assert tracking.VARIANT_RUNS_TAG not in client.get_run(first).data.tags  # its own children
+    assert VARIANT_RUNS_TAG not in client.get_run(first).data.tags  # its own children
 
     tracking.record_skipped(tmp_path, "gpu", {}, "no CUDA device")  # compare, re-run alone
     second = tracking.finish_pipeline(tmp_path, [], {"cpu.test_accuracy": 0.99}, trained)
     assert second not in (None, first)
     run = client.get_run(second)
     assert run.info.status == "FINISHED" and run.data.metrics == {"cpu.test_accuracy": 0.99}
-    parent, children = tracking.pipeline_summary(tmp_path)
+    parent, children = pipeline_summary(tmp_path)
     assert parent.info.run_id == second
     assert sorted(r.info.run_name for r in children) == ["amp", "cpu", "gpu"]
-    view = client.get_experiment(experiment_id).tags[tracking.VIEW_TAG]
+    view = client.get_experiment(experiment_id).tags[VIEW_TAG]
     shown = client.search_runs(
         [experiment_id], json.loads(json.loads(view)["state"])["searchFilter"]
     )
     assert sorted(r.info.run_name for r in shown) == ["amp", "cpu"]
-    link = tracking.training_view_url("http://ui", tmp_path / "mlflow.db")
-    assert link.endswith(f"viewStateShareKey={tracking.VIEW_ID}")
+    link = training_view_url("http://ui", tmp_path / "mlflow.db")
+    assert link.endswith(f"viewStateShareKey={VIEW_ID}")
     # the link without the saved view filters by the same runs
-    path = tracking.ui_path(experiment_id, second, None, tracking.named_variant_runs(run.data.tags))
+    path = ui_path(experiment_id, second, None, named_variant_runs(run.data.tags))
     query = parse_qs(urlsplit(path.split("#", 1)[1]).query)
-    assert query["searchFilter"] == [tracking.variants_filter(second, trained)]
+    assert query["searchFilter"] == [variants_filter(second, trained)]
 
     # nothing skipped, so nothing opened a run: the report still gets its pipeline run
     third = tracking.finish_pipeline(tmp_path, [], {}, [ids["cpu"]])
     assert third not in (None, first, second)
-    assert tracking.named_variant_runs(client.get_run(third).data.tags) == [ids["cpu"]]
+    assert named_variant_runs(client.get_run(third).data.tags) == [ids["cpu"]]
 
 
 @pytest.mark.slow
 def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
     store = tmp_path / "mlflow.db"
-    assert tracking.training_view_url("http://ui", store).endswith(
+    assert training_view_url("http://ui", store).endswith(
         "/#/experiments?workflowType=machine_learning"
     )
-    experiment_id = tracking.setup(tmp_path)
-    assert tracking.training_view_url("http://ui", store) == (
+    experiment_id = setup(tmp_path)
+    assert training_view_url("http://ui", store) == (
         f"http://ui/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
     )
 
@@ -434,15 +451,15 @@ def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, c
     """`make ui` on a fresh clone said "(the newest pipeline run: its trained variants,
     fastest first)" with no store at all."""
     store = tmp_path / "mlflow.db"
-    monkeypatch.setattr(tracking, "port_problem", lambda *_: None)
+    monkeypatch.setattr(ui, "port_problem", lambda *_: None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
 
     def said() -> str:
-        assert tracking.ui_intro("127.0.0.1", "5000", store) == 0
+        assert ui.ui_intro("127.0.0.1", "5000", store) == 0
         return capsys.readouterr().out
 
     assert "(no runs yet: `make repro` records them" in said()
-    tracking.setup(tmp_path)
+    setup(tmp_path)
     assert "(the experiment: no pipeline run yet)" in said()
     _pipeline(tmp_path)
     assert "(the newest pipeline run: its trained variants, fastest first)" in said()
@@ -452,7 +469,7 @@ def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, c
 def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     ids = _pipeline(tmp_path)
     tracking.log_variant_figures(tmp_path, {ids[name]: FIGURES[name] for name in FIGURES})
-    table = tracking.summary_markdown(tmp_path)
+    table = summary_markdown(tmp_path)
     lines = table.splitlines()
     header = next(line for line in lines if line.startswith("| variant |"))
     rows = [line for line in lines if line.startswith("| ") and line != header]
@@ -466,10 +483,10 @@ def test_accelbench_runs_leads_with_the_speedup(tmp_path, mlflow_store) -> None:
     gpu = dict(zip(header.split("|"), rows[2].split("|"), strict=True))
     assert gpu[" result "] == " skipped " and gpu[" run status "] == " FINISHED "
     assert "- gpu: no CUDA device" in lines
-    assert f"viewStateShareKey={tracking.VIEW_ID}" in table
+    assert f"viewStateShareKey={VIEW_ID}" in table
     # a training stopped part way is not a trained variant, whatever its status tag says
     MlflowClient().set_terminated(ids["cpu"], "KILLED")
-    [cpu] = [r for r in tracking.summary_markdown(tmp_path).splitlines() if r.startswith("| cpu")]
+    [cpu] = [r for r in summary_markdown(tmp_path).splitlines() if r.startswith("| cpu")]
     assert dict(zip(header.split("|"), cpu.split("|"), strict=True))[" result "] == " interrupted "
 
 
@@ -487,8 +504,8 @@ def test_speedups_over_another_baseline_are_tagged_and_headed_as_such(
     tracking.log_variant_figures(tmp_path, over_cpu2, "cpu2")
     amp = MlflowClient().get_run(ids["amp"])
     assert amp.data.tags["speedup"] == "148× (140–156×)"
-    assert amp.data.tags[tracking.SPEEDUP_BASELINE_TAG] == "cpu2"
-    lines = tracking.summary_markdown(tmp_path).splitlines()
+    assert amp.data.tags[SPEEDUP_BASELINE_TAG] == "cpu2"
+    lines = summary_markdown(tmp_path).splitlines()
     header = next(line for line in lines if line.startswith("| variant |"))
     assert header.split(" | ")[1] == "speedup vs cpu2 (95% interval)"
     amp_row = next(line for line in lines if line.startswith("| amp |"))
@@ -505,7 +522,7 @@ def test_accelbench_runs_shows_the_evaluated_accuracy(tmp_path, mlflow_store) ->
     client.log_metric(ids["cpu"], "eval_test_accuracy", 0.9717)  # as compare logs it
     rows = {
         line.split(" | ")[0]: line.split(" | ")
-        for line in tracking.summary_markdown(tmp_path).splitlines()
+        for line in summary_markdown(tmp_path).splitlines()
         if line.startswith("| ")
     }
     assert rows["| cpu"][3] == "97.17%"
@@ -514,8 +531,8 @@ def test_accelbench_runs_shows_the_evaluated_accuracy(tmp_path, mlflow_store) ->
 
 def test_a_store_that_cannot_be_read_is_not_a_server_to_start(tmp_path, mlflow_store) -> None:
     (tmp_path / "mlflow.db").write_bytes(b"not a database" * 100)
-    with pytest.raises(tracking.TrackingUnreachable) as error:
-        tracking.summary_markdown(tmp_path)
+    with pytest.raises(TrackingUnreachable) as error:
+        summary_markdown(tmp_path)
     assert f"cannot read MLflow tracking at {mlflow_store}" in str(error.value)
     assert "server" not in str(error.value).split(")")[-1]
     assert "move it aside" in str(error.value)
@@ -524,10 +541,10 @@ def test_a_store_that_cannot_be_read_is_not_a_server_to_start(tmp_path, mlflow_s
 @pytest.mark.slow
 def test_setup_hides_mlflows_run_links_unless_asked(tmp_path, mlflow_store, monkeypatch) -> None:
     monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
-    tracking.setup(tmp_path)
+    setup(tmp_path)
     assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
     monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false")
-    tracking.setup(tmp_path)
+    setup(tmp_path)
     assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "false"
 
 
@@ -539,7 +556,7 @@ def test_make_ui_refuses_a_tracking_server(tmp_path, monkeypatch, capsys) -> Non
         closed = probe.getsockname()[1]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    assert tracking.ui_intro("127.0.0.1", "5000", tmp_path / "mlflow.db") == 1
+    assert ui.ui_intro("127.0.0.1", "5000", tmp_path / "mlflow.db") == 1
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1
     assert f"the runs are on that server, open http://127.0.0.1:{closed} (or" in err
@@ -568,9 +585,7 @@ def test_a_second_comparison_replaces_the_figures_and_tags_it_changes(
         2,
         3,
     ]
-    row = next(
-        line for line in tracking.summary_markdown(tmp_path).splitlines() if "| amp |" in line
-    )
+    row = next(line for line in summary_markdown(tmp_path).splitlines() if "| amp |" in line)
     assert row.split(" | ")[4] == "9.900 s"
 
     # now over gpu, which was skipped: no speedups, and no tag left from the cpu baseline
@@ -578,6 +593,6 @@ def test_a_second_comparison_replaces_the_figures_and_tags_it_changes(
     tracking.log_variant_figures(tmp_path, {ids["amp"]: none}, "gpu")
     amp = client.get_run(ids["amp"])
     assert "speedup" not in amp.data.tags and amp.data.tags["speedup_baseline"] == "gpu"
-    lines = tracking.summary_markdown(tmp_path).splitlines()
+    lines = summary_markdown(tmp_path).splitlines()
     row = next(line for line in lines if "| amp |" in line)
     assert row.split(" | ")[1] == "n/a"

@@ -255,10 +255,11 @@ ok "a --user that cannot write the checkout is refused, naming its owner"
 (cd "$checkout" && PYTHONPATH="$checkout/src" "$PYTHON" - <<'EOF'
 import mlflow
 from mlflow.tracking import MlflowClient
-from accelbench.system import tracking
+from accelbench.report.runs import pipeline_summary
+from accelbench.system.tracking.store import tracking_uri
 from pathlib import Path
-mlflow.set_tracking_uri(tracking.tracking_uri(Path(".")))
-parent, children = tracking.pipeline_summary(Path("."))
+mlflow.set_tracking_uri(tracking_uri(Path(".")))
+parent, children = pipeline_summary(Path("."))
 assert parent is not None and parent.info.status == "FINISHED", parent
 names = {a.path for a in MlflowClient().list_artifacts(parent.info.run_id)}
 assert "comparison.md" in names, names

@@ -32,8 +32,8 @@ from urllib.parse import quote
 
 from mlflow import MlflowClient
 
-from accelbench.system.tracking import (
-    EXPERIMENT,
+from accelbench.system.tracking.store import EXPERIMENT
+from accelbench.system.tracking.view import (
     TRAINING_VIEW,
     VIEW_TAG,
     pipeline_path,
@@ -79,7 +79,7 @@ def start_server(store: Path, timeout_s: float = 90) -> tuple[str, subprocess.Po
         "--workers",
         "1",
     ]
-    # From the store's folder: its artifact locations are relative to it (tracking.relative_artifacts).
+    # From the store's folder: its artifact locations are relative to it (relative_artifacts).
     process = subprocess.Popen(
         command,
         env=env,

@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelbench",
         description="The pipeline's stages (dvc.yaml calls them; run them all with `dvc repro`) "
-        "and tools: check, runs, doctor, server. `accelbench STAGE --help` lists a stage's "
+        "and tools: check, runs, doctor, ui, server. `accelbench STAGE --help` lists a stage's "
         "arguments.",
         epilog="Exit codes: 0 done, 2 usage or input error (fix the argument or file named), "
         "1 failure (the input was fine: a mirror, the tracking server, memory, a bug), "
@@ -96,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit codes: 0 GPU ready, 3 CPU only (nothing required a GPU), 1 problems.",
     )
     doctor.add_argument("--require-gpu", action="store_true", help="a missing GPU is a problem")
-    # Its arguments, --help included, are its module's own (accelbench.system.server).
+    # Their arguments, --help included, are their modules' own (accelbench.system.ui, .server).
+    sub.add_parser("ui", help="the MLflow UI over this checkout's store (make ui)", add_help=False)
     sub.add_parser(
         "server", help="a team's MLflow server on PostgreSQL (docs/teams.md)", add_help=False
     )
@@ -267,8 +268,8 @@ def _run(
     stage_args: list[str],
     argv: list[str] | None,
 ) -> int:
-    if args.stage == "server":  # needs no params.yaml: it serves a team, not a checkout
-        return importlib.import_module("accelbench.system.server").main(stage_args)
+    if args.stage in ("ui", "server"):  # need no params.yaml: launchers of MLflow's server
+        return importlib.import_module(f"accelbench.system.{args.stage}").main(stage_args)
     if stage_args and args.stage not in STAGES:
         parser.error(f"unrecognized arguments: {' '.join(stage_args)}")
     _interrupt_on_sigterm()
@@ -295,8 +296,9 @@ def _run(
         # (dvc.yaml's deps list exactly them).
         stage = _stage_arguments(args.stage, stage_args, args) if args.stage in STAGES else None
         if args.stage == "runs":  # the workspace's store, from any of its subfolders: no params
-            tracking = importlib.import_module("accelbench.system.tracking")
-            return _print_out(tracking.summary_markdown(tracking.workspace_root(root, args.params)))
+            runs = importlib.import_module("accelbench.report.runs")
+            store = importlib.import_module("accelbench.system.tracking.store")
+            return _print_out(runs.summary_markdown(store.workspace_root(root, args.params)))
         with phases.phase("params"):
             params = load_params(args.params)
         if args.stage == "check":

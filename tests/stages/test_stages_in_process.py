@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from accelbench.core.results import MetricsFiles
 from accelbench.data.prepared import dataset_digest
 from accelbench.stages import train
-from accelbench.system import tracking
+from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG
 from helpers import run_all_stages, small_params
 
 
@@ -45,10 +45,10 @@ def test_pipeline_in_process_tracks_runs_under_one_parent(tmp_path, prepared, ml
     assert headline["cpu.cost_usd"] > 0 and "gpu.cost_usd" not in headline  # skipped: no cost
 
     client = MlflowClient(mlflow_store)
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id])
-    parents = [r for r in runs if r.data.tags.get(tracking.ROLE_TAG) == "pipeline"]
-    children = [r for r in runs if r.data.tags.get(tracking.ROLE_TAG) == "variant"]
+    parents = [r for r in runs if r.data.tags.get(ROLE_TAG) == "pipeline"]
+    children = [r for r in runs if r.data.tags.get(ROLE_TAG) == "variant"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {r.info.run_name for r in children} == set(params.variants)
     assert all(r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for r in children)

@@ -14,7 +14,7 @@ from accelbench.core.console import StageError
 from accelbench.core.params import ParamsError
 from accelbench.core.results import MetricsFiles
 from accelbench.stages import train as train_stage
-from accelbench.system import tracking
+from accelbench.system.tracking.store import EXPERIMENT
 from helpers import mlflow_runs, small_params, train_command, write_params
 
 
@@ -162,7 +162,7 @@ def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlfl
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert (tmp_path / "r2" / "metrics" / "epochs.csv").read_text().count("\n") == 4
     client = MlflowClient(mlflow_store)
-    experiment = client.get_experiment_by_name(tracking.EXPERIMENT).experiment_id
+    experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
     run = client.search_runs([experiment], order_by=["attributes.start_time DESC"])[0]
     assert len(client.get_metric_history(run.info.run_id, "train_time_s")) == 3
 

@@ -21,6 +21,7 @@ import argparse
 import os
 import socket
 import sys
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,8 +31,8 @@ DATABASE_ENV = "MLFLOW_BACKEND_STORE_URI"  # MLflow's own names: `mlflow server`
 ARTIFACTS_ENV = "MLFLOW_ARTIFACTS_DESTINATION"
 JOBS_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 ALLOWED_HOSTS_ENV = "MLFLOW_SERVER_ALLOWED_HOSTS"
-# `make ui`'s filter (the Makefile's UI_WARNINGS): Starlette's deprecation of the WSGI
-# middleware MLflow mounts, once per worker; a user's own PYTHONWARNINGS, after it, wins.
+# `make ui`'s filter too (system/ui.py): Starlette's deprecation of the WSGI middleware MLflow
+# mounts, once per worker; a user's own PYTHONWARNINGS, after it, wins.
 UI_WARNINGS = "ignore:starlette.middleware.wsgi is deprecated:UserWarning"
 DEFAULT_HOST = "127.0.0.1"  # this machine only, unless --host says otherwise
 DEFAULT_PORT = 5000
@@ -187,9 +188,22 @@ def check_connection(uri: str) -> None:
         engine.dispose()
 
 
-def check_port(host: str, port: int) -> None:
-    from accelbench.system.tracking import port_problem
+def port_problem(host: str, port: int) -> str | None:
+    """Why a server could not listen on `host:port` (another program holds it), or None."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, OverflowError) as exc:
+        return f"{host}:{port} is not an address to serve on ({exc})"
+    with closing(socket.socket(family, kind, proto)) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"port {port} on {host} is in use by another program ({exc.strerror})"
+    return None
 
+
+def check_port(host: str, port: int) -> None:
     if not 0 < port < 65536:
         raise InputError(f"--port {port}: not a port (1-65535)")
     if problem := port_problem(host, port):
@@ -254,6 +268,12 @@ def refused_url(allowed: str, url: str) -> str | None:
     )
 
 
+def server_warnings() -> str:
+    """PYTHONWARNINGS for an MLflow server: UI_WARNINGS, then the user's own (the later wins)."""
+    given = os.environ.get("PYTHONWARNINGS")
+    return UI_WARNINGS + (f",{given}" if given else "")
+
+
 def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
     """The environment `mlflow server` runs in, and a warning if the hosts it allows refuse
     `url` (what users are told to set)."""
@@ -261,8 +281,7 @@ def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str
     # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
     # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
     env.setdefault(JOBS_ENV, "false")
-    given = os.environ.get("PYTHONWARNINGS")
-    env["PYTHONWARNINGS"] = UI_WARNINGS + (f",{given}" if given else "")
+    env["PYTHONWARNINGS"] = server_warnings()
     allowed = _given_allowed_hosts(extra)
     if allowed is None:  # MLflow's defaults refuse the host name users are told to type
         allowed = env[ALLOWED_HOSTS_ENV] = default_allowed_hosts(url)

@@ -1,0 +1,154 @@
+"""`accelbench runs`: the newest pipeline run's variants in MLflow, fastest first, as a
+Markdown table with the link to them in the UI."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from accelbench.core.console import AccelbenchError, InputError, redact
+from accelbench.system.tracking.logs import FIGURE_TAGS, SPEEDUP_BASELINE_TAG, figure_text
+from accelbench.system.tracking.outage import describe_failure, logs_held, remedy, tracking_errors
+from accelbench.system.tracking.store import (
+    EXPERIMENT,
+    STORE,
+    is_server,
+    setup,
+    sqlite_path,
+    store_root,
+    tracking_uri,
+)
+from accelbench.system.tracking.view import VIEW_TAG, pipeline_path, pipeline_variants
+
+
+def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
+    """The newest pipeline run of this store and its variant runs (None, [] if there is none)."""
+    experiment_id = setup(root)  # first: it points the client at this store
+    return pipeline_variants(MlflowClient(), experiment_id)
+
+
+class TrackingUnreachable(AccelbenchError):
+    """The tracking store cannot be read (a server that is down, a broken store)."""
+
+
+def _figures(run: Any) -> dict[str, str | None]:
+    """A run's figures as text, by FIGURE_TAGS key: as compare last tagged them on the run
+    (a figure it dropped: None), or from their metrics on a run it never compared (no
+    figure tag at all)."""
+    tags = run.data.tags
+    if any(t in tags for t in (*FIGURE_TAGS, SPEEDUP_BASELINE_TAG)):
+        return {tag: tags.get(tag) for tag in FIGURE_TAGS}
+    return {tag: figure_text(run.data.metrics, *keys) for tag, keys in FIGURE_TAGS.items()}
+
+
+def _summary_row(run: Any) -> str:
+    metrics, tags = run.data.metrics, run.data.tags
+    # compare's evaluation of the trained model; else the last epoch the run logged (an
+    # older run, or one whose evaluation was not logged)
+    accuracy = metrics.get("eval_test_accuracy", metrics.get("test_accuracy"))
+    figures = _figures(run)
+    cells = [
+        run.info.run_name,
+        figures["speedup"],  # over the report's baseline
+        figures["steady_epoch"],
+        f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
+        figures["time_to_target"],
+        _result(tags.get("status", ""), run.info.status),
+        tags.get("device_name", tags.get("device", "")),
+        run.info.status,
+        run.info.run_id,
+    ]
+    return "| " + " | ".join("n/a" if c is None else c for c in cells) + " |"
+
+
+def _result(status: str, run_status: str) -> str:
+    """What became of a variant: its stage's `status` tag (trained, skipped), unless its run
+    ended otherwise: a training stopped part way (or running, or left RUNNING by a killed
+    process) is no trained variant, whatever it logged."""
+    if status == "trained" and run_status in _UNFINISHED:
+        return _UNFINISHED[run_status]
+    return status
+
+
+_UNFINISHED = {"KILLED": "interrupted", "FAILED": "failed", "RUNNING": "unfinished"}
+
+SUMMARY_COLUMNS = (
+    "variant",
+    "speedup vs {baseline} (95% interval)",
+    "steady epoch (95% interval)",
+    "test accuracy",
+    "time to target",
+    "result",
+    "device",
+    "run status",
+    "run id",
+)
+
+
+def _speedup_baseline(runs: list[Any]) -> str:
+    """The variant the runs' speedups are over, as compare tagged them."""
+    named = {r.data.tags[SPEEDUP_BASELINE_TAG] for r in runs if SPEEDUP_BASELINE_TAG in r.data.tags}
+    if not named:
+        return "the baseline"
+    return "/".join(sorted(named))  # one, unless runs compared over different baselines
+
+
+def _unreadable(uri: str, exc: BaseException) -> str:
+    """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
+    return f"cannot read MLflow tracking at {uri} ({describe_failure(exc)}); {remedy(uri, exc)}"
+
+
+def summary_markdown(root: Path) -> str:
+    """`accelbench runs`: the newest pipeline run's variants, fastest first, and the link to
+    them in the UI. Reading creates no store where there is none."""
+    store = store_root(root) / STORE
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.exists():
+        return f"No MLflow store at {store} yet: run `dvc repro` in {store.parent}."
+    named = sqlite_path(tracking_uri(root)) if os.environ.get("MLFLOW_TRACKING_URI") else None
+    if named is not None and not named.exists():  # reading would create it, folders and all
+        raise InputError(
+            f"MLFLOW_TRACKING_URI names the store {named}, which does not exist (a typo?); "
+            f"`accelbench runs` reads a store and creates none: unset it to read {store}"
+        )
+    try:
+        with logs_held():
+            parent, children = pipeline_summary(root)
+            view = (
+                MlflowClient().get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
+                if parent is not None
+                else None
+            )
+    except tracking_errors() as exc:
+        raise TrackingUnreachable(_unreadable(tracking_uri(root), exc)) from exc
+    if parent is None:
+        return f"No pipeline run in {redact(tracking_uri(root))} yet: run `dvc repro`."
+    link = pipeline_path(parent.info.experiment_id, parent, view)
+    uri = redact(tracking_uri(root))  # the `MLflow:` line and the link show no secret
+    where = (  # on the server itself; this checkout's store through `make ui`
+        f"in the UI, fastest first: {uri.rstrip('/')}{link}"
+        if is_server(uri)
+        else f"in the UI (`make ui`), fastest first: http://127.0.0.1:5000{link}"
+    )
+    # fastest first (as the UI's view); variants without a steady epoch after them, in order
+    ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
+    skipped = [r for r in children if r.data.tags.get("status") == "skipped"]
+    lines = [
+        f"MLflow: {uri}, experiment `{EXPERIMENT}`",
+        f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
+        f"Its variants {where}",
+        "",
+        "| " + " | ".join(SUMMARY_COLUMNS).format(baseline=_speedup_baseline(children)) + " |",
+        "|" + "---|" * len(SUMMARY_COLUMNS),
+        *(_summary_row(run) for run in ranked),
+    ]
+    if skipped:
+        lines += ["", "Skipped on this machine:"]
+        lines += [
+            f"- {r.info.run_name}: {r.data.tags.get('skip_reason', 'no reason recorded')}"
+            for r in skipped
+        ]
+    return "\n".join(lines)

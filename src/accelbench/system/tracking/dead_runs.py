@@ -1,0 +1,108 @@
+"""Runs whose process died without ending them (kill -9, the OOM killer) are closed as
+KILLED by the next run that meets them, tagged with why: no run stays RUNNING after a rerun.
+
+Each run carries the machine, the pid and the start time of the process that has it open;
+a run whose process is gone from this machine is dead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+from mlflow.tracking import MlflowClient
+
+from accelbench.core.console import log
+from accelbench.system.tracking.store import ROLE_TAG
+
+HOST_TAG = "accelbench.host"
+MACHINE_TAG = "accelbench.boot_id"  # the running kernel: the host and its containers share it
+PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
+PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
+CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
+BY_HAND_TAG = "accelbench.by_hand"  # "true" on the pipeline run of a stage run by hand
+
+
+def machine_id() -> str:
+    """The running kernel's boot id: the same on the host and in each of its containers (whose
+    host names change with every `docker run`), new after a reboot; else the host name."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def process_tags() -> dict[str, str]:
+    """The tags that name this process as the one that has a run open."""
+    started = psutil.Process().create_time()  # seconds since the epoch, in every pid namespace
+    return {
+        HOST_TAG: socket.gethostname(),
+        MACHINE_TAG: machine_id(),
+        PID_TAG: str(os.getpid()),
+        PID_STARTED_TAG: f"{started:.2f}",
+    }
+
+
+def _gone(tags: Mapping[str, str]) -> str | None:
+    """Why the process that has a run open is gone (None: alive, or on another machine, where
+    this process cannot tell).
+
+    A run opened in a container and checked from the host or another container (same kernel,
+    another pid namespace) counts as gone unless the same pid with the same start time is
+    visible here: DVC's lock on the checkout never lets two stages of it run at once.
+    """
+    host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
+    if tags.get(MACHINE_TAG, host) not in (machine_id(), socket.gethostname()):
+        return None
+    if pid is None:
+        return "no process recorded for it"
+    try:
+        process = psutil.Process(int(pid))
+        started = float(tags.get(PID_STARTED_TAG, "nan"))
+        if abs(process.create_time() - started) < 1:
+            return None
+    except (psutil.Error, ValueError):
+        pass
+    return f"its process {pid} on {host} is gone (killed outright: kill -9, the OOM killer)"
+
+
+def close_zombies(experiment_id: str, parent: str, variant: str, keep: str | None = None) -> None:
+    """End as KILLED, tagged with why, every RUNNING run of `variant` in pipeline run `parent`
+    whose process is gone, so that no run stays RUNNING after a rerun."""
+    _close_gone(
+        experiment_id,
+        f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}'",
+        keep,
+    )
+
+
+def close_gone_by_hand(experiment_id: str) -> None:
+    """End as KILLED the pipeline runs of stages run by hand whose process was killed
+    outright (no exit to end them), and their variants' runs left RUNNING with them."""
+    for parent in _close_gone(
+        experiment_id, f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{BY_HAND_TAG}` = 'true'"
+    ):
+        _close_gone(experiment_id, f"tags.`mlflow.parentRunId` = '{parent}'")
+
+
+def _close_gone(experiment_id: str, which: str, keep: str | None = None) -> list[str]:
+    """End as KILLED, tagged with why, the RUNNING runs `which` (a search filter) selects
+    whose process is gone; returns their ids."""
+    client = MlflowClient()
+    running = client.search_runs(
+        [experiment_id], filter_string=f"{which} and attributes.status = 'RUNNING'"
+    )
+    closed = []
+    for run in running:
+        why = _gone(run.data.tags) if run.info.run_id != keep else None
+        if why is None:
+            continue
+        client.set_tag(run.info.run_id, CLOSED_TAG, f"closed by a rerun: {why}")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        name = run.data.tags.get("variant", run.info.run_name)
+        log(f"{name}: MLflow run {run.info.run_id} was left RUNNING ({why}); marked KILLED")
+        closed.append(run.info.run_id)
+    return closed

@@ -1,0 +1,278 @@
+"""What a variant's run holds: per-epoch and summary metrics, the data it used, its model
+and files, and, logged by compare into the run its train stage ended, the evaluation and
+the headline figures (as metrics, and the key ones as text tags for the runs table)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.time import get_current_time_millis
+
+from accelbench.core import phases
+from accelbench.core.console import log
+from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
+from accelbench.core.results import EpochRecord, EvalSummary, TrainSummary
+from accelbench.system.tracking.outage import tolerant
+from accelbench.system.tracking.store import once_more_on_conflict, run_in_store, setup
+
+
+@tolerant
+def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
+    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def log_train_summary(summary: TrainSummary) -> None:
+    """A trained variant's run-level figures, as summary metrics of its run."""
+    log_metrics(summary.metrics())
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of `metrics` (None, NaN and non-numbers are left out)."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+@tolerant
+def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
+    """The data a run used, as an MLflow dataset input of arrays (digest from the verified
+    checksums, so the training and the evaluation stage name the same data alike)."""
+    import mlflow.data
+
+    with warnings.catch_warnings():
+        # MLflow registers its local-file source class twice and says so on every resolve.
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+        dataset = mlflow.data.from_numpy(
+            images, targets=labels, source=str(source.resolve()), name=name, digest=digest
+        )
+    once_more_on_conflict(lambda: mlflow.log_input(dataset, context=context))
+
+
+@tolerant
+def log_evaluation(
+    root: Path,
+    run_id: str,
+    summary: EvalSummary,
+    artifacts: list[Path],
+    more_metrics: Mapping[str, float | int | None] | None = None,
+) -> None:
+    """An evaluated variant's figures and files, in the run that trained it, which stays as
+    its train stage ended it. The figures, prefixed `eval_` where a training metric has the
+    same name, are logged against the run's model and the test set the training stage logged
+    as the run's evaluation dataset (so MLflow's models view lists and ranks every variant's
+    model by them); `more_metrics` (the quantized models' figures) as plain run metrics."""
+    setup(root)
+    client = MlflowClient()
+    run = run_in_store(client, run_id)
+    if run is None:
+        log(
+            f"MLflow run {run_id} is not in {mlflow.get_tracking_uri()} (the store was deleted "
+            "or replaced after it trained): its evaluation is not logged; `dvc repro --force "
+            "train@<variant>` tracks the variant again"
+        )
+        return
+    model_id = logged_model_id(run.info.experiment_id, run_id)
+    dataset = _evaluation_dataset(run)
+    now = get_current_time_millis()
+    evaluation = _numbers(
+        {
+            "eval_test_accuracy": summary.test_accuracy,
+            "eval_test_loss": summary.test_loss,
+            "eval_macro_f1": summary.macro_f1,
+            "inference_samples_per_s": summary.inference_samples_per_s,
+        }
+    )
+    metrics = [
+        Metric(
+            key,
+            value,
+            now,
+            0,
+            model_id=model_id,
+            dataset_name=dataset.name if dataset else None,
+            dataset_digest=dataset.digest if dataset else None,
+            run_id=run_id,
+        )
+        for key, value in evaluation.items()
+    ]
+    metrics += [Metric(k, v, now, 0) for k, v in _numbers(more_metrics or {}).items()]
+    client.log_batch(run_id, metrics=metrics)
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
+
+
+def _evaluation_dataset(run):
+    """The dataset `run` logged with context `evaluation` (name and digest), if any."""
+    inputs = run.inputs
+    for dataset_input in inputs.dataset_inputs if inputs else []:
+        if any(
+            t.key == "mlflow.data.context" and t.value == "evaluation" for t in dataset_input.tags
+        ):
+            return dataset_input.dataset
+    return None
+
+
+# The headline figures a variant run also carries as text, for the runs table, written as
+# the report writes them: tag -> (figure in comparison.json, its formatter). A figure's 95%
+# interval is `<figure>_lo` .. `<figure>_hi`.
+FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
+    "speedup": ("speedup_vs_cpu", fmt_ratio),
+    "steady_epoch": ("steady_epoch_s", fmt_seconds),
+    "time_to_target": ("time_to_target_s", fmt_seconds),
+    "speedup_vs_fp32": ("speedup_vs_fp32", fmt_ratio),
+}
+# The variant every `speedup` tag is over (report.speedup_baseline), as a tag of each run.
+SPEEDUP_BASELINE_TAG = "speedup_baseline"
+
+
+def figure_tags(speedup_baseline: str | None) -> dict[str, tuple[str, Callable[[float], str]]]:
+    """FIGURE_TAGS with the speedup over `speedup_baseline` (none: no speedup tag)."""
+    tags = {k: v for k, v in FIGURE_TAGS.items() if k != "speedup"}
+    if speedup_baseline is None:
+        return tags
+    return {"speedup": (f"speedup_vs_{speedup_baseline}", fmt_ratio)} | tags
+
+
+def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], str]) -> str | None:
+    """`figures[name]` and, where both ends are there, its 95% interval: "148× (140–156×)",
+    "0.083 s (0.081–0.086 s)"; None where the variant has no such figure (skipped, a single
+    epoch, the target not reached, no fp32 twin)."""
+    value = figures.get(name)
+    if value is None:
+        return None
+    return fmt_interval(value, figures.get(f"{name}_lo"), figures.get(f"{name}_hi"), fmt)
+
+
+@tolerant
+def log_variant_figures(
+    root: Path,
+    figures: Mapping[str, Mapping[str, float | None]],
+    speedup_baseline: str | None = "cpu",
+) -> None:
+    """Each variant's headline figures (`steady_epoch_s`, `speedup_vs_<baseline>`, their
+    `_lo`/`_hi` 95% interval, ...), keyed by the variant's MLflow run id, as metrics of that
+    run, and the key ones as text tags (`figure_tags`), with the baseline the speedup is over;
+    None (a figure this variant has not) is left out, and a tag an earlier comparison wrote
+    for it is removed.
+
+    Logged through the client, so the runs keep their train stage's start and end. A figure
+    the run already has with the same value (training logged `steady_epoch_s`) is not logged
+    again, nor is one the training logs per epoch (`test_accuracy`): its series keeps its
+    shape. Another comparison's figures (a new target, another baseline) are logged anew.
+    """
+    setup(root)
+    client = MlflowClient()
+    now = get_current_time_millis()
+    series = {f.name for f in fields(EpochRecord)}
+    wanted = figure_tags(speedup_baseline)
+    for run_id, values in figures.items():
+        run = run_in_store(client, run_id)
+        if run is None:  # log_evaluation said so
+            continue
+        numbers = _numbers(values)
+        logged = run.data.metrics
+        tags = {
+            tag: figure_text(numbers, *wanted[tag]) if tag in wanted else None
+            for tag in FIGURE_TAGS
+        }
+        tags[SPEEDUP_BASELINE_TAG] = speedup_baseline
+        client.log_batch(
+            run_id,
+            metrics=[
+                Metric(k, v, now, 0)
+                for k, v in numbers.items()
+                if k not in logged or (logged[k] != v and k not in series)
+            ],
+            tags=[RunTag(k, v) for k, v in tags.items() if v is not None],
+        )
+        for key in [k for k, v in tags.items() if v is None and k in run.data.tags]:
+            client.delete_tag(run_id, key)
+
+
+def logged_model_id(experiment_id: str, run_id: str) -> str | None:
+    """The model that run `run_id` logged (train's `log_model`), if any."""
+    models = MlflowClient().search_logged_models(
+        [experiment_id], filter_string=f"source_run_id = '{run_id}'", max_results=1
+    )
+    return models[0].model_id if models else None
+
+
+@tolerant
+def log_artifact(path: Path, artifact_path: str | None = None) -> None:
+    mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+@tolerant
+def log_model(model, input_example, name: str) -> None:
+    """The trained model with a signature inferred from an input example, named after its
+    variant (the models view lists the variants' models by name)."""
+    import mlflow.pytorch
+    import torch
+
+    with (
+        phases.phase("model_logging"),
+        torch.no_grad(),
+        _no_distribution_scan(),
+        _without_pickle_caution(),
+    ):
+        output = model(torch.as_tensor(input_example)).numpy()
+        signature = mlflow.models.infer_signature(input_example, output)
+        mlflow.pytorch.log_model(
+            model,
+            name=name,
+            signature=signature,
+            input_example=input_example,
+            # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the
+            # CPU cannot be re-loaded onto a GPU, which MLflow tries when it validates the
+            # example.
+            serialization_format="pickle",
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
+
+
+@contextmanager
+def _without_pickle_caution() -> Iterator[None]:
+    """Without MLflow's caution about pickled models, on every trained variant. It is for
+    models from elsewhere; these are this pipeline's own, loaded back by its evaluate stage."""
+    logger = logging.getLogger("mlflow.pytorch")
+    caution = "by Pickle or CloudPickle format requires exercising caution"
+    logger.addFilter(quiet := lambda record: caution not in str(record.msg))
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+@contextmanager
+def _no_distribution_scan() -> Iterator[None]:
+    """MLflow checks a logged model's requirements against the environment, and first maps
+    every installed distribution to its modules for that (`packages_distributions`: 0.5 s
+    for 194 distributions, most of logging the model). Ours, torch and mlflow, are modules
+    of the same name, which the check finds without the map: an empty one keeps the check
+    and spares the scan. MLflow's own map is restored afterwards (inferring requirements
+    needs it)."""
+    from mlflow.utils import requirements_utils
+
+    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:  # built, or renamed
+        yield
+        return
+    requirements_utils._MODULES_TO_PACKAGES = {}
+    try:
+        yield
+    finally:
+        requirements_utils._MODULES_TO_PACKAGES = None
+        requirements_utils._PACKAGES_TO_MODULES = None

@@ -1,0 +1,255 @@
+"""Where the runs are kept: the store, its `accelbench` experiment, and the lock that sets
+them up.
+
+The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
+*relative* location, so the store and its artifacts can move together: to another path, or
+into a container that mounts the checkout at /workspace.
+
+DVC experiments run with `--temp` or from the queue (`dvc queue start`) run the pipeline in a
+copy of the repository under `.dvc/tmp/exps/`, deleted afterwards. Their runs go to the store
+of the workspace the copy was made from (`store_root`), their artifacts through a link to its
+`mlartifacts/`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import filelock
+import mlflow
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from accelbench.core.console import log
+
+T = TypeVar("T")
+EXPERIMENT = "accelbench"
+ROLE_TAG = "accelbench.role"  # "pipeline" or "variant"
+KIND_TAG = "mlflow.experimentKind"
+STORE = "mlflow.db"
+ARTIFACTS = "mlartifacts"
+WORKSPACE_ENV = "DVC_ROOT"  # DVC sets it for every stage: the workspace an experiment came from
+STORE_LOCK = Path(".accelbench") / "mlflow.db.lock"  # in the workspace, beside its store
+STORE_LOCK_TIMEOUT_S = 300
+# A tracking server that is down must cost seconds, not MLflow's default minutes of retries.
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
+
+def store_root(root: Path) -> Path:
+    """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`.
+
+    DVC sets $DVC_ROOT for every stage it runs: the repository root for `dvc repro` and
+    `dvc exp run`, and for `--temp` and queued experiments, which run in a throwaway copy,
+    the workspace the copy was made from. Without it (a stage run by hand) it is `root`.
+    """
+    workspace = os.environ.get(WORKSPACE_ENV)
+    if not workspace:
+        return root
+    if not Path(workspace).is_dir():  # queued on another machine or container path
+        log(f"${WORKSPACE_ENV} {workspace} is not a folder here; tracking into {root / STORE}")
+        return root
+    return Path(workspace)
+
+
+def workspace_root(start: Path, params: Path | None = None) -> Path:
+    """The workspace a command run in `start` belongs to, found as DVC finds its root: the
+    nearest folder upwards that holds `.dvc/`; outside one, the folder of the params file
+    (`accelbench --params ../params.yaml runs` from a subfolder), else `start`."""
+    for origin in (start, (start / params).parent if params is not None else None):
+        if origin is None:
+            continue
+        origin = origin.resolve()
+        for folder in (origin, *origin.parents):
+            if (folder / ".dvc").is_dir():
+                return folder
+    return (start / params).parent.resolve() if params is not None else start
+
+
+def tracking_uri(root: Path) -> str:
+    """$MLFLOW_TRACKING_URI, else a SQLite store at an absolute path in the workspace."""
+    return (
+        os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(store_root(root) / STORE).resolve()}"
+    )
+
+
+def is_server(uri: str) -> bool:
+    """Whether the tracking URI is a tracking server's (over HTTP), not a store of one's own."""
+    return uri.startswith(("http://", "https://"))
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a SQLite store's URI (None: not a SQLite file)."""
+    if not uri.startswith("sqlite:///") or uri.startswith("sqlite:///:memory:"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
+def environment_defaults() -> None:
+    """MLflow's settings for accelbench, each unless the user set it: no telemetry, short HTTP
+    retries, and no "View run ... at" lines (two per run logged to a server)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def setup(root: Path) -> str:
+    """Point MLflow at the store and the `accelbench` experiment; returns the experiment id.
+
+    Creating a SQLite store (MLflow's schema migrations) and the experiment happen under a
+    file lock: the experiments of `dvc queue start -j 2` start at once on a new workspace, and
+    two processes migrating one new database fail ("duplicate column name").
+    """
+    environment_defaults()
+    own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
+    uri = tracking_uri(root)
+    mlflow.set_tracking_uri(uri)
+    workspace = store_root(root)
+    if own_store:
+        _link_artifacts(root, workspace)
+    store = workspace / STORE if own_store else sqlite_path(uri)
+    lock = workspace / STORE_LOCK if own_store else store and store.with_name(f"{store.name}.lock")
+    with _locked(lock, store):
+        experiment_id = _experiment_id(workspace, own_store)
+        if own_store:
+            relative_artifacts(workspace / STORE)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+@contextmanager
+def _locked(path: Path | None, store: Path | None) -> Iterator[None]:
+    """Hold `path`'s lock (flock: released by the kernel when the process dies, however it
+    dies), waiting up to STORE_LOCK_TIMEOUT_S for another process to release it. Where the
+    lock cannot be made and the `store` is one this process cannot write either (a read-only
+    mount, a colleague's folder), it can only read the store, and readers need no lock."""
+    if path is None:
+        yield
+        return
+    lock: filelock.FileLock | None = filelock.FileLock(path, timeout=STORE_LOCK_TIMEOUT_S)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except filelock.Timeout:
+        raise TimeoutError(
+            f"{path}: held by another process for over {STORE_LOCK_TIMEOUT_S} s"
+        ) from None
+    except OSError as exc:
+        read_only = store is not None and store.exists() and not os.access(store, os.W_OK)
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not read_only:
+            raise
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _experiment_id(workspace: Path, own_store: bool) -> str:
+    """The `accelbench` experiment's id, the experiment created if the store has none."""
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)  # creates and migrates the store
+    if experiment is not None:
+        return experiment.experiment_id
+    artifacts = (workspace / ARTIFACTS).resolve().as_uri() if own_store else None
+    try:
+        # Earlier MLflow 3 UIs open a model-training experiment on its runs by this tag;
+        # 3.17's goes by the link's workflowType (view.ui_path), which make ui prints.
+        return mlflow.create_experiment(
+            EXPERIMENT, artifact_location=artifacts, tags={KIND_TAG: "custom_model_development"}
+        )
+    except MlflowException as exc:  # a tracking server: another process created it first
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return mlflow.get_experiment_by_name(EXPERIMENT).experiment_id
+
+
+def _link_artifacts(root: Path, workspace: Path) -> None:
+    """In an experiment's copy of the repository, `mlartifacts` links to the workspace's: the
+    store's relative artifact locations resolve against the working directory."""
+    link, target = root / ARTIFACTS, (workspace / ARTIFACTS).resolve()
+    if root.resolve() == workspace.resolve() or link.resolve() == target:
+        return
+    if link.exists() or link.is_symlink():
+        log(f"{link} exists and is not {target}: this run's artifacts stay in {link}")
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+
+
+# Where MLflow keeps artifact locations in a SQLite store: (table, column, experiment column).
+_LOCATIONS = (
+    ("experiments", "artifact_location", "experiment_id"),
+    ("runs", "artifact_uri", "experiment_id"),
+    ("logged_models", "artifact_location", "experiment_id"),
+)
+
+
+def relative_artifacts(store: Path) -> int:
+    """Make the store's artifact locations under `mlartifacts/` relative; returns rows changed.
+
+    MLflow turns a local artifact location into an absolute path when it creates an experiment
+    and copies that path into every run and logged model, so a store moved to another folder,
+    or opened in a container that mounts the checkout elsewhere, points at artifacts that are
+    not there. A relative location (`mlartifacts/<experiment>/...`) resolves against the
+    working directory, which is the repository root for every stage, `make ui` and the image's
+    commands. Absolute locations written before (by older versions, or on another machine)
+    are rewritten too; other stores and remote locations are left alone.
+    """
+    changed = 0
+    with closing(sqlite3.connect(store)) as db, db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+        rows = db.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
+        for experiment_id, location in rows:
+            folder = f"/{ARTIFACTS}"
+            if not location.startswith("file:") or folder not in location:
+                continue
+            relative = ARTIFACTS + location[location.rindex(folder) + len(folder) :]
+            if relative not in (ARTIFACTS, f"{ARTIFACTS}/{experiment_id}"):
+                continue  # an artifact root of the user's own choosing
+            for table, column, key in _LOCATIONS:
+                if table in tables:
+                    changed += db.execute(
+                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                        f"WHERE {key} = ? AND substr({column}, 1, ?) = ?",
+                        (relative, len(location) + 1, experiment_id, len(location), location),
+                    ).rowcount
+    return changed
+
+
+def run_in_store(client: MlflowClient, run_id: str) -> Any | None:
+    """The run, or None where this store does not have it: mlflow.db was deleted or replaced
+    since (a new store starts empty), or the id comes from another store."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
+# What a SQL store answers the second of two writers that insert one new row at once (MLflow's
+# server reads, then inserts: two pipelines logging the same dataset, or the experiment's view
+# tag, into one PostgreSQL-backed server).
+_CONFLICTS = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed")
+
+
+def once_more_on_conflict(call: Callable[[], T]) -> T:
+    """`call()`, and once more if a concurrent writer inserted the same row first: the retry
+    finds the row and uses it."""
+    try:
+        return call()
+    except MlflowException as exc:
+        if not any(conflict in str(exc) for conflict in _CONFLICTS):
+            raise
+        return call()

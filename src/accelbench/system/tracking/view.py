@@ -1,0 +1,235 @@
+"""The runs as the MLflow UI shows them: the saved view of the newest pipeline's variants,
+and the links `make ui` and `accelbench runs` print.
+
+The experiment keeps one saved view of the runs table (`VIEW_ID`), rewritten whenever a new
+pipeline run starts: that pipeline's trained variants, fastest first, their speedup, steady
+epoch, test accuracy and time to target as the first columns.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from mlflow.tracking import MlflowClient
+from mlflow.utils.time import get_current_time_millis
+
+from accelbench.system.tracking.outage import logs_held, tracking_errors
+from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG, environment_defaults
+
+# A pipeline run's trained variants where some trained under an earlier pipeline run (a
+# `dvc repro` that re-ran compare alone): their run ids, comma-separated.
+VARIANT_RUNS_TAG = "accelbench.variant_runs"
+
+# The UI's experiment page in its model-training view: MLflow 3's UI chooses between its GenAI
+# and model-training views by this query parameter (else the last choice, GenAI at first) and
+# no longer by the experiment's `mlflow.experimentKind` tag.
+TRAINING_VIEW = "workflowType=machine_learning"
+
+# The newest pipeline's variants as a saved view of the runs table. MLflow 3.17's UI keeps a
+# saved view as an experiment tag `mlflow.sharedViewState.<id>` (listed in the Views menu) and
+# opens it from a link's `viewStateShareKey=<id>`: the search facets (filter, sort) and the
+# table's UI state (columns, their order and widths), which no URL parameter sets. A link that
+# also carries a facet (searchFilter, orderByKey, ...) makes the UI ignore the view.
+VIEW_ID = "accelbench-newest-pipeline"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
+VIEW_NAME = "newest pipeline: fastest first"
+VIEW_SORT = "metrics.`steady_epoch_s`"  # ascending: the fastest variant first
+# The first columns: what answers "who is fastest", as text with its interval; then the
+# numbers to sort and chart by. `duration` (always shown) is the run's train stage.
+VIEW_COLUMNS = {  # column -> width (px), None: the UI's
+    "tags.`speedup`": 150,
+    "tags.`steady_epoch`": 190,
+    "metrics.`test_accuracy`": 110,
+    "tags.`time_to_target`": 170,
+    "duration": 90,
+    "tags.`speedup_vs_fp32`": 150,
+    "metrics.`steady_epoch_s`": None,
+    "metrics.`speedup_vs_cpu`": None,
+}
+
+
+def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
+    """The runs-table filter for a pipeline run's trained variants (skipped ones carry no
+    figure: their runs say why, under the pipeline run): its children, or the runs it names
+    (`VARIANT_RUNS_TAG`: some trained under an earlier pipeline run)."""
+    if variant_runs:
+        ids = ", ".join(f"'{run_id}'" for run_id in variant_runs)
+        return f"attributes.run_id IN ({ids}) and tags.status = 'trained'"
+    return f"tags.`mlflow.parentRunId` = '{pipeline_run_id}' and tags.status = 'trained'"
+
+
+def named_variant_runs(tags: Mapping[str, str]) -> list[str]:
+    """The variant runs a pipeline run's tags name (VARIANT_RUNS_TAG); none: its children."""
+    return [run_id for run_id in tags.get(VARIANT_RUNS_TAG, "").split(",") if run_id]
+
+
+def variants_view(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
+    """The VIEW_TAG value that shows `pipeline_run_id`'s trained variants, fastest first: a
+    saved view's envelope (name, creation time in ms, the view state as a JSON string)."""
+    state = {
+        "searchFilter": variants_filter(pipeline_run_id, variant_runs),
+        "orderByKey": VIEW_SORT,
+        "orderByAsc": True,
+        "selectedColumns": [c for c in VIEW_COLUMNS if c != "duration"],
+        "columnOrder": list(VIEW_COLUMNS),
+        "columnWidths": {c: w for c, w in VIEW_COLUMNS.items() if w is not None},
+    }
+    return json.dumps(
+        {"name": VIEW_NAME, "createdAt": get_current_time_millis(), "state": json.dumps(state)}
+    )
+
+
+def _view_filter(view: str | None) -> str | None:
+    """The search filter of a saved view (a VIEW_TAG value); None if it is not one."""
+    try:
+        return json.loads(json.loads(view)["state"])["searchFilter"]
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def ui_path(
+    experiment_id: str,
+    pipeline_run_id: str | None = None,
+    view: str | None = None,
+    variant_runs: Sequence[str] = (),
+) -> str:
+    """The experiment's runs in the UI's model-training view, relative to the server's URL.
+
+    With `pipeline_run_id`: that pipeline's trained variants (`variant_runs` where it names
+    them), fastest first; through the saved view where `view` (the experiment's VIEW_TAG
+    value) shows them (the key columns shown), else by the link's own filter and sort (the
+    UI's default columns).
+    """
+    runs = f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+    if pipeline_run_id is None:
+        return runs
+    wanted = variants_filter(pipeline_run_id, variant_runs)
+    if _view_filter(view) == wanted:
+        return f"{runs}&viewStateShareKey={VIEW_ID}"
+    facets = {
+        "searchFilter": wanted,
+        "orderByKey": VIEW_SORT,
+        "orderByAsc": "true",
+    }
+    return f"{runs}&{urlencode(facets, quote_via=quote)}"
+
+
+def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) -> str:
+    """`ui_path` for a pipeline run as MLflow's client returns it (None: there is none yet):
+    its variants, those it names (VARIANT_RUNS_TAG) where it does."""
+    if pipeline is None:
+        return ui_path(experiment_id)
+    named = named_variant_runs(pipeline.data.tags)
+    return ui_path(experiment_id, pipeline.info.run_id, view, named)
+
+
+def training_view_url(base_url: str, store: Path) -> str:
+    """Where `make ui` sends a user: the newest pipeline's variants (`ui_path`), read from the
+    SQLite `store` without writing to it; the experiment while it has no pipeline run, the
+    list of experiments while the store has none (both in the model-training view)."""
+    return training_view(base_url, store)[0]
+
+
+def training_view(base_url: str, store: Path) -> tuple[str, str]:
+    """`training_view_url`, and what it shows, in words."""
+    pipeline = view = None
+    try:
+        with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            row = db.execute(
+                "SELECT experiment_id FROM experiments WHERE name = ?", (EXPERIMENT,)
+            ).fetchone()
+            if row:
+                pipeline = db.execute(
+                    "SELECT runs.run_uuid FROM runs JOIN tags ON tags.run_uuid = runs.run_uuid "
+                    "WHERE runs.experiment_id = ? AND runs.lifecycle_stage = 'active' "
+                    "AND tags.key = ? AND tags.value = 'pipeline' "
+                    "ORDER BY runs.start_time DESC LIMIT 1",
+                    (row[0], ROLE_TAG),
+                ).fetchone()
+                view = db.execute(
+                    "SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?",
+                    (row[0], VIEW_TAG),
+                ).fetchone()
+                named = (
+                    pipeline
+                    and db.execute(
+                        "SELECT key, value FROM tags WHERE run_uuid = ? AND key = ?",
+                        (pipeline[0], VARIANT_RUNS_TAG),
+                    ).fetchall()
+                )
+    except sqlite3.Error:  # no store yet, or not one of MLflow's
+        row = None
+    if not row:
+        return (
+            f"{base_url}/#/experiments?{TRAINING_VIEW}",
+            "no runs yet: `make repro` records them; reload the page after it",
+        )
+    if not pipeline:
+        return base_url + ui_path(str(row[0])), "the experiment: no pipeline run yet"
+    url = base_url + ui_path(
+        str(row[0]), pipeline[0], view[0] if view else None, named_variant_runs(dict(named or []))
+    )
+    return url, "the newest pipeline run: its trained variants, fastest first"
+
+
+def server_view_url(uri: str) -> str:
+    """The newest pipeline's variants on the tracking server at `uri` (`ui_path`), read
+    without writing; the server's URL alone if it cannot be read."""
+    base = uri.rstrip("/")
+    environment_defaults()
+    try:
+        with logs_held():
+            client = MlflowClient(uri)
+            experiment = client.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
+                return f"{base}/#/experiments?{TRAINING_VIEW}"
+            pipelines = client.search_runs(
+                [experiment.experiment_id],
+                filter_string=f"tags.`{ROLE_TAG}` = 'pipeline'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+    except tracking_errors():  # down, or refusing: the server's own page says why
+        return base
+    return base + pipeline_path(
+        experiment.experiment_id, pipelines[0] if pipelines else None, experiment.tags.get(VIEW_TAG)
+    )
+
+
+def pipeline_variants(
+    client: MlflowClient, experiment_id: str, pipeline_id: str | None = None
+) -> tuple[Any, list[Any]]:
+    """A pipeline run (`pipeline_id`, else the experiment's newest) and its variant runs: its
+    children (skipped ones too), after the trained runs it names (VARIANT_RUNS_TAG) from
+    earlier pipeline runs; (None, []) where there is no such pipeline run."""
+    role = f"tags.`{ROLE_TAG}` = 'pipeline'"
+    wanted = f" and attributes.run_id = '{pipeline_id}'" if pipeline_id else ""
+    parents = client.search_runs(
+        [experiment_id],
+        filter_string=role + wanted,
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not parents:
+        return None, []
+    parent = parents[0]
+    children = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+        order_by=["attributes.start_time ASC"],
+    )
+    if named := named_variant_runs(parent.data.tags):  # trained under earlier pipeline runs
+        own = {run.info.run_id for run in children}
+        earlier = client.search_runs(
+            [experiment_id],
+            filter_string=variants_filter(parent.info.run_id, named),
+            order_by=["attributes.start_time ASC"],
+        )
+        children = [run for run in earlier if run.info.run_id not in own] + children
+    return parent, children
