@@ -54,7 +54,7 @@ def _small_repo(tmp_path: Path, only_cpu: bool = False, **train) -> tuple[Path, 
         pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
     repo = tmp_path / "repo"
     copy_repo(repo)
-    cpu_only = {"cpu": repo_params_raw()["variants"]["cpu"]} if only_cpu else None
+    cpu_only = {"cpu": repo_params_raw(**train)["variants"]["cpu"]} if only_cpu else None
     params = repo_params_raw(cpu_only, **train)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return repo, mirror, params

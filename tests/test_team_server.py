@@ -249,7 +249,7 @@ def small_repo(folder: Path, **train) -> tuple[Path, Path]:
         pytest.skip("no MNIST mirror: set ACCELBENCH_MNIST_MIRROR (CI sets it)")
     repo = folder / "repo"
     copy_repo(repo)
-    cpu_only = {"cpu": repo_params_raw()["variants"]["cpu"]}
+    cpu_only = {"cpu": repo_params_raw(**(TINY | train))["variants"]["cpu"]}
     params = repo_params_raw(cpu_only, **(TINY | train))
     params["quantize"]["variants"] = []  # int8 inference is not what these tests are about
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
