@@ -181,3 +181,18 @@ def test_a_stage_times_itself_truly_when_the_date_is_set_back_mid_run(tmp_path) 
     timing = json.loads((tmp_path / phases.TIMINGS_DIR / "env.json").read_text())
     assert 1.0 < wall_s < 600 and timing["wall_s"] == pytest.approx(wall_s, abs=0.1)
     assert timing["started"] < time.time() - 7000  # the stamp is the (faked) date's
+
+
+def test_a_thread_holding_the_gil_is_not_a_stopped_process() -> None:
+    """torch.compile traces a graph holding the GIL for seconds: the heartbeat's tick waits,
+    but the process runs. An H200 repro's report said "gpu epoch 1 was stopped for 0.737 s"
+    of a cold compile. Only the time the process got no CPU counts (SIGSTOP: test_train)."""
+    from accelbench.core.timing import Heartbeat
+
+    heartbeat = Heartbeat()
+    time.sleep(0.2)
+    wall, cpu = time.perf_counter(), time.process_time()
+    sum(range(40_000_000))  # one C call: the GIL held throughout, the tick held off
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert cpu > 0.5, "the loop is too short to hold the tick off on this machine"
+    assert heartbeat.stopped_s() <= wall - cpu + 0.3, (wall, cpu)

@@ -46,11 +46,13 @@ class Heartbeat:
     """Seconds this process did not run: stopped (SIGSTOP, Ctrl-Z), its machine suspended, or
     starved of CPU. A daemon thread ticks every HEARTBEAT_S on the boot clock, which counts a
     suspend; while the process is stopped so is its thread, so a gap far over the tick is
-    time the process was stopped. Read it outside timed regions: it takes a lock."""
+    time the process was stopped, less the CPU time the process used meanwhile: a thread that
+    holds the GIL (torch.compile tracing a graph, for seconds) delays the tick too, but runs.
+    Read it outside timed regions: it takes a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last, self._stopped_s = boot_clock(), 0.0
+        self._last, self._cpu, self._stopped_s = boot_clock(), time.process_time(), 0.0
         threading.Thread(target=self._beat, name="accelbench-heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
@@ -61,8 +63,9 @@ class Heartbeat:
     def stopped_s(self) -> float:
         """Seconds stopped since the heartbeat started, a gap still open included."""
         with self._lock:
-            now = boot_clock()
-            if now - self._last > STOPPED_GAP_S:
-                self._stopped_s += now - self._last - HEARTBEAT_S
-            self._last = now
+            now, cpu = boot_clock(), time.process_time()  # every thread's CPU time
+            gap, ran = now - self._last, cpu - self._cpu
+            if gap > STOPPED_GAP_S:
+                self._stopped_s += max(0.0, gap - HEARTBEAT_S - ran)
+            self._last, self._cpu = now, cpu
             return self._stopped_s
