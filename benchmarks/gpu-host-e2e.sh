@@ -20,6 +20,8 @@ dvc repro 2>&1 | tee "$OUT/dvc-repro.log"
 echo "dvc repro wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/dvc-repro.log"
 accelbench runs > "$OUT/mlflow-runs.md" 2>&1 || true
 tar czf "$OUT/results.tgz" reports metrics dvc.lock .accelbench/timings
+# The MLflow store of the same run: the README's screenshot is taken from it (tools/mlflow_ui.py).
+tar czf "$OUT/store.tgz" mlflow.db mlartifacts
 
 { rm -rf .accelbench/compile-cache  # only compile-cache/amp.bin can give amp its graphs now
   start=$(date +%s)
