@@ -21,7 +21,8 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlparse
 
 from pydantic import (
@@ -383,24 +384,42 @@ class Params(_Strict):
         return self.variants[name]
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model that owns the field at `loc` (for listing allowed keys)."""
-    model: type[BaseModel] | None = Params
-    parts = list(loc[:-1])
-    while parts and model is not None:
-        part = str(parts.pop(0))
-        if model is Params and part == "variants":
-            if not parts:
-                return None  # the key is a variant name itself
-            parts.pop(0)  # the variant's name
-            model = VariantParams
-            continue
-        field = model.model_fields.get(part)
-        candidates = (field.annotation, *get_args(field.annotation)) if field else ()
-        model = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-    return model
+def _fields(kind: Any) -> dict[str, Any] | None:
+    """The fields of a pydantic model or pydantic dataclass (None: `kind` is neither)."""
+    return getattr(kind, "__pydantic_fields__", None) if isinstance(kind, type) else None
+
+
+def _model_at(loc: tuple[Any, ...], root: type) -> type | None:
+    """The pydantic model (or dataclass) under `root` that owns the key at `loc` (for listing
+    allowed keys): each part of `loc` is a field of a model, a mapping's key or a list's index."""
+    kind: Any = root
+    for part in loc[:-1]:
+        fields = _fields(kind)
+        if fields is not None:
+            kind = fields[part].annotation if part in fields else None
+        elif get_origin(kind) in (dict, list):
+            kind = get_args(kind)[-1]
+        else:
+            return None
+        kind = _unwrapped(kind)
+    return kind if _fields(kind) is not None else None
+
+
+def _unwrapped(kind: Any) -> Any:
+    """`X` of `X | None` and of `Annotated[X, ...]`."""
+    while get_origin(kind) in (Union, UnionType, Annotated):
+        kind = next((k for k in get_args(kind) if k is not type(None)), None)
+    return kind
+
+
+def _keys(model: type, flat: tuple[str, ...]) -> list[str]:
+    """The keys `model` allows: its fields' names (or aliases), those of the records named in
+    `flat` in their place (a file that holds their keys flat)."""
+    keys = []
+    for name, field in _fields(model).items():
+        nested = _fields(_unwrapped(field.annotation)) if name in flat else None
+        keys += list(nested) if nested else [field.alias or name]
+    return keys
 
 
 # Keys that moved, and where to now.
@@ -414,18 +433,24 @@ MOVED = {
 HINTS = {"seed": "seeds are 0..4294967295, 2**32 - 1: what numpy and torch accept"}
 
 
-def _describe(error: dict[str, Any]) -> str:
-    loc = tuple(error["loc"])
+# pydantic's error types for a key a model does not have, and for one it lacks (a model's,
+# and a dataclass's)
+UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
+MISSING = ("missing", "missing_argument", "missing_keyword_argument")
+
+
+def _describe(error: dict[str, Any], root: type, flat: tuple[str, ...] = ()) -> str:
+    loc = tuple(p for p in error["loc"] if p != "[key]")  # a mapping's key: named as itself
     key = ".".join(clip(str(p)) for p in loc) or "(top level)"
     if not loc:  # a check across keys: the message names them
         return error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden" and loc in MOVED:
+    if error["type"] in UNKNOWN and loc in MOVED:
         return f"{key}: moved: {MOVED[loc]}"
-    if error["type"] == "extra_forbidden":
-        owner = _model_at(loc)
-        allowed = ", ".join(owner.model_fields) if owner else "see docs/pipeline.md"
+    if error["type"] in UNKNOWN:
+        owner = _model_at(loc, root)
+        allowed = ", ".join(_keys(owner, flat)) if owner else "see docs/pipeline.md"
         return f"{key}: unknown key (allowed keys here: {allowed})"
-    if error["type"] == "missing":
+    if error["type"] in MISSING:
         return f"{key}: required key is missing"
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "finite_number":
@@ -437,6 +462,16 @@ def _describe(error: dict[str, Any]) -> str:
 
 # At most this many problems are listed; the rest are counted.
 MAX_PROBLEMS = 20
+
+
+def problems(errors: list[Any], root: type, flat: tuple[str, ...] = ()) -> list[str]:
+    """Each of pydantic's `errors` (`ValidationError.errors()`) validating `root` (a model or a
+    pydantic dataclass), in a line naming the key, the value and what is allowed; at most
+    MAX_PROBLEMS. `flat`: fields whose records' keys the file holds flat, in their place."""
+    lines = [_describe(e, root, flat) for e in errors[:MAX_PROBLEMS]]
+    if len(errors) > MAX_PROBLEMS:
+        lines.append(f"... and {len(errors) - MAX_PROBLEMS} more")
+    return lines
 
 
 def parse_params(raw: Any, source: str = "params.yaml") -> Params:
@@ -463,9 +498,7 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         return Params.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_context=False)
-        lines = [_describe(e) for e in errors[:MAX_PROBLEMS]]
-        if len(errors) > MAX_PROBLEMS:
-            lines.append(f"... and {len(errors) - MAX_PROBLEMS} more")
+        lines = problems(errors, Params)
         if len(lines) == 1:  # the usual case: one line, like every other error
             raise ParamsError(f"{source} is invalid: {lines[0]}") from None
         listing = "\n  ".join(lines)
