@@ -15,17 +15,27 @@ import functools
 import json
 import math
 import os
-import types
-import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar, get_args
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass as record
 
 from accelbench.core import phases
 from accelbench.core.console import DISK_FULL_ERRNOS, InputError, echo, first_sentence
+from accelbench.core.params import problems
 
 TRAIN_JSON = "train.json"
 EPOCHS_CSV = "epochs.csv"
@@ -294,110 +304,121 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+# --- The records: strict pydantic dataclasses, checked where they are built and where read ---
+#
+# A file is read back through the type that wrote it: a renamed or retyped key fails where it
+# is read, in one line naming the file, the key, the value and what is allowed (params.py's
+# messages), never later as an "n/a" or a TypeError in the report. Scalars are strict: a
+# number is never text, a count never a fraction or a boolean (an int is a float).
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Str = Annotated[str, Strict()]
+Bool = Annotated[bool, Strict()]
+
+
+def _fraction(value: float) -> float:
+    if not 0 <= value <= 1:  # nan too
+        raise ValueError("not a fraction in 0..1")
+    return value
+
+
+Fraction = Annotated[float, Strict(), AfterValidator(_fraction)]  # an accuracy
+Status = Literal["trained", "skipped"]
+
+RECORD = ConfigDict(extra="forbid")
+REDO = "re-run the stage that writes it"
+_FLAT_IN_FILE = ("software", "gpu")  # records whose keys env/<device>.json holds flat
+
+R = TypeVar("R")
+
+
 @functools.cache
-def _scalar_types(cls: type) -> dict[str, tuple[type, ...]]:
-    """The fields of `cls` whose values are plain scalars, and the types each takes (None
-    included where optional); lists, mappings and nested records are checked by their own."""
-    scalars = (bool, int, float, str, type(None))
-    out = {}
-    for name, hint in typing.get_type_hints(cls).items():
-        kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-        if all(kind in scalars for kind in kinds):
-            out[name] = kinds
-    return out
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
-def _misfit(value: Any, kinds: tuple[type, ...]) -> bool:
-    """`value` is not one of `kinds` (an int is a float, a bool is neither)."""
-    if isinstance(value, bool):
-        return bool not in kinds
-    if isinstance(value, int) and float in kinds:
-        return False
-    return not isinstance(value, kinds)
+def check(cls: type[R], payload: Any) -> R:
+    """`payload` (a file's JSON, a checkpoint's dict) as a `cls`; a ValueError lists every
+    problem in one line."""
+    try:
+        return _adapter(cls).validate_python(payload)
+    except ValidationError as exc:
+        for error in (errors := exc.errors(include_url=False, include_context=False)):
+            error["loc"] = tuple(p for p in error["loc"] if p not in _FLAT_IN_FILE)
+        raise ValueError("; ".join(problems(errors, cls, _FLAT_IN_FILE))) from None
 
 
-def _strict(cls: type, payload: Mapping[str, Any], source: str, typed: bool = True) -> Any:
-    """`cls(**payload)`, with a message naming the file and the keys that do not fit: unknown
-    or missing, and where the values are `typed` (JSON's, not a CSV's text) a value of the
-    wrong type (a number as text) or an accuracy outside 0..1."""
-    required = {
-        f.name for f in fields(cls) if MISSING is f.default and MISSING is f.default_factory
-    }
-    unknown = set(payload) - {f.name for f in fields(cls)}
-    missing = required - set(payload)
-    redo = "re-run the stage that writes it"
-    if unknown or missing:
-        raise InputError(
-            f"{source}: not a {cls.__name__} (unknown keys: {sorted(unknown) or 'none'}, "
-            f"missing keys: {sorted(missing) or 'none'}); {redo}"
-        )
-    for name, kinds in _scalar_types(cls).items() if typed else ():
-        value = payload.get(name)
-        if name in payload and _misfit(value, kinds):
-            allowed = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            raise InputError(f"{source}: {name} = {echo(value)}, not {allowed}; {redo}")
-        if name.endswith("accuracy") and isinstance(value, float | int) and not 0 <= value <= 1:
-            raise InputError(f"{source}: {name} = {value!r}, not a fraction in 0..1; {redo}")
-    return cls(**payload)
+def parse(cls: type[R], payload: Any, source: str, redo: str = REDO) -> R:
+    """`check`, with an InputError that names the file `source` and what to do."""
+    try:
+        return check(cls, payload)
+    except ValueError as exc:
+        raise InputError(f"{source} is invalid: {exc}; {redo}") from None
 
 
-@dataclass(frozen=True)
-class Skipped:
+class _Record:
+    @classmethod
+    def from_json(cls, payload: Any, source: str) -> Any:
+        """The record its file's JSON holds (`parse`)."""
+        return parse(cls, payload, source)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as its file holds it (a key's alias, where it has one)."""
+        return _adapter(type(self)).dump_python(self, by_alias=True)
+
+
+@record(frozen=True, config=RECORD)
+class Skipped(_Record):
     """A variant this machine could not run (train.require_gpu false): recorded, not trained."""
 
-    reason: str
-    device: str | None = None
-    status: str = "skipped"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    reason: Str
+    device: Str | None = None
+    status: Literal["skipped"] = "skipped"
 
 
-@dataclass(frozen=True)
-class TrainSummary:
+@record(frozen=True, config=RECORD)
+class TrainSummary(_Record):
     """`train.json` of a trained variant: run-level figures, their units in their names."""
 
-    epochs: int
-    first_epoch_s: float
-    steady_epoch_s: float | None  # median of steady_epochs_s; None after one epoch
-    total_train_s: float
-    steady_samples_per_s: float | None
-    data_wait_fraction: float
-    final_train_loss: float
-    final_test_accuracy: float
-    best_test_accuracy: float
-    nonfinite_steps: int
-    scaler_skipped_steps: int | None  # fp16 + GradScaler only
-    peak_gpu_mem_mib: float | None
-    steady_gpu_energy_j_per_epoch: float | None
-    accumulation_steps: int  # as trained: an OOM retry may have raised it
-    device: str
-    device_name: str
-    precision: str
-    batches: str
-    world_size: int
-    train_samples: int
-    flops_per_sample: int
-    steady_tflops: float
-    peak_tflops: float | None  # the datasheet's, where the device is known
-    peak_share: float | None
-    peak_host_rss_mib: float
-    steady_samples_per_s_per_process: float | None
-    compile_cache: str | None = None  # the first epoch's: cold | warm | portable | partial
-    steady_cpu_energy_j_per_epoch: float | None = None  # RAPL, where readable
+    epochs: Int
+    first_epoch_s: Float
+    steady_epoch_s: Float | None  # median of steady_epochs_s; None after one epoch
+    total_train_s: Float
+    steady_samples_per_s: Float | None
+    data_wait_fraction: Float
+    final_train_loss: Float
+    final_test_accuracy: Fraction
+    best_test_accuracy: Fraction
+    nonfinite_steps: Int
+    scaler_skipped_steps: Int | None  # fp16 + GradScaler only
+    peak_gpu_mem_mib: Float | None
+    steady_gpu_energy_j_per_epoch: Float | None
+    accumulation_steps: Int  # as trained: an OOM retry may have raised it
+    device: Str
+    device_name: Str
+    precision: Str
+    batches: Str
+    world_size: Int
+    train_samples: Int
+    flops_per_sample: Int
+    steady_tflops: Float
+    peak_tflops: Float | None  # the datasheet's, where the device is known
+    peak_share: Float | None
+    peak_host_rss_mib: Float
+    steady_samples_per_s_per_process: Float | None
+    compile_cache: Str | None = None  # the first epoch's: cold | warm | portable | partial
+    steady_cpu_energy_j_per_epoch: Float | None = None  # RAPL, where readable
     # every steady epoch's seconds: the run's `steady_epochs`, then each timing repeat's
     # (`train.repeats`); the report's intervals are drawn from them. None: an older file
-    steady_epochs_s: list[float] | None = None
-    repeats: int = 1  # trainings: the run itself, and repeats - 1 more from scratch
+    steady_epochs_s: list[Float] | None = None
+    repeats: Int = 1  # trainings: the run itself, and repeats - 1 more from scratch
     # each repeat's epochs as [seconds, test accuracy], repeat k at the run's seed + k
-    repeat_epochs: list[list[list[float]]] = field(default_factory=list)
+    repeat_epochs: list[list[list[Float]]] = field(default_factory=list)
     # what else ran on this host while it trained (other stages holding GPU or CPU locks,
     # other processes' CPU use), in a line (`system/slots.py`); None: nothing, or an older file
-    shared_machine: str | None = None
-    status: str = "trained"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    shared_machine: Str | None = None
+    status: Literal["trained"] = "trained"
 
     def metrics(self) -> dict[str, float | int | None]:
         """The numeric figures, for a tracker (`epochs` is a count, not a figure)."""
@@ -411,10 +432,14 @@ class TrainSummary:
 TrainResult = TrainSummary | Skipped
 
 
+def _result(summary: type[R], payload: Any, source: str) -> R | Skipped:
+    """A stage's results file: `summary`, or `Skipped` where its status says so."""
+    skipped = isinstance(payload, dict) and payload.get("status") == "skipped"
+    return parse(Skipped if skipped else summary, payload, source)
+
+
 def train_from_json(payload: Mapping[str, Any], source: str = TRAIN_JSON) -> TrainResult:
-    if payload.get("status") == "skipped":
-        return _strict(Skipped, payload, source)
-    return _strict(TrainSummary, payload, source)
+    return _result(TrainSummary, payload, source)
 
 
 def _read_json(path: Path) -> Mapping[str, Any]:
@@ -447,56 +472,47 @@ def scaling_efficiency(speedup_over_one: float | None, world_size: int) -> float
     return speedup_over_one / world_size if speedup_over_one else None
 
 
-@dataclass(frozen=True)
-class ClassScores:
-    precision: float
-    recall: float
-    f1_score: float
-
-    def to_json(self) -> dict[str, float]:
-        return {"precision": self.precision, "recall": self.recall, "f1-score": self.f1_score}
+@record(frozen=True, config=RECORD | ConfigDict(validate_by_name=True))
+class ClassScores(_Record):
+    precision: Float
+    recall: Float
+    f1_score: Float = Field(alias="f1-score")  # scikit-learn's name, in eval.json
 
 
-@dataclass(frozen=True)
-class EvalSummary:
+@record(frozen=True, config=RECORD)
+class EvalSummary(_Record):
     """`eval.json` of a trained variant: the test set through the trained model, untimed
     training excluded; per-class scores keyed by the digit."""
 
-    test_accuracy: float
-    test_loss: float
-    macro_f1: float
-    inference_samples_per_s: float
+    test_accuracy: Fraction
+    test_loss: Float
+    macro_f1: Float
+    inference_samples_per_s: Float
     per_class: dict[str, ClassScores]
     # what else held GPU or CPU slots on this host while it measured (`system/slots.py`);
     # None: nothing, or an older file
-    shared_machine: str | None = None
-    status: str = "trained"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "per_class": {k: v.to_json() for k, v in self.per_class.items()}}
+    shared_machine: Str | None = None
+    status: Literal["trained"] = "trained"
 
 
 EvalResult = EvalSummary | Skipped
 
 
-@dataclass(frozen=True)
-class RunRecord:
+@record(frozen=True, config=RECORD)
+class RunRecord(_Record):
     """`run.json`, written by evaluate for compare: which MLflow run the variant's results
     belong to (compare logs the evaluation there, once, for every variant), or why there is
     none (a skipped variant: compare records it as a run that says why)."""
 
-    variant: str
-    status: str  # trained | skipped
-    mlflow_run_id: str | None
+    variant: Str
+    status: Status
+    mlflow_run_id: Str | None
     params: dict[str, Any] | None = None
-    reason: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    reason: Str | None = None
 
 
 def read_run_record(path: Path) -> RunRecord:
-    return _strict(RunRecord, _read_json(path), str(path))
+    return parse(RunRecord, _read_json(path), str(path))
 
 
 def write_per_class_csv(path: Path, result: EvalResult) -> None:
@@ -510,48 +526,47 @@ def write_per_class_csv(path: Path, result: EvalResult) -> None:
 
 
 def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalResult:
-    if payload.get("status") != "trained":
-        return _strict(Skipped, payload, source)
-    per_class = {
-        digit: ClassScores(s["precision"], s["recall"], s["f1-score"])
-        for digit, s in payload["per_class"].items()
-    }
-    return _strict(EvalSummary, {**payload, "per_class": per_class}, source)
+    return _result(EvalSummary, payload, source)
 
 
 def read_eval(path: Path) -> EvalResult:
     return eval_from_json(_read_json(path), str(path))
 
 
-QUANT_METHODS = ("fp32", "dynamic_int8", "static_int8")  # the quantize stage's, in order
+QuantMethod = Literal["fp32", "dynamic_int8", "static_int8"]
+QUANT_METHODS = get_args(QuantMethod)  # the quantize stage's, in order
 
 
-@dataclass(frozen=True)
-class InferenceFigures:
+@record(frozen=True, config=RECORD)
+class InferenceFigures(_Record):
     """One model (fp32 or quantized) on the CPU: accuracy, speed and size."""
 
-    method: str  # one of QUANT_METHODS
-    test_accuracy: float
-    latency_ms: float  # batch 1: median over the repetitions
-    samples_per_s: float  # over the test set at the eval batch size
-    size_bytes: int
+    method: QuantMethod
+    test_accuracy: Fraction
+    latency_ms: Float  # batch 1: median over the repetitions
+    samples_per_s: Float  # over the test set at the eval batch size
+    size_bytes: Int
 
 
-@dataclass(frozen=True)
-class QuantizedSummary:
+@record(frozen=True, config=RECORD)
+class QuantizedSummary(_Record):
     """`quantized.json`: the trained model on the CPU in fp32 and quantized to int8, each
     method's figures keyed by its name (QUANT_METHODS); a method this torch build cannot run
     is in `unsupported` with the reason."""
 
-    threads: int  # CPU threads the figures were measured with
-    batch_size: int  # throughput's batch; latency is at batch 1
-    latency_repeats: int
-    methods: dict[str, InferenceFigures]
-    unsupported: dict[str, str]  # method -> why not
-    status: str = "trained"
+    threads: Int  # CPU threads the figures were measured with
+    batch_size: Int  # throughput's batch; latency is at batch 1
+    latency_repeats: Int
+    methods: dict[QuantMethod, InferenceFigures]
+    unsupported: dict[QuantMethod, Str]  # method -> why not
+    status: Literal["trained"] = "trained"
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    @model_validator(mode="after")
+    def _some_method(self) -> QuantizedSummary:
+        if not self.methods and not self.unsupported:
+            raise ValueError("methods and unsupported: both empty (expected some of "
+                             f"{', '.join(QUANT_METHODS)})")  # fmt: skip
+        return self
 
     def metrics(self) -> dict[str, float]:
         """Flat figures for a tracker: `quant_<method>_<figure>`."""
@@ -567,89 +582,93 @@ QuantizedResult = QuantizedSummary | Skipped
 
 
 def read_quantized(path: Path) -> QuantizedResult:
-    payload, source = _read_json(path), str(path)
-    if payload.get("status") != "trained":
-        return _strict(Skipped, payload, source)
-    summary = _strict(QuantizedSummary, payload, source)
-    named = [*summary.methods, *summary.unsupported] if isinstance(summary.methods, dict) else []
-    if not named or not set(named) <= set(QUANT_METHODS):
-        raise InputError(
-            f"{source}: not a QuantizedSummary (methods: {named}, expected some of "
-            f"{list(QUANT_METHODS)}); re-run the stage that writes it"
-        )
-    methods = {
-        method: _strict(InferenceFigures, figures, f"{source} ({method})")
-        for method, figures in summary.methods.items()
-    }
-    return replace(summary, methods=methods)
+    return _result(QuantizedSummary, _read_json(path), str(path))
 
 
 # --- env/<device>.json: the machine's stable facts (the env stage writes, compare reads) ---
 
 
-@dataclass(frozen=True)
-class SoftwareFacts:
+@record(frozen=True, config=RECORD)
+class SoftwareFacts(_Record):
     """The software stack, in both env files."""
 
-    python: str
-    torch: str
-    torchvision: str | None  # None: not installed
+    python: Str
+    torch: Str
+    torchvision: Str | None  # None: not installed
 
 
-def _split(cls: type, payload: Mapping[str, Any], source: str) -> tuple[Any, dict[str, Any]]:
-    """The keys of `cls` in a flat payload as a `cls` (strictly), and the other keys."""
-    names = {f.name for f in fields(cls)}
-    part = _strict(cls, {k: v for k, v in payload.items() if k in names}, source)
-    return part, {k: v for k, v in payload.items() if k not in names}
+def _nest(payload: dict[str, Any], name: str, cls: type) -> dict[str, Any]:
+    """A flat file's keys, with those of the record `cls` under `name`."""
+    own = {f.name for f in fields(cls)}
+    return {k: v for k, v in payload.items() if k not in own} | {
+        name: {k: v for k, v in payload.items() if k in own}
+    }
 
 
-@dataclass(frozen=True)
-class CpuFacts:
+@record(frozen=True, config=RECORD)
+class CpuFacts(_Record):
     """`env/cpu.json`: the CPU and the software stack (flat in the file)."""
 
-    cpu_model: str
-    logical_cpus: int | None  # os.cpu_count(); None where it cannot tell
-    torch_default_threads: int
-    machine: str  # platform.machine(): x86_64, aarch64
+    cpu_model: Str
+    logical_cpus: Int | None  # os.cpu_count(); None where it cannot tell
+    torch_default_threads: Int
+    machine: Str  # platform.machine(): x86_64, aarch64
     software: SoftwareFacts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, data: Any) -> Any:
+        return _nest(data, "software", SoftwareFacts) if isinstance(data, dict) else data
 
     def to_json(self) -> dict[str, Any]:
         own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "software"}
         return own | asdict(self.software)
 
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any], source: str) -> CpuFacts:
-        software, own = _split(SoftwareFacts, payload, source)
-        return _strict(cls, own | {"software": software}, source)
 
-
-@dataclass(frozen=True)
-class GpuFacts:
+@record(frozen=True, config=RECORD)
+class GpuFacts(_Record):
     """The GPUs torch can use, as `env/cuda.json` records them (capability, memory: GPU 0's)."""
 
-    gpu_count: int
-    gpu_names: list[str]
-    compute_capability: str  # "9.0"
-    gpu_memory_gib: float
-    cudnn: int | None
-    bf16_supported: bool
+    gpu_count: Int
+    gpu_names: list[Str]
+    compute_capability: Str  # "9.0"
+    gpu_memory_gib: Float
+    cudnn: Int | None
+    bf16_supported: Bool
 
 
-@dataclass(frozen=True)
-class CudaFacts:
+@record(frozen=True, config=RECORD)
+class CudaFacts(_Record):
     """`env/cuda.json`: torch's CUDA build, the driver and the software stack, then either the
     GPUs torch can use (`gpu`) or why it can use none (`reason`); flat in the file, with
     `cuda_available` saying which."""
 
-    torch_cuda_runtime: str | None  # None: a CPU-only torch build
-    nvidia_driver: str | None  # None: no driver found
+    torch_cuda_runtime: Str | None  # None: a CPU-only torch build
+    nvidia_driver: Str | None  # None: no driver found
     software: SoftwareFacts
     gpu: GpuFacts | None = None
-    reason: str | None = None  # where `gpu` is None
+    reason: Str | None = None  # where `gpu` is None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, data: Any) -> Any:
+        if not isinstance(data, dict):  # built in code
+            return data
+        available = data.get("cuda_available")
+        if not isinstance(available, bool):
+            raise ValueError(f"cuda_available = {echo(available)}: expected true or false")
+        if not available and (facts := [f.name for f in fields(GpuFacts) if f.name in data]):
+            raise ValueError(f"cuda_available is false, yet GPU facts are there: {facts}")
+        data = _nest({k: v for k, v in data.items() if k != "cuda_available"}, "software",
+                     SoftwareFacts)  # fmt: skip
+        return _nest(data, "gpu", GpuFacts) if available else data
+
+    @model_validator(mode="after")
+    def _gpu_or_reason(self) -> CudaFacts:
         if (self.gpu is None) == (self.reason is None):
-            raise ValueError("CudaFacts: exactly one of the GPUs (gpu) and why none (reason)")
+            raise ValueError("expected either usable GPUs (cuda_available true) or the reason "
+                             "there are none, not both")  # fmt: skip
+        return self
 
     @property
     def cuda_available(self) -> bool:
@@ -664,29 +683,8 @@ class CudaFacts:
         }
         return facts | (asdict(self.gpu) if self.gpu else {"reason": self.reason})
 
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any], source: str) -> CudaFacts:
-        available = payload.get("cuda_available")
-        if not isinstance(available, bool):
-            raise InputError(
-                f"{source}: not a CudaFacts (cuda_available = {available!r}, expected true or "
-                "false); re-run the stage that writes it"
-            )
-        rest = {k: v for k, v in payload.items() if k != "cuda_available"}
-        software, rest = _split(SoftwareFacts, rest, source)
-        gpu = None
-        if available:
-            gpu, rest = _split(GpuFacts, rest, source)
-        if (rest.get("reason") is not None) == available:
-            raise InputError(
-                f"{source}: not a CudaFacts (cuda_available is {str(available).lower()}: "
-                f"expected {'no reason' if available else 'the reason'}); re-run the stage "
-                "that writes it"
-            )
-        return _strict(cls, rest | {"software": software, "gpu": gpu}, source)
 
-
-@dataclass(frozen=True)
+@record(frozen=True, config=RECORD)
 class EnvFacts:
     """The machine the variants ran on: `env/<device>.json` for each of ENV_DEVICES."""
 
@@ -707,7 +705,7 @@ def read_env(folder: Path) -> EnvFacts:
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True, config=RECORD)
 class ModelFile:
     """`models/<variant>.pt`: the trained weights (CPU tensors) and what produced them.
 
@@ -717,12 +715,18 @@ class ModelFile:
     stages of a variant this machine cannot run return at once.
     """
 
-    variant: str
-    status: str
-    mlflow_run_id: str | None
+    variant: Str
+    status: Status
+    mlflow_run_id: Str | None
     params: dict[str, Any] | None = None
     state_dict: dict[str, Any] | None = None
-    reason: str | None = None
+    reason: Str | None = None
+
+    @model_validator(mode="after")
+    def _weights_if_trained(self) -> ModelFile:
+        if self.trained and (self.state_dict is None or self.params is None):
+            raise ValueError("status 'trained' needs its weights (state_dict) and params")
+        return self
 
     @property
     def trained(self) -> bool:
@@ -753,17 +757,9 @@ class ModelFile:
         with path.open("rb") as handle:
             is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
         payload = _read_json(path) if is_json else _torch_payload(path, not_ours)
-        try:
-            model_file = _strict(cls, payload, str(path)) if isinstance(payload, dict) else None
-        except (ValueError, TypeError):
-            model_file = None
-        if model_file is None or not isinstance(model_file.variant, str):
+        if not isinstance(payload, dict):
             raise InputError(f"{not_ours} (another structure); re-run train for it")
-        if model_file.trained and not (
-            isinstance(model_file.state_dict, dict) and isinstance(model_file.params, dict)
-        ):
-            raise InputError(f"{not_ours} (no weights or params); re-run train for it")
-        return model_file
+        return parse(cls, payload, str(path), "re-run train for it")
 
 
 def _torch_payload(path: Path, not_ours: str) -> Any:
@@ -801,31 +797,31 @@ def atomic_torch_save(payload: Any, path: Path) -> None:
 STOPPED_LIMIT_S, STOPPED_SHARE = 0.5, 0.05  # an epoch stopped longer is no steady one
 
 
-@dataclass(frozen=True)
+@record(frozen=True, config=RECORD)
 class EpochRecord:
     """One trained epoch: a row of `epochs.csv` (its columns, in this order), a step of the
     variant's MLflow metrics, and part of the checkpointed training state."""
 
-    epoch: int  # 1-based
-    train_loss: float
-    train_time_s: float
-    data_wait_s: float
-    samples: int
-    samples_per_s: float
-    test_loss: float
-    test_accuracy: float
-    nonfinite_steps: int
-    lr: float
-    peak_gpu_mem_mib: float | None
-    gpu_energy_j: float | None = None  # board energy during the timed training, from NVML
-    cpu_energy_j: float | None = None  # CPU packages' energy in the same window, from RAPL
-    scaler_skipped_steps: int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
+    epoch: Int  # 1-based
+    train_loss: Float
+    train_time_s: Float
+    data_wait_s: Float
+    samples: Int
+    samples_per_s: Float
+    test_loss: Float
+    test_accuracy: Float
+    nonfinite_steps: Int
+    lr: Float
+    peak_gpu_mem_mib: Float | None
+    gpu_energy_j: Float | None = None  # board energy during the timed training, from NVML
+    cpu_energy_j: Float | None = None  # CPU packages' energy in the same window, from RAPL
+    scaler_skipped_steps: Int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
     # seconds the process did not run in the timed epoch (SIGSTOP, a suspend, no CPU), from a
     # heartbeat (`timing.Heartbeat`); over STOPPED_LIMIT_S or STOPPED_SHARE: no steady epoch
-    stopped_s: float = 0.0
+    stopped_s: Float = 0.0
     # Its process's first epoch, which paid for compilation, autotuning and graph capture:
     # epoch 1, and the first after a resume. Never a steady epoch (`steady_epochs`).
-    warm_up: bool = False
+    warm_up: Bool = False
 
     @property
     def stopped(self) -> bool:
@@ -838,38 +834,6 @@ class EpochRecord:
     def metrics(self) -> dict[str, float | int | None]:
         """The epoch's figures as MLflow metrics (the warm-up mark is no figure)."""
         return {k: v for k, v in asdict(self).items() if k != "warm_up"}
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any], source: str = EPOCHS_CSV) -> EpochRecord:
-        """From `as_dict`'s output (a checkpoint's) or an epochs.csv row (text, empty for
-        None); an InputError names `source` and what does not fit."""
-        record = _strict(cls, values, source, typed=False)  # converted below
-        converted = {}
-        for f in fields(cls):
-            value = getattr(record, f.name)
-            optional = "None" in f.type
-            if optional and value in (None, "", "None"):
-                converted[f.name] = None
-                continue
-            if f.type == "bool":  # True/False, as csv writes them, or a checkpoint's bool
-                if value not in (True, False, "True", "False"):
-                    raise InputError(
-                        f"{source}: epoch field {f.name} = {value!r} is not True or False; "
-                        "re-run train"
-                    )
-                converted[f.name] = value in (True, "True")
-                continue
-            number = int if f.type.startswith("int") else float
-            try:
-                if isinstance(value, bool) or not isinstance(value, int | float | str):
-                    raise TypeError
-                converted[f.name] = number(value)
-            except (TypeError, ValueError):
-                what = "an integer" if number is int else "a number"
-                raise InputError(
-                    f"{source}: epoch field {f.name} = {value!r} is not {what}; re-run train"
-                ) from None
-        return cls(**converted)
 
 
 def steady_epochs(records: Sequence[EpochRecord]) -> list[EpochRecord]:
@@ -901,7 +865,22 @@ def write_epochs_csv(path: Path, records: Sequence[EpochRecord]) -> None:
         writer.writerows(record.as_dict() for record in records)
 
 
+def _cell(text: str | None) -> Any:
+    """An epochs.csv cell as csv wrote its value: empty for None, True/False, a number."""
+    if text in ("", "None"):
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for number in (int, float):
+        try:
+            return number(text)
+        except (TypeError, ValueError):
+            pass
+    return text
+
+
 def read_epoch_records(path: Path) -> list[EpochRecord]:
     """`write_epochs_csv`'s records back."""
     with path.open() as handle:
-        return [EpochRecord.from_dict(row, str(path)) for row in csv.DictReader(handle)]
+        rows = [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(handle)]
+    return [parse(EpochRecord, row, str(path), "re-run train") for row in rows]

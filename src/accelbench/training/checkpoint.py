@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from accelbench.core.console import first_sentence, log
-from accelbench.core.results import atomic_torch_save
+from accelbench.core.results import RECORD, Str, atomic_torch_save, check, record
 from accelbench.training.engine import TrainingState
 
 
@@ -67,15 +67,16 @@ class Checkpointer:
         except Exception as exc:  # unpickling raises many types; none of them is ours
             return self._set_aside(f"unreadable ({first_sentence(exc, 120)})")
         try:
-            fingerprint, resume = _read(saved)
+            saved = check(CheckpointFile, saved)
         except ValueError as exc:
             return self._set_aside(str(exc))
-        if fingerprint != self.fingerprint:
+        if saved.fingerprint != self.fingerprint:
             log(
                 f"train {self.name}: {self.path} is from other params, torch or device; "
                 "starting from epoch 1"
             )
             return None
+        resume = Resume(saved.state, saved.mlflow_run_id)
         log(f"train {self.name}: resuming after epoch {resume.epochs_done} from {self.path}")
         return resume
 
@@ -114,15 +115,10 @@ def _free_name(path: Path) -> Path:
     return candidate
 
 
-def _read(saved: Any) -> tuple[str, Resume]:
-    """The params fingerprint and the state of one of our checkpoints; a ValueError says why
-    `saved` is not one."""
-    if not isinstance(saved, dict):
-        raise ValueError(f"holds a {type(saved).__name__}, not a checkpoint")
-    if not isinstance(saved.get("fingerprint"), str):
-        raise ValueError("no params fingerprint")
-    if not isinstance(saved.get("mlflow_run_id"), str | None):
-        raise ValueError("mlflow_run_id is not a string")
-    return saved["fingerprint"], Resume(
-        TrainingState.from_dict(saved.get("state")), saved["mlflow_run_id"]
-    )
+@record(frozen=True, config=RECORD)
+class CheckpointFile:
+    """A checkpoint file: the fingerprint of what it was saved under, and the state."""
+
+    fingerprint: Str
+    mlflow_run_id: Str | None
+    state: TrainingState

@@ -17,18 +17,19 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from pydantic import ConfigDict, Field, Strict, model_validator
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from accelbench.core.console import AccelbenchError
 from accelbench.core.params import TrainRecipe, VariantParams
-from accelbench.core.results import EpochRecord, energy_read, steady_epochs
+from accelbench.core.results import RECORD, EpochRecord, energy_read, record, steady_epochs
 from accelbench.core.timing import DeviceClock
 from accelbench.data.batches import Batch, Batches, zero_pixel
 
@@ -692,13 +693,13 @@ def _summed_over_processes(totals: _EpochTotals, device: torch.device) -> _Epoch
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True, config=RECORD | ConfigDict(arbitrary_types_allowed=True))
 class TrainingState:
     """What `fit` needs to go on after `epochs_done` epochs as if never interrupted: the
     weights, the optimizer, schedule and scaler, the random generators, the epochs (a
     checkpoint holds it: checkpoint.py)."""
 
-    epochs_done: int
+    epochs_done: Annotated[int, Strict(), Field(ge=1)]
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     scheduler: dict[str, Any] | None  # None: a constant learning rate
@@ -708,52 +709,16 @@ class TrainingState:
     records: list[EpochRecord]
 
     def to_dict(self) -> dict[str, Any]:
-        """Tensors and plain types only: what `torch.load(weights_only=True)` reads back."""
-        return {
-            "epochs_done": self.epochs_done,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "scheduler": self.scheduler,
-            "scaler": self.scaler,
-            "rng_cpu": self.rng_cpu,
-            "rng_cuda": self.rng_cuda,
-            "records": [record.as_dict() for record in self.records],
-        }
+        """Tensors and plain types only: what `torch.load(weights_only=True)` reads back (not
+        `asdict`, which would copy every tensor)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self)}
+        return own | {"records": [r.as_dict() for r in self.records]}
 
-    @classmethod
-    def from_dict(cls, saved: Any) -> TrainingState:
-        """`to_dict`'s output back; a ValueError says what does not fit."""
-        if not isinstance(saved, dict):
-            raise ValueError("no training state")
-        for key, (kind, what) in _STATE_FIELDS.items():
-            value = saved.get(key)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise ValueError(f"state.{key} is missing or not {what}")
-        if unknown := set(saved) - set(_STATE_FIELDS):
-            raise ValueError(f"state has unknown keys {sorted(unknown)}")
-        if saved["epochs_done"] < 1 or len(saved["records"]) != saved["epochs_done"]:
-            raise ValueError(
-                f"state.epochs_done {saved['epochs_done']} does not match its epoch records"
-            )
-        if not all(isinstance(v, torch.Tensor) for v in saved["model"].values()):
-            raise ValueError("state.model holds something other than tensors")
-        if not all(isinstance(r, dict) for r in saved["records"]):
-            raise ValueError("state.records holds something other than epoch records")
-        records = [EpochRecord.from_dict(r, "state.records") for r in saved["records"]]
-        return cls(**(saved | {"records": records}))
-
-
-# What each field of a saved state must be (its records: what EpochRecord accepts).
-_STATE_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "epochs_done": (int, "an int"),
-    "model": (dict, "a dict"),
-    "optimizer": (dict, "a dict"),
-    "scheduler": ((dict, type(None)), "a dict or None"),
-    "scaler": (dict, "a dict"),
-    "rng_cpu": (torch.Tensor, "a Tensor"),
-    "rng_cuda": ((list, type(None)), "a list or None"),
-    "records": (list, "a list"),
-}
+    @model_validator(mode="after")
+    def _a_record_per_epoch(self) -> TrainingState:
+        if len(self.records) != self.epochs_done:
+            raise ValueError(f"epochs_done {self.epochs_done} does not match its epoch records")
+        return self
 
 
 def _training_state(
