@@ -377,11 +377,12 @@ class Skipped(_Record):
     status: Literal["skipped"] = "skipped"
 
 
-@record(frozen=True, config=RECORD)
-class TrainSummary(_Record):
-    """`train.json` of a trained variant: run-level figures, their units in their names."""
+@record(frozen=True, config=RECORD, kw_only=True)
+class RunFigures(_Record):
+    """A training's run-level figures, from its epoch records alone (`engine.summarize`); a
+    `TrainSummary` adds what they mean on the device."""
 
-    epochs: Int
+    epochs: Int  # a count
     first_epoch_s: Float
     steady_epoch_s: Float | None  # median of steady_epochs_s; None after one epoch
     total_train_s: Float
@@ -394,6 +395,16 @@ class TrainSummary(_Record):
     scaler_skipped_steps: Int | None  # fp16 + GradScaler only
     peak_gpu_mem_mib: Float | None
     steady_gpu_energy_j_per_epoch: Float | None
+    steady_cpu_energy_j_per_epoch: Float | None = None  # RAPL, where readable
+    # every steady epoch's seconds: epochs 2..N (less a resume's first), then each timing
+    # repeat's (`train.repeats`); the report's intervals are drawn from them. None: an older file
+    steady_epochs_s: list[Float] | None = None
+
+
+@record(frozen=True, config=RECORD, kw_only=True)
+class TrainSummary(RunFigures):
+    """`train.json` of a trained variant: run-level figures, their units in their names."""
+
     accumulation_steps: Int  # as trained: an OOM retry may have raised it
     device: Str
     device_name: Str
@@ -408,10 +419,6 @@ class TrainSummary(_Record):
     peak_host_rss_mib: Float
     steady_samples_per_s_per_process: Float | None
     compile_cache: Str | None = None  # the first epoch's: cold | warm | portable | partial
-    steady_cpu_energy_j_per_epoch: Float | None = None  # RAPL, where readable
-    # every steady epoch's seconds: the run's `steady_epochs`, then each timing repeat's
-    # (`train.repeats`); the report's intervals are drawn from them. None: an older file
-    steady_epochs_s: list[Float] | None = None
     repeats: Int = 1  # trainings: the run itself, and repeats - 1 more from scratch
     # each repeat's epochs as [seconds, test accuracy], repeat k at the run's seed + k
     repeat_epochs: list[list[list[Float]]] = field(default_factory=list)

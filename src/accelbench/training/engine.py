@@ -29,7 +29,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accelbench.core.console import AccelbenchError
 from accelbench.core.params import TrainRecipe, VariantParams
-from accelbench.core.results import RECORD, EpochRecord, energy_read, record, steady_epochs
+from accelbench.core.results import (
+    RECORD,
+    EpochRecord,
+    RunFigures,
+    energy_read,
+    record,
+    steady_epochs,
+)
 from accelbench.core.timing import DeviceClock
 from accelbench.data.batches import Batch, Batches, zero_pixel
 
@@ -757,28 +764,6 @@ def _restore(
     if state.rng_cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state.rng_cuda)
     return state.epochs_done, list(state.records)
-
-
-@dataclass(frozen=True)
-class RunFigures:
-    """A training's run-level figures, from its epoch records (`TrainSummary` adds what they
-    mean on the device)."""
-
-    epochs: int  # a count
-    first_epoch_s: float
-    steady_epoch_s: float | None  # the median of steady_epochs_s; None after one epoch
-    steady_epochs_s: list[float]  # epochs 2..N (less a resume's first), then the repeats'
-    total_train_s: float
-    steady_samples_per_s: float | None
-    data_wait_fraction: float
-    final_train_loss: float
-    final_test_accuracy: float
-    best_test_accuracy: float
-    nonfinite_steps: int
-    scaler_skipped_steps: int | None  # fp16 + GradScaler only
-    peak_gpu_mem_mib: float | None
-    steady_gpu_energy_j_per_epoch: float | None
-    steady_cpu_energy_j_per_epoch: float | None
 
 
 def summarize(records: list[EpochRecord], more_steady: Sequence[float] = ()) -> RunFigures:

@@ -27,7 +27,7 @@ def summarize_run(
     repeats (which find every graph cached)."""
     repeats = repeats or []
     more_steady = [r.train_time_s for repeat in repeats for r in steady_epochs(repeat)]
-    figures = engine.summarize(records, more_steady)
+    figures = engine.summarize(records, more_steady)  # the TrainSummary's first fields
     world_size = placement.world_size
     steady_s = figures.steady_epoch_s or figures.first_epoch_s
     samples = records[-1].samples
