@@ -326,6 +326,7 @@ def _fraction(value: float) -> float:
 Fraction = Annotated[float, Strict(), AfterValidator(_fraction)]  # an accuracy
 Status = Literal["trained", "skipped"]
 
+# Strict per scalar, not per record: a strict record would refuse its nested records' JSON.
 RECORD = ConfigDict(extra="forbid")
 REDO = "re-run the stage that writes it"
 _FLAT_IN_FILE = ("software", "gpu")  # records whose keys env/<device>.json holds flat
@@ -358,6 +359,8 @@ def parse(cls: type[R], payload: Any, source: str, redo: str = REDO) -> R:
 
 
 class _Record:
+    """A stage file's record: read back with `parse`, written with `to_json`."""
+
     @classmethod
     def from_json(cls, payload: Any, source: str) -> Any:
         """The record its file's JSON holds (`parse`)."""
@@ -479,7 +482,7 @@ def scaling_efficiency(speedup_over_one: float | None, world_size: int) -> float
     return speedup_over_one / world_size if speedup_over_one else None
 
 
-@record(frozen=True, config=RECORD | ConfigDict(validate_by_name=True))
+@record(frozen=True, config=RECORD | ConfigDict(populate_by_name=True))
 class ClassScores(_Record):
     precision: Float
     recall: Float
