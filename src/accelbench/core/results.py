@@ -3,8 +3,9 @@
 env writes an `EnvFacts` to `env/<device>.json`; train@V a `TrainSummary` (or `Skipped`) to
 `train.json`, its epochs to `epochs.csv` and a `ModelFile`; evaluate@V an `EvalSummary` (or
 `Skipped`) to `eval.json`; quantize@V a `QuantizedSummary` (or `Skipped`) to
-`quantized.json`. Compare, tracking and the benchmarks read them back through these types, so
-a renamed field fails loudly where it is read instead of becoming an "n/a" in the report.
+`quantized.json`. Compare, tracking and the benchmarks read them back through these types
+(strict pydantic dataclasses, checked as params.yaml is), so a renamed field fails loudly
+where it is read instead of becoming an "n/a" in the report.
 """
 
 from __future__ import annotations
