@@ -258,8 +258,8 @@ def test_a_full_disk_leaves_the_old_report_whole_and_no_temporaries(
     assert "comparison.md" in before and "plots/per_class.csv" in before
 
     inputs = _workspace(root, steady_epoch_s=0.5)  # new results, and no room for them
-    # room for the first figure's temporary (the same curves), not for the next one
-    _fill(root, leave_bytes=len(before["curves.png"]) + 8 * 1024)
+    # room for the figure's temporary (about the same size), not for the files after it
+    _fill(root, leave_bytes=len(before["summary.png"]) + 8 * 1024)
     with pytest.raises(OSError) as raised:
         _compare(root, inputs)
     assert raised.value.errno == errno.ENOSPC

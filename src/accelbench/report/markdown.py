@@ -12,7 +12,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
-import numpy as np
 from matplotlib.ticker import FormatStrFormatter
 
 from accelbench.core import spread
@@ -587,75 +586,6 @@ def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]
     return [k for k in ours if k != "distributed" and ours[k] != theirs[k]]
 
 
-def _curves_figure(path: Path, rows: list[Row], target: float) -> None:
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for row in rows:
-        if not row.trained or not row.epochs:
-            continue
-        epochs = [e.epoch for e in row.epochs]
-        loss_ax.plot(epochs, [e.train_loss for e in row.epochs], marker="o", label=row.name)
-        acc_ax.plot(epochs, [100 * e.test_accuracy for e in row.epochs], marker="o", label=row.name)
-    acc_ax.axhline(
-        100 * target, color="grey", linestyle="--", linewidth=1, label=f"{target:.0%} target"
-    )
-    loss_ax.set(
-        xlabel="epoch", ylabel="training loss (cross-entropy)", title="Training loss", yscale="log"
-    )
-    acc_ax.set(xlabel="epoch", ylabel="test accuracy (%)", title="Test accuracy")
-    for ax in (loss_ax, acc_ax):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _epoch_times_figure(
-    path: Path, rows: list[Row], speedups: dict[str, float | None], references: bool = True
-) -> None:
-    trained = [r for r in rows if r.trained]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    if not trained:
-        ax.text(0.5, 0.5, "no variant trained", ha="center", va="center")
-    else:
-        x = np.arange(len(trained))
-        first = [r.train.first_epoch_s for r in trained]
-        steady = [r.train.steady_epoch_s or r.train.first_epoch_s for r in trained]
-        ax.bar(x - 0.2, first, width=0.4, label="first epoch", color="#bbbbbb")
-        bars = ax.bar(x + 0.2, steady, width=0.4, label="steady epoch (median)", color="#1f77b4")
-        for bar, row in zip(bars, trained, strict=True):
-            label = f"{fmt_seconds(bar.get_height())}"
-            if speedups.get(row.name):
-                label += f"\n{speedups[row.name]:.1f}×"
-            ax.annotate(
-                label,
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-        low, high = min(first + steady), max(first + steady)
-        log = high / low > 10  # a log axis only where the times span decades
-        bottom, top = (low / 2, high * 3) if log else (0, high * 1.25)  # room for the labels
-        # the tutorials' published epochs that fall within the measured range, in the legend
-        shown = [f for f in TUTORIAL_FIGURES if references and bottom <= f.epoch_s <= top]
-        for ref, color in zip(shown, ("#d62728", "#9467bd", "#8c564b", "#e377c2"), strict=False):
-            label = f"{ref.source}: {ref.hardware}, {ref.epoch_s} s"
-            ax.axhline(ref.epoch_s, linestyle=":", color=color, linewidth=1.2, label=label)
-        ax.set_xticks(x, [f"{r.name}\n{r.train.device_name[:28]}" for r in trained], fontsize=8)
-        if log:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.set_ylim(bottom, top)
-        ax.set_ylabel(f"training time per epoch (s{', log scale' if log else ''})")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    ax.set_title("Epoch time (training only, synchronized clocks)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend beside the axes
-    plt.close(fig)
-
-
 def _summary_figure(
     path: Path,
     rows: list[Row],
@@ -740,6 +670,13 @@ def _env_lines(env: EnvFacts) -> list[str]:
     return lines
 
 
+# The figures dvc.yaml's `plots:` draw, every variant in each, are not drawn again here.
+PLOTS_POINTER = (
+    "Every epoch's training time, test accuracy and training loss, each variant's F1 per "
+    "digit and confusion matrix: `make plots` (DVC's plots, dvc_plots/index.html)."
+)
+
+
 def write_report(
     out_dir: Path,
     rows: list[Row],
@@ -755,10 +692,7 @@ def write_report(
             return write_report(out_dir, rows, env, spec, pipeline, outputs)
     figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
     speedups = _speedups(figures) if len(figures) > 1 else {}  # one variant: nothing to compare
-    curves, times = out_dir / "curves.png", out_dir / "epoch_times.png"
     summary = out_dir / "summary.png"
-    _curves_figure(outputs(curves, FIGURE), rows, spec.target_accuracy)
-    _epoch_times_figure(outputs(times, FIGURE), rows, speedups, references=spec.dataset == "mnist")
     gpu = env.cuda.gpu.gpu_names[0] if env.cuda.gpu is not None else ""
     _summary_figure(outputs(summary, FIGURE), rows, figures, spec.speedup_baseline, gpu)
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
@@ -791,9 +725,7 @@ def write_report(
         *_scaling_lines(rows, spec.scaling_baselines),
         *_quantized_lines(rows),
         *_cost_lines(rows, spec),
-        "![epoch times](epoch_times.png)",
-        "",
-        "![loss and accuracy curves](curves.png)",
+        PLOTS_POINTER,
         "",
     ]
     if flops:
@@ -831,7 +763,7 @@ def write_report(
     outputs(out_dir / "comparison.json", COMPARISON_JSON).write_text(
         json.dumps(entries, indent=2, sort_keys=True) + "\n"
     )
-    files = [out_dir / "comparison.md", summary, curves, times, out_dir / "comparison.json"]
+    files = [out_dir / "comparison.md", summary, out_dir / "comparison.json"]
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
         outputs(files[-1], PIPELINE_TIME_JSON).write_text(
