@@ -292,3 +292,21 @@ def test_a_cpu_only_report_ranks_nothing_and_says_each_skip_reason_once(tmp_path
     assert "estimated: 150 W (stated) × time" in md
     entry = json.loads((tmp_path / "comparison.json").read_text())["cpu"]
     assert entry["energy_source"] == "estimated: 150 W (stated) × time"
+
+
+def test_the_summary_figure_fits_its_axis_to_the_data_and_says_when_there_is_none() -> None:
+    """A CPU-only run's one 122 s bar on a linear axis ending near it, two variants decades
+    apart on a log axis; with no steady epoch (one epoch trained) the figure was an empty log
+    axis from 0.005 s to 8 s with a y-axis of -0.04 to 0.04: it says why there is nothing."""
+    from accelbench.report.summary_figure import NOTHING, summary_figure
+
+    cpu = report.Row("cpu", VariantParams(device="cpu"), trained_summary(122.0))
+    fig = summary_figure([cpu], answer.variant_figures([cpu], "cpu", 0.99), "cpu", "")
+    time_ax = fig.axes[0]
+    assert time_ax.get_xscale() == "linear" and 122 < time_ax.get_xlim()[1] < 2 * 122
+    gpu = report.Row("gpu", VariantParams(device="cuda"), trained_summary(0.1))
+    both = summary_figure([cpu, gpu], answer.variant_figures([cpu, gpu], "cpu", 0.99), "cpu", "")
+    assert both.axes[0].get_xscale() == "log"
+    one = replace(cpu, train=replace(cpu.train, epochs=1, steady_epoch_s=None, steady_epochs_s=[]))
+    empty = summary_figure([one], answer.variant_figures([one], "cpu", 0.99), "cpu", "")
+    assert empty.axes == [] and [t.get_text() for t in empty.texts] == [NOTHING]

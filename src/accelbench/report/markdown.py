@@ -8,12 +8,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt
-from matplotlib.ticker import FormatStrFormatter
-
 from accelbench.core import spread
 from accelbench.core.params import CostParams, VariantParams
 from accelbench.core.progress import fmt_seconds
@@ -49,6 +43,7 @@ from accelbench.report.answer import (
 )
 from accelbench.report.costs import RunCost, run_cost
 from accelbench.report.pipeline_time import PipelineTime
+from accelbench.report.summary_figure import summary_figure
 
 
 @dataclass(frozen=True)
@@ -586,70 +581,6 @@ def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]
     return [k for k in ours if k != "distributed" and ours[k] != theirs[k]]
 
 
-def _summary_figure(
-    path: Path,
-    rows: list[Row],
-    figures: Mapping[str, VariantFigures],
-    baseline: str | None,
-    gpu: str,
-) -> None:
-    """One slide: steady epoch time with its 95% interval (log axis, speedup on each bar)
-    beside test accuracy."""
-    trained = [r for r in rows if r.name in figures]
-    fig, (time_ax, acc_ax) = plt.subplots(
-        1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]}
-    )
-    names = [r.name for r in trained]
-    colors = ["#7f7f7f" if r.variant.device == "cpu" else "#1f77b4" for r in trained]
-    steady = [figures[n].steady_epoch for n in names]
-    widths = [f.value for f in steady]
-    errors = [
-        [f.value - (f.lo if f.has_interval else f.value) for f in steady],
-        [(f.hi if f.has_interval else f.value) - f.value for f in steady],
-    ]
-    bars = time_ax.barh(names, widths, color=colors, xerr=errors, capsize=3)
-    for bar, name, hi in zip(bars, names, errors[1], strict=True):
-        label = fmt_time(figures[name].steady_epoch)
-        if figures[name].speedup is not None and name != baseline:
-            label += f"\n{fmt_speedup(figures[name].speedup)} vs {baseline}"
-        time_ax.annotate(
-            label,
-            (bar.get_width() + hi, bar.get_y() + bar.get_height() / 2),
-            xytext=(6, 0),
-            textcoords="offset points",
-            va="center",
-            fontsize=8,
-        )
-    low, high = min(widths, default=0.01), max(widths, default=1)
-    log = high / low > 10  # a log axis only where the times span decades
-    if log:
-        time_ax.set_xscale("log")
-        time_ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
-    time_ax.set_xlim(low / 2 if log else 0, high * (8 if log else 1.8))  # room for the labels
-    time_ax.invert_yaxis()
-    scale = "log scale; " if log else ""
-    time_ax.set_xlabel(f"steady-state training time per epoch (s, {scale}95% interval)")
-    time_ax.set_title(f"Epoch time on {gpu}" if gpu else "Epoch time")
-    accuracy = [100 * r.test_accuracy for r in trained]
-    acc_bars = acc_ax.barh(names, accuracy, color=colors)
-    for bar, value in zip(acc_bars, accuracy, strict=True):
-        acc_ax.text(
-            bar.get_width(),
-            bar.get_y() + bar.get_height() / 2,
-            f" {value:.2f}%",
-            va="center",
-            fontsize=9,
-        )
-    acc_ax.set_xlim(min(accuracy, default=97) - 1, 100)
-    acc_ax.invert_yaxis()
-    acc_ax.set_yticks([])
-    acc_ax.set_xlabel("test accuracy after training (%)")
-    acc_ax.set_title("Accuracy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-
-
 def _env_lines(env: EnvFacts) -> list[str]:
     cpu, cuda, gpu = env.cpu, env.cuda, env.cuda.gpu
     software = cpu.software
@@ -694,7 +625,8 @@ def write_report(
     speedups = _speedups(figures) if len(figures) > 1 else {}  # one variant: nothing to compare
     summary = out_dir / "summary.png"
     gpu = env.cuda.gpu.gpu_names[0] if env.cuda.gpu is not None else ""
-    _summary_figure(outputs(summary, FIGURE), rows, figures, spec.speedup_baseline, gpu)
+    figure = summary_figure(rows, figures, spec.speedup_baseline, gpu)
+    figure.savefig(outputs(summary, FIGURE), dpi=130)
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
     md = [
         "# accelbench comparison",
