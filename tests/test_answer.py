@@ -16,6 +16,8 @@ from accelbench.core.results import EpochRecord, Skipped, read_epoch_records, re
 from accelbench.report.answer import (
     Row,
     break_even,
+    fastest,
+    first_to_target,
     fmt_speedup,
     fp32_twins,
     headline,
@@ -310,6 +312,19 @@ def test_headline_says_when_compiling_pays_and_who_reaches_the_target_first() ->
     assert "its first epoch's warm-up included; its train stage 9.400 s from process start" in text
     assert "Compiling pays for itself, against the same settings uncompiled, for amp (" in text
     assert f"after {figures['amp'].break_even.epochs} epochs." in text
+
+
+def test_the_fastest_and_the_first_to_the_target_are_read_from_the_figures() -> None:
+    """The headline's choices, apart from its wording: the shortest steady epoch, the least
+    training to the target (a compiled variant's first epoch counts against it)."""
+    rows = [
+        _row("cpu", VariantParams(device="cpu"), 11.0, 10.0, 1),
+        _row("amp", AMP, 18.6, 0.069, 2),
+        _row("amp_uncompiled", AMP_UNCOMPILED, 0.57, 0.141, 3),
+    ]
+    figures = variant_figures(rows, "cpu", 0.99)
+    assert fastest(figures) == "amp" and first_to_target(figures) == "amp_uncompiled"
+    assert first_to_target(variant_figures(rows, "cpu", 0.999)) is None  # none reached it
 
 
 def test_a_cpu_only_report_speaks_of_no_compiling_and_ranks_no_one() -> None:

@@ -168,6 +168,16 @@ def test_cost_table_uses_measured_energy_else_the_stated_wattage(tmp_path) -> No
     assert result.pipeline_metrics["gpu.energy_j"] == 36_000.0
 
 
+def test_the_cost_to_target_stops_at_the_first_epoch_that_reached_it() -> None:
+    from accelbench.core.params import CostParams
+    from accelbench.report.costs import costs_to_target
+
+    epochs = _epochs((10.0, 0.98, None), (10.0, 0.991, None), (10.0, 0.992, None))
+    whole, upto = costs_to_target(epochs, "cpu", 1, CostParams(), 0.99)
+    assert (whole.train_s, upto.train_s) == (30.0, 20.0)
+    assert costs_to_target(epochs, "cpu", 1, CostParams(), 0.995)[1] is None
+
+
 def test_cost_of_a_ddp_run_pays_every_gpu_and_the_cpu_counter_counts(tmp_path) -> None:
     from accelbench.core.params import CostParams
     from accelbench.report.costs import run_cost

@@ -25,6 +25,7 @@ from accelbench.core.results import (
     steady_epochs,
 )
 from accelbench.core.spread import Figure
+from accelbench.report import prose
 
 
 @dataclass
@@ -86,8 +87,7 @@ def shared_notes(rows: list[Row]) -> list[str]:
     where every variant had the machine to itself."""
     shared = [(row.name, note) for row in rows if (note := shared_machine(row))]
     stopped = [
-        f"- {row.name} epoch {e.epoch} was stopped for {fmt_seconds(e.stopped_s)} (SIGSTOP, "
-        "a suspend or no CPU): left out of the steady figures."
+        prose.STOPPED_EPOCH.format(name=row.name, epoch=e.epoch, seconds=fmt_seconds(e.stopped_s))
         for row in rows
         for e in row.epochs
         if e.stopped
@@ -95,9 +95,8 @@ def shared_notes(rows: list[Row]) -> list[str]:
     if not shared:
         return stopped
     return [
-        f"{SHARED_MARK}: measured while other work ran on the machine, so its times may be "
-        "slower than the machine alone gives:",
-        *(f"- {name}: {note}." for name, note in shared),
+        prose.SHARED_NOTE.format(mark=SHARED_MARK),
+        *(prose.SHARED_VARIANT.format(name=name, note=note) for name, note in shared),
         *stopped,
     ]
 
@@ -317,6 +316,17 @@ def _precision_threads(variant: VariantParams) -> str:
     return variant.precision
 
 
+def fastest(figures: Mapping[str, VariantFigures]) -> str:
+    """The variant with the shortest steady epoch."""
+    return min(figures, key=lambda n: figures[n].steady_epoch.value)
+
+
+def first_to_target(figures: Mapping[str, VariantFigures]) -> str | None:
+    """The variant that reached the target accuracy in the least training time, if any did."""
+    reached = [n for n, f in figures.items() if f.to_target is not None]
+    return min(reached, key=lambda n: figures[n].to_target.value) if reached else None
+
+
 def headline(
     rows: list[Row],
     figures: Mapping[str, VariantFigures],
@@ -330,81 +340,99 @@ def headline(
     machine = f"{cpu.cpu_model} ({cpu.torch_default_threads} threads)"
     if gpu is not None:
         machine = f"{gpu.gpu_names[0]} and {machine}"
-    stack = f"torch {cpu.software.torch}"
-    skipped = [r.name for r in rows if not r.trained]
+    where = {"machine": machine, "stack": f"torch {cpu.software.torch}"}
+    skipped = ", ".join(r.name for r in rows if not r.trained)
     if not figures:
-        return [f"On {machine}, {stack}: no variant has a steady epoch (none trained two "
-                "epochs or more, past a resume's warm-up), so there is nothing to compare" + (f" (skipped: {', '.join(skipped)})." if skipped else ".")]  # fmt: skip
+        names = prose.NOTHING_SKIPPED.format(names=skipped) if skipped else ""
+        return [prose.NOTHING_TO_COMPARE.format(**where, skipped=names)]
     by_name = {r.name: r for r in rows}
-    fastest = min(figures, key=lambda n: figures[n].steady_epoch.value)
-    best = figures[fastest]
-    sentence = (
-        f"On {machine}, {stack}: **{fastest}** ({by_name[fastest].variant.device}, "
-        f"{_precision_threads(by_name[fastest].variant)}) "
-        + ("trains fastest, " if len(figures) > 1 else "is the only variant trained here, ")
-        + f"{fmt_time(best.steady_epoch)} a steady epoch"
-    )
-    if best.speedup is not None and fastest != baseline:
-        sentence += f", **{fmt_speedup(best.speedup)}** faster than {baseline}"
-    others = [
-        f"{name} {fmt_speedup(f.speedup)}"
-        for name, f in figures.items()
-        if name not in (fastest, baseline) and f.speedup is not None
-    ]
-    sentences = [sentence + (f" (others: {'; '.join(others)})." if others else ".")]
+    sentences = [_fastest_sentence(by_name, figures, baseline, where)]
     if baseline is not None and baseline not in figures:  # every speedup column reads n/a
-        base = by_name.get(baseline)
-        why = (
-            f"was skipped on this machine ({base.train.reason})"
-            if base is not None and isinstance(base.train, Skipped)
-            else "has no steady epoch (one epoch trained, or each a warm-up)"
+        sentences.append(_no_speedups(by_name.get(baseline), baseline))
+    sentences += [
+        prose.PRECISION_ALONE.format(
+            name=name,
+            precision=by_name[name].variant.precision,
+            twin=f.fp32_twin,
+            speedup=fmt_speedup(f.over_fp32),
         )
-        sentences.append(
-            f"No speedups: their baseline, {baseline}, {why}; report.speedup_baseline in "
-            "params.yaml names it."
-        )
-    for name, f in figures.items():
-        if f.over_fp32 is not None:
-            sentences.append(
-                f"Mixed precision alone ({name}'s {by_name[name].variant.precision} over "
-                f"{f.fp32_twin}'s fp32, every other setting the same) is "
-                f"**{fmt_speedup(f.over_fp32)}** faster."
-            )
-    reached = {n: f for n, f in figures.items() if f.to_target is not None}
-    if reached:
-        first = min(reached, key=lambda n: reached[n].to_target.value)
-        missed = [n for n in figures if n not in reached]
-        stage = by_name[first].stage_s
-        sentences.append(
-            f"To {target:.1%} test accuracy"
-            + (f", end to end, **{first}** is first" if len(figures) > 1 else f", {first} took")
-            + f": {fmt_time(reached[first].to_target)} of training (epoch "
-            f"{reached[first].target_epoch}, its first epoch's {first_epoch_cost(by_name[first])}"
-            " included"
-            + (f"; its train stage {fmt_seconds(stage)} from process start" if stage else "")
-            + (f"; {reached[first].seeds.text()})" if reached[first].seeds else ")")
-            + (f"; {', '.join(missed)} never reached it." if missed else ".")
-        )
-    else:
-        sentences.append(f"No variant reached {target:.1%} test accuracy.")
+        for name, f in figures.items()
+        if f.over_fp32 is not None
+    ]
+    sentences.append(_target_sentence(by_name, figures, target))
     if pays := compiling_pays(figures):
         sentences.append(pays)
     low, high = (f(by_name[n].test_accuracy for n in figures) for f in (min, max))
     accuracy = f"{low:.2%}–{high:.2%}" if f"{low:.2%}" != f"{high:.2%}" else f"{low:.2%}"
-    sentences.append(
-        f"Test accuracy {accuracy}"
-        + (" across the trained variants" if len(figures) > 1 else "")
-        + (f"; skipped on this machine: {', '.join(skipped)}." if skipped else ".")
+    across = prose.ACCURACY_ACROSS if len(figures) > 1 else ""
+    names = prose.ACCURACY_SKIPPED.format(names=skipped) if skipped else ""
+    return [*sentences, prose.ACCURACY.format(accuracy=accuracy, across=across, skipped=names)]
+
+
+def _fastest_sentence(
+    by_name: Mapping[str, Row],
+    figures: Mapping[str, VariantFigures],
+    baseline: str | None,
+    where: Mapping[str, str],
+) -> str:
+    name = fastest(figures)
+    best, variant = figures[name], by_name[name].variant
+    faster = ""
+    if best.speedup is not None and name != baseline:
+        faster = prose.FASTER_THAN.format(speedup=fmt_speedup(best.speedup), baseline=baseline)
+    others = "; ".join(
+        f"{other} {fmt_speedup(f.speedup)}"
+        for other, f in figures.items()
+        if other not in (name, baseline) and f.speedup is not None
     )
-    return sentences
+    return prose.FASTEST.format(
+        **where,
+        name=name,
+        device=variant.device,
+        precision=_precision_threads(variant),
+        rank=prose.RANK_FIRST if len(figures) > 1 else prose.RANK_ONLY,
+        steady=fmt_time(best.steady_epoch),
+        faster=faster,
+        others=prose.OTHERS.format(others=others) if others else "",
+    )
+
+
+def _no_speedups(base: Row | None, baseline: str) -> str:
+    """Why no speedup was measured: the baseline was skipped, or has no steady epoch."""
+    if base is not None and isinstance(base.train, Skipped):
+        why = prose.BASELINE_SKIPPED.format(reason=base.train.reason)
+    else:
+        why = prose.BASELINE_NO_STEADY
+    return prose.NO_SPEEDUPS.format(baseline=baseline, why=why)
+
+
+def _target_sentence(
+    by_name: Mapping[str, Row], figures: Mapping[str, VariantFigures], target: float
+) -> str:
+    first = first_to_target(figures)
+    if first is None:
+        return prose.NO_TARGET.format(target=f"{target:.1%}")
+    reached, stage = figures[first], by_name[first].stage_s
+    missed = ", ".join(n for n, f in figures.items() if f.to_target is None)
+    who = prose.TARGET_FIRST if len(figures) > 1 else prose.TARGET_ONLY
+    return prose.TO_TARGET.format(
+        target=f"{target:.1%}",
+        who=who.format(name=first),
+        time=fmt_time(reached.to_target),
+        epoch=reached.target_epoch,
+        cost=first_epoch_cost(by_name[first]),
+        stage=prose.TARGET_STAGE.format(stage=fmt_seconds(stage)) if stage else "",
+        seeds=prose.TARGET_SEEDS.format(seeds=reached.seeds.text()) if reached.seeds else "",
+        missed=prose.TARGET_MISSED.format(names=missed) if missed else "",
+    )
 
 
 def first_epoch_cost(row: Row) -> str:
     """What a variant's first epoch paid for: warm-up, and compiling with its cache's state."""
     state = row.train.compile_cache if isinstance(row.train, TrainSummary) else None
     if row.variant.compile == "none":
-        return "warm-up"
-    return f"warm-up and compiling ({state} compile cache)" if state else "warm-up and compiling"
+        return prose.FIRST_EPOCH_WARM_UP
+    return prose.FIRST_EPOCH_CACHE.format(state=state) if state else prose.FIRST_EPOCH_COMPILING
 
 
 def compiling_pays(figures: Mapping[str, VariantFigures]) -> str | None:
@@ -412,23 +440,19 @@ def compiling_pays(figures: Mapping[str, VariantFigures]) -> str | None:
     against its uncompiled twin, from what it measured; None without such a pair."""
     parts = []
     for name, f in figures.items():
-        even = f.break_even
-        if even is None:
+        if (even := f.break_even) is None:
             continue
-        cost = f"{name} ({fmt_seconds(even.first_s)} first epoch against {f.uncompiled_twin}'s {fmt_seconds(even.twin_first_s)}"
+        cost = prose.PAYS_COST.format(
+            name=name,
+            first=fmt_seconds(even.first_s),
+            twin=f.uncompiled_twin,
+            twin_first=fmt_seconds(even.twin_first_s),
+        )
         if even.epochs is None:
-            parts.append(f"{cost}, no faster a steady epoch): never")
-        else:
-            how = (
-                "as measured"
-                if even.observed
-                else f"{fmt_seconds(even.saved_s)} saved each steady epoch"
-            )
-            parts.append(f"{cost}, {how}): after {even.epochs} epoch{'s' * (even.epochs != 1)}")
-    if not parts:
-        return None
-    return (
-        "Compiling pays for itself, against the same settings uncompiled, for "
-        + "; ".join(parts)
-        + "."
-    )
+            parts.append(prose.PAYS_NEVER.format(cost=cost))
+            continue
+        saved = prose.PAYS_SAVED.format(saved=fmt_seconds(even.saved_s))
+        how = prose.PAYS_MEASURED if even.observed else saved
+        plural = "s" * (even.epochs != 1)
+        parts.append(prose.PAYS_AFTER.format(cost=cost, how=how, epochs=even.epochs, plural=plural))
+    return prose.COMPILING_PAYS.format(pairs="; ".join(parts)) if parts else None

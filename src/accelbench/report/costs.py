@@ -80,3 +80,22 @@ def run_cost(
         energy_usd=energy_j / J_PER_KWH * prices.kwh_usd,
         time_usd=train_s / 3600 * hour_usd,
     )
+
+
+def costs_to_target(
+    epochs: Sequence[EpochRecord], device: str, processes: int, prices: CostParams, target: float
+) -> tuple[RunCost, RunCost | None]:
+    """The whole run's cost, and the cost up to the first epoch that reached `target` test
+    accuracy (None: none did)."""
+    whole = run_cost(epochs, device, processes, prices)
+    reached = next((n for n, e in enumerate(epochs, start=1) if e.test_accuracy >= target), None)
+    if reached is None:
+        return whole, None
+    return whole, run_cost(epochs[:reached], device, processes, prices, run=epochs)
+
+
+def usd_per_1000(per_run: float) -> str:
+    """A run's cost as dollars per 1,000 runs: readable where one run costs a fraction of a
+    cent."""
+    value = 1000 * per_run
+    return f"${value:,.2f}" if value >= 0.01 else f"${value:.4f}"

@@ -1,9 +1,11 @@
-"""The comparison: a Markdown table and figures, from the variants' typed results."""
+"""The comparison, from the variants' typed results: comparison.md (its sections and tables
+here, its wording in prose.py, its figure in summary_figure.py), comparison.json and DVC's
+metrics files."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from accelbench.core.results import (
     staged,
     text_kind,
 )
-from accelbench.report import pipeline_time
+from accelbench.report import pipeline_time, prose
 from accelbench.report.answer import (
     SHARED_MARK,
     Row,
@@ -41,7 +43,7 @@ from accelbench.report.answer import (
     time_to_target,
     variant_figures,
 )
-from accelbench.report.costs import RunCost, run_cost
+from accelbench.report.costs import RunCost, costs_to_target, usd_per_1000
 from accelbench.report.pipeline_time import PipelineTime
 from accelbench.report.summary_figure import summary_figure
 
@@ -61,12 +63,6 @@ TUTORIAL_FIGURES = (
     TutorialFigure("tutorial B", "i7-12700K", epoch_s=58.7, accuracy=0.982),
     TutorialFigure("tutorial B", "RTX 4090", epoch_s=5.2, accuracy=0.984),
 )
-
-
-DATASET_TITLES = {
-    "mnist": "MNIST, the tutorials' seed CNN",
-    "cifar10": "CIFAR-10, the DDP/AMP tutorial's LeNet",
-}
 
 
 @dataclass(frozen=True)
@@ -231,6 +227,23 @@ def _cell(value: Any, kind: str) -> str:
     }[kind]
 
 
+def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(map(str, cells)) + " |" for cells in rows),
+    ]
+
+
+def _columns(names: str, spec: ReportSpec | None = None, **fields: Any) -> list[str]:
+    """A table's column names (prose's, as its first line reads), with the report's baseline
+    and target filled in."""
+    if spec is not None:
+        baseline = spec.speedup_baseline or prose.NO_BASELINE
+        fields |= {"baseline": baseline, "target": f"{spec.target_accuracy:.1%}"}
+    return names.format(**fields).split(" | ")
+
+
 def _precision_mode(variant: VariantParams) -> str:
     if variant.precision == "fp32" and variant.device == "cuda":
         return "fp32 (TF32 matmul)" if variant.tf32 else "fp32 (strict)"
@@ -246,95 +259,68 @@ def _tflops(train: TrainSummary) -> str:
 def _no_steady(row: Row) -> str:
     """Why a trained variant has no steady epoch: one epoch, or each a warm-up (resumed) or
     stopped."""
-    return (
-        "one epoch: no steady" if row.train.epochs == 1 else "no steady epoch (resumed or stopped)"
-    )
+    return prose.ONE_EPOCH if row.train.epochs == 1 else prose.NO_STEADY_EPOCH
 
 
 def _answer_table(
     rows: list[Row], figures: Mapping[str, VariantFigures], spec: ReportSpec
 ) -> list[str]:
-    """The compact table under the headline: at most eight columns, spreads included."""
-    baseline = spec.speedup_baseline or "a baseline (none set)"
+    """The compact table under the headline (at most eight columns, spreads included), and
+    the notes under it."""
     compared = len(figures) > 1  # a speedup column needs two variants to compare
+    head = _columns(prose.ANSWER_COLUMNS, spec)
+    if not compared:
+        del head[prose.SPEEDUP_COLUMN]
+    cells = [_answer_cells(row, figures.get(row.name), spec, compared) for row in rows]
     gpu_trained = any(r.trained and r.variant.device == "cuda" for r in rows)
-    head = [
-        "variant",
-        "device, precision",
-        "steady epoch (95% interval)",
-        *([f"speedup vs {baseline}"] if compared else []),
-        f"to {spec.target_accuracy:.1%}: training",
-        "train stage, end to end",
-        "test accuracy",
-        "cost per 1,000 runs",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        f = figures.get(row.name)
-        if f is None:
-            why = "skipped" if not row.trained else _no_steady(row)
-            cells = [row.name, f"{row.variant.device}, {row.variant.precision}", why]
-            cells += ["—"] * (len(head) - len(cells))
-            if row.trained:  # one epoch measures no speed, but the model was tested
-                cells[head.index("test accuracy")] = _cell(row.test_accuracy, "pct")
-            lines.append("| " + " | ".join(cells) + " |")
-            continue
-        t = row.train
-        whole = _costs(row, spec.cost, spec.target_accuracy)[0] if spec.cost else None
-        to_target = (
-            f"{fmt_time(f.to_target)}, epoch {f.target_epoch}" if f.to_target else "not reached"
-        )
-        if f.to_target and t.compile_cache:
-            to_target += f" ({t.compile_cache} compile)"
-        if f.seeds is not None:
-            to_target += f"; {f.seeds.text()}"
-        speed = "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup)
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    f"**{row.name}**" + (f" {SHARED_MARK}" if shared_machine(row) else ""),
-                    f"{t.device_name}, {_precision_mode(row.variant)}",
-                    fmt_time(f.steady_epoch),
-                    *([speed] if compared else []),
-                    to_target,
-                    _cell(row.stage_s, "s") if row.stage_s else "n/a",
-                    _cell(row.test_accuracy, "pct"),
-                    _usd_per_1000(whole.total_usd) if whole else "n/a",
-                ]
-            )
-            + " |"
-        )
+    notes = shared_notes(rows)
     return [
-        *lines,
+        *_md_table(head, cells),
         "",
-        f"Steady epoch: the median over {_samples_note(rows, figures)}; {spread.METHOD} "
-        "To target, training: training time up to the first epoch at the target, its interval "
-        "redrawing the steady epochs from themselves (the first, warm-up and any compiling, "
-        "stays as measured, with its compile cache: cold, warm or portable); *k/n seeds*: over "
-        "the run and its `repeats`, each at the next seed, each seed's epochs after the run's "
-        "first (range over the seeds that reached it), and their final accuracy; "
-        f"{_one_seed(rows)}. Train stage, end "
-        "to end: the stage's wall time from process start to its end (imports, data, MLflow, "
-        "the model saved and logged), from this pipeline's timings. Cost: energy and machine "
-        "time at `cost:`'s prices (details below).",
-        *(["", *notes] if (notes := shared_notes(rows)) else []),
+        prose.ANSWER_NOTE.format(
+            samples=_samples_note(rows, figures), method=spread.METHOD, one_seed=_one_seed(rows)
+        ),
+        *(["", *notes] if notes else []),
         *_skipped_lines(rows),
-        *(["", H200_POINTER] if spec.dataset == "mnist" and not gpu_trained else []),
+        *(["", prose.H200_POINTER] if spec.dataset == "mnist" and not gpu_trained else []),
+    ]
+
+
+def _answer_cells(
+    row: Row, f: VariantFigures | None, spec: ReportSpec, compared: bool
+) -> list[str]:
+    if f is None:  # skipped, or no steady epoch
+        why = _no_steady(row) if row.trained else prose.SKIPPED_CELL
+        # one epoch measures no speed, but the model was tested
+        accuracy = _cell(row.test_accuracy, "pct") if row.trained else "—"
+        device = f"{row.variant.device}, {row.variant.precision}"
+        return [row.name, device, why, *["—"] * (compared + 2), accuracy, "—"]
+    t = row.train
+    to_target = (
+        f"{fmt_time(f.to_target)}, epoch {f.target_epoch}" if f.to_target else prose.NOT_REACHED
+    )
+    if f.to_target and t.compile_cache:
+        to_target += f" ({t.compile_cache} compile)"
+    if f.seeds is not None:
+        to_target += f"; {f.seeds.text()}"
+    speed = "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup)
+    whole = _costs(row, spec)[0] if spec.cost else None
+    return [
+        f"**{row.name}**" + (f" {SHARED_MARK}" if shared_machine(row) else ""),
+        f"{t.device_name}, {_precision_mode(row.variant)}",
+        fmt_time(f.steady_epoch),
+        *([speed] if compared else []),
+        to_target,
+        _cell(row.stage_s, "s") if row.stage_s else "n/a",
+        _cell(row.test_accuracy, "pct"),
+        usd_per_1000(whole.total_usd) if whole else "n/a",
     ]
 
 
 def _one_seed(rows: list[Row]) -> str:
     """Which trained variants trained one seed only (`repeats: 1`)."""
     one = [r.name for r in rows if isinstance(r.train, TrainSummary) and r.train.repeats == 1]
-    return f"one seed: {', '.join(one)}" if one else "every variant trained several seeds"
-
-
-# Where a machine without a GPU finds a GPU's figures (the README's Result, from this file).
-H200_POINTER = (
-    "No GPU variant trained here: the README's *Result* has one H200's figures "
-    "(docs/results/2026-12-03-h200-end-to-end.md)."
-)
+    return prose.ONE_SEED.format(names=", ".join(one)) if one else prose.SEVERAL_SEEDS
 
 
 def _skipped_lines(rows: list[Row]) -> list[str]:
@@ -345,7 +331,7 @@ def _skipped_lines(rows: list[Row]) -> list[str]:
             reasons.setdefault(row.train.reason, []).append(row.name)
     lines = []
     for reason, names in reasons.items():
-        lines += ["", f"Skipped {', '.join(names)}: {reason}."]
+        lines += ["", prose.SKIPPED.format(names=", ".join(names), reason=reason)]
     return lines
 
 
@@ -356,223 +342,47 @@ def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str
         samples, repeats = counts.pop()
         trainings = "one training" if repeats == 1 else f"{repeats} trainings (`train.repeats`)"
         epochs = "1 steady epoch" if samples == 1 else f"{samples} steady epochs"
-        return f"{epochs} per variant, from {trainings}"
-    return "each variant's steady epochs (see the details table for how many)"
+        return prose.SAMPLES_SAME.format(epochs=epochs, trainings=trainings)
+    return prose.SAMPLES_VARY
 
 
-def _table(rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec) -> list[str]:
-    head = [
-        "variant",
-        "status",
-        "device",
-        "precision",
-        "batches",
-        "epochs",
-        "first epoch",
-        "steady epoch (median; samples)",
-        "total train",
-        "samples/s (steady)",
-        f"speedup vs {spec.speedup_baseline or 'a baseline (none set)'}",
-        "data wait",
-        "TFLOP/s (share of peak)",
-        "peak host RSS",
-        "peak GPU mem",
-        "GPU energy / epoch",
-        "test accuracy",
-        f"time to {spec.target_accuracy:.1%}",
-    ]
-    table = []
-    for row in rows:
-        t = row.train
-        if not isinstance(t, TrainSummary):  # skipped: in the first table, with why
-            continue
-        reached = time_to_target(row.epochs, spec.target_accuracy)
-        table.append(
-            [
-                row.name,
-                "trained",
-                t.device_name,
-                _precision_mode(row.variant),
-                row.variant.batches,
-                str(t.epochs),
-                _cell(t.first_epoch_s, "s")
-                + (f" ({t.compile_cache} compile cache)" if t.compile_cache else ""),
-                f"{_cell(t.steady_epoch_s, 's')}; {len(row.steady_samples)}",
-                _cell(t.total_train_s, "s"),
-                _cell(t.steady_samples_per_s, "int"),
-                _cell(speedups.get(row.name), "x"),
-                _cell(t.data_wait_fraction, "pct0"),
-                _tflops(t),
-                _cell(t.peak_host_rss_mib, "mib"),
-                _cell(t.peak_gpu_mem_mib, "mib"),
-                _cell(t.steady_gpu_energy_j_per_epoch, "j"),
-                _cell(row.test_accuracy, "pct"),
-                f"{fmt_seconds(reached[0])} (epoch {reached[1]})" if reached else "not reached",
-            ]
-        )
+def _details_table(
+    rows: list[Row], speedups: dict[str, float | None], spec: ReportSpec
+) -> list[str]:
+    """Every trained variant's figures (a skipped one is in the answer's table, with why),
+    without the columns no variant has a figure in."""
+    table = [_details_cells(r, speedups, spec) for r in rows if isinstance(r.train, TrainSummary)]
     if not table:
         return []
+    head = _columns(prose.DETAILS_COLUMNS, spec)
     shown = [i for i in range(len(head)) if any(cells[i] != "n/a" for cells in table)]
+    return _md_table([head[i] for i in shown], ([cells[i] for i in shown] for cells in table))
+
+
+def _details_cells(row: Row, speedups: dict[str, float | None], spec: ReportSpec) -> list[str]:
+    t = row.train
+    reached = time_to_target(row.epochs, spec.target_accuracy)
+    cache = f" ({t.compile_cache} compile cache)" if t.compile_cache else ""
     return [
-        "| " + " | ".join(head[i] for i in shown) + " |",
-        "|" + "---|" * len(shown),
-        *("| " + " | ".join(cells[i] for i in shown) + " |" for cells in table),
+        row.name,
+        "trained",
+        t.device_name,
+        _precision_mode(row.variant),
+        row.variant.batches,
+        str(t.epochs),
+        _cell(t.first_epoch_s, "s") + cache,
+        f"{_cell(t.steady_epoch_s, 's')}; {len(row.steady_samples)}",
+        _cell(t.total_train_s, "s"),
+        _cell(t.steady_samples_per_s, "int"),
+        _cell(speedups.get(row.name), "x"),
+        _cell(t.data_wait_fraction, "pct0"),
+        _tflops(t),
+        _cell(t.peak_host_rss_mib, "mib"),
+        _cell(t.peak_gpu_mem_mib, "mib"),
+        _cell(t.steady_gpu_energy_j_per_epoch, "j"),
+        _cell(row.test_accuracy, "pct"),
+        f"{fmt_seconds(reached[0])} (epoch {reached[1]})" if reached else prose.NOT_REACHED,
     ]
-
-
-def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
-    """DDP rows: speedup over their single-process baseline, and scaling efficiency."""
-    by_name = {r.name: r for r in rows}
-    distributed = [r for r in rows if r.variant.distributed is not None and r.trained]
-    if not distributed:
-        return []
-    lines = [
-        "## Scaling (DistributedDataParallel)",
-        "",
-        "| variant | processes | steady epoch | speedup | scaling efficiency | baseline |",
-        "|---|---|---|---|---|---|",
-    ]
-    notes = []
-    for row in distributed:
-        base = by_name.get(baselines.get(row.name, ""))
-        world = row.train.world_size
-        ratio = speedup(base.train if base else None, row.train)
-        lines.append(
-            f"| {row.name} | {world} | {fmt_seconds(row.train.steady_epoch_s)} | "
-            f"{_cell(ratio, 'x')} | {_cell(scaling_efficiency(ratio, world), 'pct0')} | "
-            f"{base.name if base else 'none (report.scaling_baselines)'} |"
-        )
-        differing = settings_differing(row.variant, base.variant) if base else []
-        if differing:
-            notes.append(
-                f"{row.name} differs from {base.name} in {', '.join(differing)}: its speedup "
-                "mixes those settings' effect with the scaling."
-            )
-    return [
-        *lines,
-        "",
-        "Scaling efficiency = speedup / processes, at the same global batch "
-        "(each process takes batch / processes).",
-        *notes,
-        "",
-    ]
-
-
-QUANT_LABELS = {  # each of QUANT_METHODS, as the table names it
-    "fp32": "fp32",
-    "dynamic_int8": "dynamic int8 (Linear layers)",
-    "static_int8": "static int8 (x86 backend)",
-}
-
-
-def _quantized_lines(rows: list[Row]) -> list[str]:
-    """Each trained model on the CPU in fp32 and int8: accuracy, latency, throughput, size."""
-    measured = [r for r in rows if isinstance(r.quantized, QuantizedSummary)]
-    if not measured:
-        return []
-    lines = [
-        "## Quantized inference on the CPU",
-        "",
-        "| variant | model | test accuracy | vs fp32 | latency, batch 1 | speedup | "
-        f"samples/s, batch {measured[0].quantized.batch_size} | speedup | size | vs fp32 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in measured:
-        q = row.quantized
-        base = q.methods["fp32"]
-        for method in QUANT_METHODS:
-            label = QUANT_LABELS[method]
-            if method in q.unsupported:
-                lines.append(f"| {row.name} | {label} | not supported: {q.unsupported[method]} |")
-                continue
-            if method not in q.methods:
-                continue
-            m = q.methods[method]
-            lines.append(
-                f"| {row.name} | {label} | {m.test_accuracy:.2%} | "
-                f"{100 * (m.test_accuracy - base.test_accuracy):+.2f} pt | "
-                f"{m.latency_ms:.3f} ms | {base.latency_ms / m.latency_ms:.2f}× | "
-                f"{m.samples_per_s:,.0f} | {m.samples_per_s / base.samples_per_s:.2f}× | "
-                f"{m.size_bytes / 1024:,.0f} KiB | {m.size_bytes / base.size_bytes:.2f}× |"
-            )
-    q = measured[0].quantized
-    return [
-        *lines,
-        "",
-        f"Measured by the quantize stage on this machine's CPU ({q.threads} threads), whatever "
-        "device trained the weights; latency is the median of "
-        f"{q.latency_repeats} single-image passes (the models taking turns, so a busy spell of a "
-        "shared machine slows them alike), throughput one pass over the test set.",
-        "",
-    ]
-
-
-def _costs(row: Row, prices: CostParams, target: float) -> tuple[RunCost, RunCost | None]:
-    """The whole run's cost, and the cost up to the epoch that reached `target` (or None)."""
-    processes = row.train.world_size
-    whole = run_cost(row.epochs, row.variant.device, processes, prices)
-    reached = time_to_target(row.epochs, target)
-    upto = None
-    if reached:
-        upto = run_cost(
-            row.epochs[: reached[1]], row.variant.device, processes, prices, run=row.epochs
-        )
-    return whole, upto
-
-
-def _usd_per_1000(per_run: float) -> str:
-    """A run's cost as dollars per 1,000 runs: readable where one run costs a fraction of a
-    cent."""
-    value = 1000 * per_run
-    return f"${value:,.2f}" if value >= 0.01 else f"${value:.4f}"
-
-
-def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
-    """Energy cost, time cost and their sum per trained variant, for the run and to target."""
-    prices = spec.cost
-    trained = [r for r in rows if r.trained and r.epochs]
-    if prices is None or not trained:
-        return []
-    lines = [
-        "## Cost of a run",
-        "",
-        "| variant | energy of a run (training) | energy from | energy cost | time cost "
-        f"| cost of 1,000 runs | of 1,000 runs to {spec.target_accuracy:.1%} |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in trained:
-        whole, upto = _costs(row, prices, spec.target_accuracy)
-        lines.append(
-            f"| {row.name} | {whole.energy_j / 3600:,.2f} Wh | {whole.energy_source} | "
-            f"{_usd_per_1000(whole.energy_usd)} | {_usd_per_1000(whole.time_usd)} | "
-            f"{_usd_per_1000(whole.total_usd)} | "
-            f"{_usd_per_1000(upto.total_usd) if upto else 'not reached'} |"
-        )
-    return [
-        *lines,
-        "",
-        "Costs are per 1,000 runs (one run costs a fraction of a cent). "
-        f"Prices (`cost:` in params.yaml): electricity ${prices.kwh_usd:g}/kWh; an hour of a CPU "
-        f"system ${prices.cpu_hour_usd:g}, of a GPU system ${prices.gpu_hour_usd:g} per GPU; "
-        f"where no counter was read, a CPU system draws {prices.cpu_system_w:g} W and a GPU "
-        f"system {prices.gpu_system_w:g} W per GPU. Measured energy covers only the parts "
-        "named (a GPU board's counter leaves out the host; RAPL, the CPU packages, leaves out "
-        "memory, disks and fans). Training time only: evaluation and start-up excluded.",
-        "",
-    ]
-
-
-def _cost_figures(row: Row, spec: ReportSpec) -> CostFigures | None:
-    """A trained variant's run cost and cost to the target (None: no prices, or no epochs)."""
-    if spec.cost is None or not (row.trained and row.epochs):
-        return None
-    whole, upto = _costs(row, spec.cost, spec.target_accuracy)
-    return CostFigures(
-        cost_usd=whole.total_usd,
-        energy_j=whole.energy_j,
-        energy_source=whole.energy_source,
-        cost_to_target_usd=upto.total_usd if upto else None,
-    )
 
 
 def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]:
@@ -581,31 +391,167 @@ def settings_differing(variant: VariantParams, base: VariantParams) -> list[str]
     return [k for k in ours if k != "distributed" and ours[k] != theirs[k]]
 
 
-def _env_lines(env: EnvFacts) -> list[str]:
-    cpu, cuda, gpu = env.cpu, env.cuda, env.cuda.gpu
-    software = cpu.software
-    lines = [
-        f"- CPU: {cpu.cpu_model}, {cpu.logical_cpus} logical CPUs "
-        f"(torch uses {cpu.torch_default_threads} threads by default)",
-        f"- Software: Python {software.python}, torch {software.torch}, "
-        f"torchvision {software.torchvision}",
-    ]
-    if gpu is not None:
-        lines.append(
-            f"- GPU: {gpu.gpu_count} × {gpu.gpu_names[0]} ({gpu.gpu_memory_gib} GiB, "
-            f"compute capability {gpu.compute_capability}), NVIDIA driver {cuda.nvidia_driver}, "
-            f"CUDA runtime {cuda.torch_cuda_runtime}, cuDNN {gpu.cudnn}"
+def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
+    """DDP rows: speedup over their single-process baseline, and scaling efficiency."""
+    by_name = {r.name: r for r in rows}
+    cells, notes = [], []
+    for row in (r for r in rows if r.variant.distributed is not None and r.trained):
+        base = by_name.get(baselines.get(row.name, ""))
+        world = row.train.world_size
+        ratio = speedup(base.train if base else None, row.train)
+        cells.append(
+            [
+                row.name,
+                world,
+                fmt_seconds(row.train.steady_epoch_s),
+                _cell(ratio, "x"),
+                _cell(scaling_efficiency(ratio, world), "pct0"),
+                base.name if base else prose.NO_SCALING_BASELINE,
+            ]
         )
-    else:
-        lines.append(f"- GPU: none usable ({cuda.reason})")
-    return lines
+        if base and (differing := settings_differing(row.variant, base.variant)):
+            notes.append(
+                prose.SCALING_MIXED.format(
+                    name=row.name, base=base.name, settings=", ".join(differing)
+                )
+            )
+    if not cells:
+        return []
+    table = _md_table(_columns(prose.SCALING_COLUMNS), cells)
+    return [prose.SCALING, "", *table, "", prose.SCALING_NOTE, *notes, ""]
 
 
-# The figures dvc.yaml's `plots:` draw, every variant in each, are not drawn again here.
-PLOTS_POINTER = (
-    "Every epoch's training time, test accuracy and training loss, each variant's F1 per "
-    "digit and confusion matrix: `make plots` (DVC's plots, dvc_plots/index.html)."
-)
+def _quantized_lines(rows: list[Row]) -> list[str]:
+    """Each trained model on the CPU in fp32 and int8: accuracy, latency, throughput, size."""
+    measured = [r for r in rows if isinstance(r.quantized, QuantizedSummary)]
+    if not measured:
+        return []
+    q = measured[0].quantized
+    head = _columns(prose.QUANTIZED_COLUMNS, batch=q.batch_size)
+    table = _md_table(head, (cells for r in measured for cells in _quantized_cells(r)))
+    note = prose.QUANTIZED_NOTE.format(q=q)
+    return [prose.QUANTIZED, "", *table, "", note, ""]
+
+
+def _quantized_cells(row: Row) -> Iterator[list[str]]:
+    q = row.quantized
+    base = q.methods["fp32"]
+    for method in QUANT_METHODS:
+        if method in q.unsupported:
+            why = prose.QUANT_UNSUPPORTED.format(why=q.unsupported[method])
+            yield [row.name, prose.QUANT_LABELS[method], why]
+        elif (m := q.methods.get(method)) is not None:
+            yield [
+                row.name,
+                prose.QUANT_LABELS[method],
+                f"{m.test_accuracy:.2%}",
+                f"{100 * (m.test_accuracy - base.test_accuracy):+.2f} pt",
+                f"{m.latency_ms:.3f} ms",
+                f"{base.latency_ms / m.latency_ms:.2f}×",
+                f"{m.samples_per_s:,.0f}",
+                f"{m.samples_per_s / base.samples_per_s:.2f}×",
+                f"{m.size_bytes / 1024:,.0f} KiB",
+                f"{m.size_bytes / base.size_bytes:.2f}×",
+            ]
+
+
+def _costs(row: Row, spec: ReportSpec) -> tuple[RunCost, RunCost | None]:
+    """The whole run's cost, and the cost up to the epoch that reached the target (or None)."""
+    device, processes = row.variant.device, row.train.world_size
+    return costs_to_target(row.epochs, device, processes, spec.cost, spec.target_accuracy)
+
+
+def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
+    """Energy cost, time cost and their sum per trained variant, for the run and to target."""
+    trained = [r for r in rows if r.trained and r.epochs]
+    if spec.cost is None or not trained:
+        return []
+    cells = []
+    for row in trained:
+        whole, upto = _costs(row, spec)
+        cells.append(
+            [
+                row.name,
+                f"{whole.energy_j / 3600:,.2f} Wh",
+                whole.energy_source,
+                *map(usd_per_1000, (whole.energy_usd, whole.time_usd, whole.total_usd)),
+                usd_per_1000(upto.total_usd) if upto else prose.NOT_REACHED,
+            ]
+        )
+    table = _md_table(_columns(prose.COST_COLUMNS, spec), cells)
+    return [prose.COST, "", *table, "", prose.COST_NOTE.format(**spec.cost.model_dump()), ""]
+
+
+def _cost_figures(row: Row, spec: ReportSpec) -> CostFigures | None:
+    """A trained variant's run cost and cost to the target (None: no prices, or no epochs)."""
+    if spec.cost is None or not (row.trained and row.epochs):
+        return None
+    whole, upto = _costs(row, spec)
+    return CostFigures(
+        cost_usd=whole.total_usd,
+        energy_j=whole.energy_j,
+        energy_source=whole.energy_source,
+        cost_to_target_usd=upto.total_usd if upto else None,
+    )
+
+
+def _env_lines(env: EnvFacts) -> list[str]:
+    cuda, gpu = env.cuda, env.cuda.gpu
+    machine = prose.GPU if gpu is not None else prose.NO_GPU
+    return [
+        prose.CPU.format(cpu=env.cpu),
+        prose.SOFTWARE.format(software=env.cpu.software),
+        machine.format(gpu=gpu, cuda=cuda),
+    ]
+
+
+def _tutorial_lines() -> list[str]:
+    cells = [
+        [f.source, f.hardware, f"{f.epoch_s} s", f"{f.accuracy:.2%}"] for f in TUTORIAL_FIGURES
+    ]
+    return [prose.TUTORIALS, "", *_md_table(_columns(prose.TUTORIAL_COLUMNS), cells), ""]
+
+
+SUMMARY_PNG = "summary.png"
+
+
+def document(
+    rows: list[Row],
+    figures: Mapping[str, VariantFigures],
+    env: EnvFacts,
+    spec: ReportSpec,
+    pipeline: PipelineTime | None = None,
+) -> str:
+    """comparison.md: the answer (headline, table, summary figure), then the details."""
+    speedups = _speedups(figures) if len(figures) > 1 else {}  # one variant: nothing to compare
+    flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
+    dataset = prose.DATASET_TITLES.get(spec.dataset, spec.dataset)
+    lines = [
+        prose.TITLE,
+        "",
+        " ".join(headline(rows, figures, env, spec.speedup_baseline, spec.target_accuracy)),
+        "",
+        *_answer_table(rows, figures, spec),
+        "",
+        prose.SUMMARY_FIGURE.format(path=SUMMARY_PNG),
+        "",
+        prose.DETAILS,
+        *_env_lines(env),
+        prose.DATASET.format(dataset=dataset),
+        prose.RECIPE.format(recipe=spec.recipe),
+        "",
+        *_details_table(rows, speedups, spec),
+        "",
+        *_scaling_lines(rows, spec.scaling_baselines),
+        *_quantized_lines(rows),
+        *_cost_lines(rows, spec),
+        prose.PLOTS_POINTER,
+        "",
+        *([prose.FLOPS.format(mflop=flops / 1e6), ""] if flops else []),
+        *(pipeline_time.markdown(pipeline) if pipeline is not None else []),
+        *(_tutorial_lines() if spec.dataset == "mnist" else []),
+    ]
+    return "\n".join(lines)
 
 
 def write_report(
@@ -622,68 +568,11 @@ def write_report(
         with staged() as outputs:
             return write_report(out_dir, rows, env, spec, pipeline, outputs)
     figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
-    speedups = _speedups(figures) if len(figures) > 1 else {}  # one variant: nothing to compare
-    summary = out_dir / "summary.png"
     gpu = env.cuda.gpu.gpu_names[0] if env.cuda.gpu is not None else ""
     figure = summary_figure(rows, figures, spec.speedup_baseline, gpu)
-    figure.savefig(outputs(summary, FIGURE), dpi=130)
-    flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
-    md = [
-        "# accelbench comparison",
-        "",
-        " ".join(headline(rows, figures, env, spec.speedup_baseline, spec.target_accuracy)),
-        "",
-        *_answer_table(rows, figures, spec),
-        "",
-        "![summary: epoch time and accuracy per variant](summary.png)",
-        "",
-        "## Details",
-        "",
-        "Same model, data order, seed and hyperparameters for every variant; only what the variant",
-        "names differs. Epoch times are training only (evaluation excluded), read from clocks after a",
-        "device synchronize; *steady* is the median of epochs 2..N (of every repeat), the first",
-        "epoch (warm-up, autotuning, compilation) is shown apart; a training resumed after a kill",
-        "warms up again, and that epoch is in no steady figure either. A compiled variant's first",
-        "epoch names where its compiled graphs came from: *cold* (compiled here), *warm* (this",
-        "machine's compile cache), *portable* (compile-cache/<variant>.bin, made on a machine",
-        "with the same torch, Triton and GPU), *partial* (some of each).",
-        "",
-        *_env_lines(env),
-        f"- Dataset: {DATASET_TITLES.get(spec.dataset, spec.dataset)}",
-        f"- Recipe: {spec.recipe}",
-        "",
-        *_table(rows, speedups, spec),
-        "",
-        *_scaling_lines(rows, spec.scaling_baselines),
-        *_quantized_lines(rows),
-        *_cost_lines(rows, spec),
-        PLOTS_POINTER,
-        "",
-    ]
-    if flops:
-        md += [
-            f"Training FLOPs per sample (forward + backward, counted by `torch.utils.flop_counter`): "
-            f"{flops / 1e6:.1f} MFLOP.",
-            "",
-        ]
-    if pipeline is not None:
-        md += pipeline_time.markdown(pipeline)
-    md += (
-        [
-            "## The tutorials' published figures (MNIST; for reference, other hardware)",
-            "",
-            "| source | hardware | epoch | test accuracy |",
-            "|---|---|---|---|",
-            *[
-                f"| {f.source} | {f.hardware} | {f.epoch_s} s | {f.accuracy:.2%} |"
-                for f in TUTORIAL_FIGURES
-            ],
-            "",
-        ]
-        if spec.dataset == "mnist"
-        else []
-    )
-    outputs(out_dir / "comparison.md", COMPARISON_MD).write_text("\n".join(md))
+    figure.savefig(outputs(out_dir / SUMMARY_PNG, FIGURE), dpi=130)
+    md = document(rows, figures, env, spec, pipeline)
+    outputs(out_dir / "comparison.md", COMPARISON_MD).write_text(md)
     comparison = {row.name: _comparison_entry(row, figures.get(row.name), spec) for row in rows}
     write_variant_metrics(
         out_dir / METRICS_DIR,
@@ -695,7 +584,7 @@ def write_report(
     outputs(out_dir / "comparison.json", COMPARISON_JSON).write_text(
         json.dumps(entries, indent=2, sort_keys=True) + "\n"
     )
-    files = [out_dir / "comparison.md", summary, out_dir / "comparison.json"]
+    files = [out_dir / "comparison.md", out_dir / SUMMARY_PNG, out_dir / "comparison.json"]
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
         outputs(files[-1], PIPELINE_TIME_JSON).write_text(
