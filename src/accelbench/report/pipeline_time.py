@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelbench.core.phases import PHASES, StageTiming
+from accelbench.report import prose
 
 # What each phase covers: the report's legend, in `PHASES`' order.
 PHASE_LEGEND = {
@@ -129,45 +130,22 @@ def _largest(timing: StageTiming, n: int = 3) -> str:
 
 
 def markdown(pipeline: PipelineTime) -> list[str]:
-    lines = [
-        "## Where the pipeline's time goes",
-        "",
-        "Each stage's wall time from its process's start to its end, the timed epochs in it",
-        "(first epoch included: compilation, autotuning and graph capture), and the rest:",
-        "*overhead*, split into phases (seconds). Stages DVC found up to date are shown as last",
-        "run, in italics, and are not in the totals.",
-        "",
-        "| stage | wall | timed epochs | overhead | largest overhead phases (s) |",
-        "|---|---|---|---|---|",
-    ]
+    lines = [prose.PIPELINE_TIME, prose.PIPELINE_COLUMNS, "|---|---|---|---|---|"]
     for t in pipeline.stages:
-        name = t.stage if t.stage in pipeline.this_run else f"*{t.stage} (up to date)*"
+        name = t.stage if t.stage in pipeline.this_run else prose.UP_TO_DATE.format(stage=t.stage)
         if t.stage == pipeline.current:  # logging to MLflow and its outputs come after
-            name += " (until this report)"
+            name += prose.UNTIL_THIS_REPORT
         training = _s(t.training_s) if t.training_s is not None else "–"
         lines.append(
             f"| {name} | {_s(t.wall_s)} | {training} | {_s(t.overhead_s)} | {_largest(t)} |"
         )
-    lines.append(
-        f"| **all stages that ran** | **{_s(pipeline.wall_s)}** | "
-        f"**{_s(pipeline.training_s)}** | **{_s(pipeline.overhead_s)}** | |"
-    )
-    lines.append("")
+    wall, training, overhead = map(_s, (pipeline.wall_s, pipeline.training_s, pipeline.overhead_s))
+    lines += [prose.PIPELINE_TOTAL.format(wall=wall, training=training, overhead=overhead), ""]
     if pipeline.span_s is not None:
-        lines.append(
-            f"`dvc repro` from its first stage's start to this report: {_s(pipeline.span_s)}; "
-            f"DVC's own work between the stages (hashing, dvc.lock, starting and ending each "
-            f"stage's process): "
-            f"{_s(pipeline.between_stages_s)}."
-        )
-        lines.append("")
-    totals = pipeline.phase_totals()
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    lines.append(
-        "Overhead by phase, over the stages that ran: "
-        + "; ".join(f"{name} {seconds:.1f} s" for name, seconds in ranked if seconds >= 0.05)
-        + "."
-    )
+        between = _s(pipeline.between_stages_s)
+        lines += [prose.PIPELINE_SPAN.format(span=_s(pipeline.span_s), between=between), ""]
+    ranked = sorted(pipeline.phase_totals().items(), key=lambda kv: -kv[1])
+    phases = "; ".join(f"{name} {seconds:.1f} s" for name, seconds in ranked if seconds >= 0.05)
     legend = "; ".join(f"*{name}*: {PHASE_LEGEND[name]}" for name in PHASES)
-    lines += ["", f"Phases: {legend}.", ""]
-    return lines
+    lines += [prose.PIPELINE_PHASES.format(phases=phases), ""]
+    return [*lines, prose.PHASES.format(legend=legend), ""]

@@ -159,6 +159,25 @@ FLOPS = _paragraph("""
 Training FLOPs per sample (forward + backward, counted by `torch.utils.flop_counter`):
 {mflop:.1f} MFLOP.""")
 
+# As written: wrapped lines in the report too.
+PIPELINE_TIME = """\
+## Where the pipeline's time goes
+
+Each stage's wall time from its process's start to its end, the timed epochs in it
+(first epoch included: compilation, autotuning and graph capture), and the rest:
+*overhead*, split into phases (seconds). Stages DVC found up to date are shown as last
+run, in italics, and are not in the totals.
+"""
+PIPELINE_COLUMNS = "| stage | wall | timed epochs | overhead | largest overhead phases (s) |"
+UP_TO_DATE = "*{stage} (up to date)*"
+UNTIL_THIS_REPORT = " (until this report)"
+PIPELINE_TOTAL = "| **all stages that ran** | **{wall}** | **{training}** | **{overhead}** | |"
+PIPELINE_SPAN = _paragraph("""
+`dvc repro` from its first stage's start to this report: {span}; DVC's own work between the
+stages (hashing, dvc.lock, starting and ending each stage's process): {between}.""")
+PIPELINE_PHASES = "Overhead by phase, over the stages that ran: {phases}."
+PHASES = "Phases: {legend}."
+
 TUTORIALS = "## The tutorials' published figures (MNIST; for reference, other hardware)"
 
 # --- the tables' columns, as a table's first line reads ---------------------------------------
