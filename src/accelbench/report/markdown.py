@@ -49,23 +49,6 @@ from accelbench.report.summary_figure import summary_figure
 
 
 @dataclass(frozen=True)
-class TutorialFigure:
-    source: str
-    hardware: str
-    epoch_s: float
-    accuracy: float
-
-
-# Published figures of the tutorials this project grew from (seed CNN, batch 512).
-TUTORIAL_FIGURES = (
-    TutorialFigure("tutorial A", "CPU (unnamed)", epoch_s=82.3, accuracy=0.9785),
-    TutorialFigure("tutorial A", "GTX 1080 Ti", epoch_s=3.9, accuracy=0.980),
-    TutorialFigure("tutorial B", "i7-12700K", epoch_s=58.7, accuracy=0.982),
-    TutorialFigure("tutorial B", "RTX 4090", epoch_s=5.2, accuracy=0.984),
-)
-
-
-@dataclass(frozen=True)
 class ReportSpec:
     """What the report needs from params.yaml (the compare stage's keys, no more)."""
 
@@ -172,26 +155,21 @@ class ComparisonEntry:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}
-        if self.reason is not None:
-            out["reason"] = self.reason
-        if self.quantized:  # nested: the pipeline run's metrics are the flat numbers above
-            out["quantized"] = self.quantized
-        if self.quantized_unsupported:
-            out["quantized_unsupported"] = self.quantized_unsupported
         if self.figures is not None:
             out |= self.figures.metrics(self.speedup_baseline)
             out["steady_epoch_samples"] = self.figures.steady_epoch.samples
-        if self.first_epoch_s is not None:
-            out["first_epoch_s"] = self.first_epoch_s
-        if self.repeats is not None:
-            out["repeats"] = self.repeats
-        if self.test_accuracy is not None:
-            out["test_accuracy"] = self.test_accuracy
         if self.cost is not None:
             out |= asdict(self.cost)
-        if self.shared_machine is not None:
-            out["shared_machine"] = self.shared_machine
-        return out
+        given = {
+            "reason": self.reason,
+            "quantized": self.quantized or None,  # nested: the pipeline run's metrics are flat
+            "quantized_unsupported": self.quantized_unsupported or None,
+            "first_epoch_s": self.first_epoch_s,
+            "repeats": self.repeats,
+            "test_accuracy": self.test_accuracy,
+            "shared_machine": self.shared_machine,
+        }
+        return out | {key: value for key, value in given.items() if value is not None}
 
     def dvc_metrics(self) -> dict[str, float]:
         """DVC's metrics (`dvc metrics show`): the figures a user compares across variants,
@@ -505,13 +483,6 @@ def _env_lines(env: EnvFacts) -> list[str]:
     ]
 
 
-def _tutorial_lines() -> list[str]:
-    cells = [
-        [f.source, f.hardware, f"{f.epoch_s} s", f"{f.accuracy:.2%}"] for f in TUTORIAL_FIGURES
-    ]
-    return [prose.TUTORIALS, "", *_md_table(_columns(prose.TUTORIAL_COLUMNS), cells), ""]
-
-
 SUMMARY_PNG = "summary.png"
 
 
@@ -549,7 +520,7 @@ def document(
         "",
         *([prose.FLOPS.format(mflop=flops / 1e6), ""] if flops else []),
         *(pipeline_time.markdown(pipeline) if pipeline is not None else []),
-        *(_tutorial_lines() if spec.dataset == "mnist" else []),
+        *([prose.TUTORIALS] if spec.dataset == "mnist" else []),
     ]
     return "\n".join(lines)
 

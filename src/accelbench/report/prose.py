@@ -178,7 +178,17 @@ stages (hashing, dvc.lock, starting and ending each stage's process): {between}.
 PIPELINE_PHASES = "Overhead by phase, over the stages that ran: {phases}."
 PHASES = "Phases: {legend}."
 
-TUTORIALS = "## The tutorials' published figures (MNIST; for reference, other hardware)"
+# As written. Published figures of the tutorials this project grew from (seed CNN, batch 512).
+TUTORIALS = """\
+## The tutorials' published figures (MNIST; for reference, other hardware)
+
+| source | hardware | epoch | test accuracy |
+|---|---|---|---|
+| tutorial A | CPU (unnamed) | 82.3 s | 97.85% |
+| tutorial A | GTX 1080 Ti | 3.9 s | 98.00% |
+| tutorial B | i7-12700K | 58.7 s | 98.20% |
+| tutorial B | RTX 4090 | 5.2 s | 98.40% |
+"""
 
 # --- the tables' columns, as a table's first line reads ---------------------------------------
 
@@ -198,4 +208,3 @@ variant | model | test accuracy | vs fp32 | latency, batch 1 | speedup | samples
 COST_COLUMNS = _paragraph("""
 variant | energy of a run (training) | energy from | energy cost | time cost | cost of 1,000 runs
 | of 1,000 runs to {target}""")
-TUTORIAL_COLUMNS = "source | hardware | epoch | test accuracy"
