@@ -307,7 +307,8 @@ def test_a_cpu_only_report_ranks_nothing_and_says_each_skip_reason_once(tmp_path
 def test_the_summary_figure_fits_its_axis_to_the_data_and_says_when_there_is_none() -> None:
     """A CPU-only run's one 122 s bar on a linear axis ending near it, two variants decades
     apart on a log axis; with no steady epoch (one epoch trained) the figure was an empty log
-    axis from 0.005 s to 8 s with a y-axis of -0.04 to 0.04: it says why there is nothing."""
+    axis from 0.005 s to 8 s with a y-axis of -0.04 to 0.04: it says why there is nothing. The
+    accuracy axis ends near the best accuracy, not at 100% whatever it was."""
     from accelbench.report.summary_figure import NOTHING, summary_figure
 
     cpu = report.Row("cpu", VariantParams(device="cpu"), trained_summary(122.0))
@@ -320,3 +321,7 @@ def test_the_summary_figure_fits_its_axis_to_the_data_and_says_when_there_is_non
     one = replace(cpu, train=replace(cpu.train, epochs=1, steady_epoch_s=None, steady_epochs_s=[]))
     empty = summary_figure([one], answer.variant_figures([one], "cpu", 0.99), "cpu", "")
     assert empty.axes == [] and [t.get_text() for t in empty.texts] == [NOTHING]
+    # a smoke run's 53.5% beside an axis to 100%: a sliver of a bar
+    weak = replace(cpu, train=replace(cpu.train, final_test_accuracy=0.5352))
+    fig = summary_figure([weak], answer.variant_figures([weak], "cpu", 0.99), "cpu", "")
+    assert 52 < fig.axes[1].get_xlim()[0] < 53.52 < fig.axes[1].get_xlim()[1] < 56

@@ -90,7 +90,7 @@ def _accuracy_bars(ax: Axes, trained: list[Row], colors: list[str]) -> None:
     for bar, value in zip(bars, accuracy, strict=True):
         y = bar.get_y() + bar.get_height() / 2
         ax.text(bar.get_width(), y, f" {value:.2f}%", va="center", fontsize=9)
-    ax.set_xlim(min(accuracy) - 1, 100)
+    ax.set_xlim(min(accuracy) - 1, min(max(accuracy) + 2, 100))  # room for the labels
     ax.invert_yaxis()
     ax.set_yticks([])
     ax.set(xlabel="test accuracy after training (%)", title="Accuracy")
