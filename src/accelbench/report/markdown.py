@@ -318,8 +318,8 @@ def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str
     counts = {(f.steady_epoch.samples, r.train.repeats) for r in rows if (f := figures.get(r.name))}
     if len(counts) == 1:
         samples, repeats = counts.pop()
-        trainings = "one training" if repeats == 1 else f"{repeats} trainings (`train.repeats`)"
-        epochs = "1 steady epoch" if samples == 1 else f"{samples} steady epochs"
+        trainings = prose.ONE_TRAINING if repeats == 1 else prose.TRAININGS.format(n=repeats)
+        epochs = prose.ONE_STEADY_EPOCH if samples == 1 else prose.STEADY_EPOCHS.format(n=samples)
         return prose.SAMPLES_SAME.format(epochs=epochs, trainings=trainings)
     return prose.SAMPLES_VARY
 

@@ -66,6 +66,10 @@ epochs after the run's first (range over the seeds that reached it), and their f
 (imports, data, MLflow, the model saved and logged), from this pipeline's timings. Cost: energy
 and machine time at `cost:`'s prices (details below).""")
 SAMPLES_SAME = "{epochs} per variant, from {trainings}"
+ONE_STEADY_EPOCH = "1 steady epoch"
+STEADY_EPOCHS = "{n} steady epochs"
+ONE_TRAINING = "one training"
+TRAININGS = "{n} trainings (`train.repeats`)"
 SAMPLES_VARY = "each variant's steady epochs (see the details table for how many)"
 ONE_SEED = "one seed: {names}"
 SEVERAL_SEEDS = "every variant trained several seeds"
