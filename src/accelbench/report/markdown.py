@@ -84,9 +84,7 @@ def _comparison_json(path: Path) -> bool:
 
 # What compare writes, as it recognises its earlier outputs (anything else there is refused).
 VARIANT_METRICS = Kind("a metrics file written by `accelbench compare`", _variant_metrics_file)
-COMPARISON_MD = text_kind(
-    "a comparison.md written by `accelbench compare`", "# accelbench comparison"
-)
+COMPARISON_MD = text_kind("a comparison.md written by `accelbench compare`", prose.TITLE)
 COMPARISON_JSON = Kind("a comparison.json written by `accelbench compare`", _comparison_json)
 PIPELINE_TIME_JSON = json_kind(
     "a pipeline_time.json written by `accelbench compare`", "span_s", "stages"
