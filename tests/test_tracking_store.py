@@ -446,6 +446,27 @@ def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
     )
 
 
+def test_make_ui_serves_without_mlflows_job_runner_or_telemetry(tmp_path, monkeypatch) -> None:
+    """`make ui` started 12 processes in 2.5 GiB: MLflow's job runner and its 7 workers, for
+    GenAI jobs; and MLflow's usage telemetry is off only where the user's shell said so."""
+    for key in ("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ui, "port_problem", lambda *_: None)
+    started = {}
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: started.update(argv=argv, env=env))
+    ui.main(["--port", "5999"])
+    assert started["argv"][1:4] == ["-m", "mlflow", "server"]
+    env = started["env"]
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    assert env["MLFLOW_DISABLE_TELEMETRY"] == env["DO_NOT_TRACK"] == "true"
+    # a user's own choice stands
+    monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true")
+    ui.main(["--port", "5999"])
+    assert started["env"]["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "true"
+
+
 @pytest.mark.slow
 def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, capsys) -> None:
     """`make ui` on a fresh clone said "(the newest pipeline run: its trained variants,

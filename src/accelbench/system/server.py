@@ -31,6 +31,8 @@ DATABASE_ENV = "MLFLOW_BACKEND_STORE_URI"  # MLflow's own names: `mlflow server`
 ARTIFACTS_ENV = "MLFLOW_ARTIFACTS_DESTINATION"
 JOBS_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 ALLOWED_HOSTS_ENV = "MLFLOW_SERVER_ALLOWED_HOSTS"
+# MLflow's own switch and the cross-tool one (both read by mlflow.telemetry.utils)
+TELEMETRY_OFF = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 # `make ui`'s filter too (system/ui.py): Starlette's deprecation of the WSGI middleware MLflow
 # mounts, once per worker; a user's own PYTHONWARNINGS, after it, wins.
 UI_WARNINGS = "ignore:starlette.middleware.wsgi is deprecated:UserWarning"
@@ -274,14 +276,25 @@ def server_warnings() -> str:
     return UI_WARNINGS + (f",{given}" if given else "")
 
 
-def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
-    """The environment `mlflow server` runs in, and a warning if the hosts it allows refuse
-    `url` (what users are told to set)."""
-    env = {**os.environ, DATABASE_ENV: database}
+def mlflow_server_env() -> dict[str, str]:
+    """The environment of an MLflow server accelbench starts (`accelbench server`, `make ui`):
+    the user's, with MLflow's job runner and usage telemetry off unless the user set them, and
+    `server_warnings()`."""
+    env = {**os.environ}
     # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
     # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
     env.setdefault(JOBS_ENV, "false")
+    # As the stages: no usage data from the server, nor (its answer to the UI) from the browser.
+    for key in TELEMETRY_OFF:
+        env.setdefault(key, "true")
     env["PYTHONWARNINGS"] = server_warnings()
+    return env
+
+
+def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
+    """The environment `mlflow server` runs in, and a warning if the hosts it allows refuse
+    `url` (what users are told to set)."""
+    env = {**mlflow_server_env(), DATABASE_ENV: database}
     allowed = _given_allowed_hosts(extra)
     if allowed is None:  # MLflow's defaults refuse the host name users are told to type
         allowed = env[ALLOWED_HOSTS_ENV] = default_allowed_hosts(url)

@@ -4,7 +4,8 @@ It refuses, in one line on stderr and before any link, a port another program ho
 address that is not one, and a MLFLOW_TRACKING_URI that names another store or a tracking
 server (the runs are there); then it prints the link to the newest pipeline's variants and
 *becomes* `mlflow server` over `mlflow.db` (exec): one worker, plenty for one person's
-browser (MLflow's default of 4 printed every start-up line four times).
+browser (MLflow's default of 4 printed every start-up line four times), without MLflow's job
+runner (7 more workers, for GenAI jobs) and its usage telemetry, as `accelbench server`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from accelbench.core.console import log
-from accelbench.system.server import port_problem, server_warnings
+from accelbench.system.server import mlflow_server_env, port_problem
 from accelbench.system.tracking.store import STORE, is_server, sqlite_path
 from accelbench.system.tracking.view import server_view_url, training_view
 
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
     if code := ui_intro(args.host, args.port, store):
         return code
     sys.stdout.flush()  # the link, before exec replaces this process and its buffers
-    env = {**os.environ, "PYTHONWARNINGS": server_warnings()}
+    env = mlflow_server_env()
     command = [
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{store}",
         "--host", args.host, "--port", args.port, "--workers", "1",
