@@ -237,6 +237,33 @@ def test_the_evaluation_joins_the_run_as_its_train_stage_ended_it(tmp_path, mlfl
     )
 
 
+def test_what_is_logged_is_rounded_to_what_it_means(tmp_path, mlflow_store) -> None:
+    """The UI showed `total_train_s` 122.10302640200007 and a loss of 3.9581195820925785e-9:
+    seconds are kept to the millisecond (4 significant digits below a second), shares of 1
+    to 4 decimals, every other measurement to 4 significant digits, counts whole; the
+    runs table's text figures still read as the report."""
+    with tracking.variant_run(tmp_path, "cpu", {}, {"status": "trained"}) as run_id:
+        tracking.log_metrics(
+            {"total_train_s": 122.10302640200007, "train_loss": 3.9581195820925785e-9,
+             "samples": 60000, "test_accuracy": 0.99123456, "samples_per_s": 275.39337007},
+            step=1,
+        )  # fmt: skip
+    figures = {"steady_epoch_s": 0.0834123, "steady_epoch_s_lo": 0.08111, "speedup_vs_cpu": 147.66}
+    tracking.log_variant_figures(tmp_path, {run_id: figures})
+    run = MlflowClient().get_run(run_id)
+    assert run.data.metrics == {
+        "total_train_s": 122.103,
+        "train_loss": 3.958e-9,
+        "samples": 60000,
+        "test_accuracy": 0.9912,
+        "samples_per_s": 275.4,
+        "steady_epoch_s": 0.08341,
+        "steady_epoch_s_lo": 0.08111,
+        "speedup_vs_cpu": 147.7,
+    }
+    assert run.data.tags["speedup"] == "148×"  # from 147.66, as the report writes it
+
+
 def test_compares_tracking_calls_survive_an_outage(tmp_path, monkeypatch, capsys) -> None:
     """A tracking server that is down when compare runs: the figures and the evaluation are
     dropped with one warning, compare goes on."""

@@ -25,10 +25,30 @@ from accelbench.core.results import EpochRecord, EvalSummary, TrainSummary
 from accelbench.system.tracking.outage import tolerant
 from accelbench.system.tracking.store import once_more_on_conflict, run_in_store, setup
 
+# Metrics that are a share of 1 (accuracy 0.9912, F1, a fraction of the epoch), by a word of
+# their name: to 4 decimals, 0.01%.
+SHARE_WORDS = ("accuracy", "f1", "fraction")
+
+
+def rounded(name: str, value: float) -> float:
+    """`value` as precise as it is meaningful, for every metric accelbench logs: a share
+    (`SHARE_WORDS`) to 4 decimals; seconds (`*_s`, not rates `*_per_s`) to 4 significant
+    digits and at least to the millisecond (0.08341, 122.103); anything else (rates, ratios,
+    losses, joules, dollars) to 4 significant digits. Whole numbers (counts, epochs, bytes)
+    and NaN/inf are kept as they are."""
+    if not math.isfinite(value) or value.is_integer():
+        return value
+    if any(word in name for word in SHARE_WORDS):
+        return round(value, 4)
+    digits = 3 - math.floor(math.log10(abs(value)))  # 4 significant digits
+    if name.endswith("_s") and not name.endswith("_per_s"):
+        digits = max(digits, 3)
+    return round(value, digits)
+
 
 @tolerant
 def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = None) -> None:
-    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    clean = {k: rounded(k, float(v)) for k, v in metrics.items() if isinstance(v, int | float)}
     if clean:
         mlflow.log_metrics(clean, step=step)
 
@@ -38,13 +58,18 @@ def log_train_summary(summary: TrainSummary) -> None:
     log_metrics(summary.metrics())
 
 
-def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The finite numbers of `metrics` (None, NaN and non-numbers are left out)."""
     return {
         k: float(v)
         for k, v in metrics.items()
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """`_finite`, each `rounded` as it is logged."""
+    return {k: rounded(k, v) for k, v in _finite(metrics).items()}
 
 
 @tolerant
@@ -185,8 +210,8 @@ def log_variant_figures(
             continue
         numbers = _numbers(values)
         logged = run.data.metrics
-        tags = {
-            tag: figure_text(numbers, *wanted[tag]) if tag in wanted else None
+        tags = {  # from the figures as compare has them: the tag reads as the report
+            tag: figure_text(_finite(values), *wanted[tag]) if tag in wanted else None
             for tag in FIGURE_TAGS
         }
         tags[SPEEDUP_BASELINE_TAG] = speedup_baseline
