@@ -340,7 +340,8 @@ def test_variant_figures_are_logged_without_reopening_the_runs(tmp_path, mlflow_
 
 
 @pytest.mark.slow
-def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflow_store) -> None:
+def test_a_skipped_variant_has_no_figures_and_is_last_in_the_view(tmp_path, mlflow_store) -> None:
+    """A CPU-only laptop saw only cpu in the view: its skipped variants, and why, were not."""
     ids = _pipeline(tmp_path)
     client = MlflowClient()
     skipped = client.get_run(ids["gpu"])
@@ -348,8 +349,13 @@ def test_a_skipped_variant_has_no_figures_and_is_not_in_the_view(tmp_path, mlflo
     assert skipped.data.tags["status"] == "skipped"
     assert skipped.data.tags["skip_reason"] == "no CUDA device"
     parent = skipped.data.tags["mlflow.parentRunId"]
-    shown = client.search_runs([setup(tmp_path)], variants_filter(parent))
-    assert {r.info.run_name for r in shown} == {"cpu", "amp"}
+    state = json.loads(json.loads(client.get_experiment(setup(tmp_path)).tags[VIEW_TAG])["state"])
+    assert state["searchFilter"] == variants_filter(parent)
+    assert {"tags.`status`", "tags.`skip_reason`"} <= set(state["selectedColumns"])
+    shown = client.search_runs(
+        [setup(tmp_path)], variants_filter(parent), order_by=[f"{state['orderByKey']} ASC"]
+    )
+    assert [r.info.run_name for r in shown] == ["amp", "cpu", "gpu"]
 
 
 @pytest.mark.slow
@@ -363,10 +369,10 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
     assert state["searchFilter"] == variants_filter(parent)
     assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`steady_epoch_s`", True)
     assert state["columnOrder"][:4] == [
-        "tags.`speedup`",
         "tags.`steady_epoch`",
-        "metrics.`test_accuracy`",
+        "tags.`speedup`",
         "tags.`time_to_target`",
+        "metrics.`test_accuracy`",
     ]
     assert set(state["selectedColumns"]) <= set(state["columnOrder"])
     store = tmp_path / "mlflow.db"
@@ -408,8 +414,9 @@ def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
     first = tracking.finish_pipeline(tmp_path, [], {}, trained)
     assert VARIANT_RUNS_TAG not in client.get_run(first).data.tags  # its own children
 
-    tracking.record_skipped(tmp_path, "gpu", {}, "no CUDA device")  # compare, re-run alone
-    second = tracking.finish_pipeline(tmp_path, [], {"cpu.test_accuracy": 0.99}, trained)
+    skipped = tracking.record_skipped(tmp_path, "gpu", {}, "no CUDA device")  # compare, alone
+    reported = [*trained, skipped]  # as compare passes them: evaluated, then skipped
+    second = tracking.finish_pipeline(tmp_path, [], {"cpu.test_accuracy": 0.99}, reported)
     assert second not in (None, first)
     run = client.get_run(second)
     assert run.info.status == "FINISHED" and run.data.metrics == {"cpu.test_accuracy": 0.99}
@@ -420,13 +427,13 @@ def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
     shown = client.search_runs(
         [experiment_id], json.loads(json.loads(view)["state"])["searchFilter"]
     )
-    assert sorted(r.info.run_name for r in shown) == ["amp", "cpu"]
+    assert sorted(r.info.run_name for r in shown) == ["amp", "cpu", "gpu"]
     link = training_view_url("http://ui", tmp_path / "mlflow.db")
     assert link.endswith(f"viewStateShareKey={VIEW_ID}")
     # the link without the saved view filters by the same runs
     path = ui_path(experiment_id, second, None, named_variant_runs(run.data.tags))
     query = parse_qs(urlsplit(path.split("#", 1)[1]).query)
-    assert query["searchFilter"] == [variants_filter(second, trained)]
+    assert query["searchFilter"] == [variants_filter(second, reported)]
 
     # nothing skipped, so nothing opened a run: the report still gets its pipeline run
     third = tracking.finish_pipeline(tmp_path, [], {}, [ids["cpu"]])
@@ -469,8 +476,8 @@ def test_make_ui_serves_without_mlflows_job_runner_or_telemetry(tmp_path, monkey
 
 @pytest.mark.slow
 def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, capsys) -> None:
-    """`make ui` on a fresh clone said "(the newest pipeline run: its trained variants,
-    fastest first)" with no store at all."""
+    """`make ui` on a fresh clone said "(the newest pipeline run: its variants, fastest
+    first)" with no store at all."""
     store = tmp_path / "mlflow.db"
     monkeypatch.setattr(ui, "port_problem", lambda *_: None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
@@ -483,7 +490,7 @@ def test_make_ui_says_what_its_link_shows(tmp_path, mlflow_store, monkeypatch, c
     setup(tmp_path)
     assert "(the experiment: no pipeline run yet)" in said()
     _pipeline(tmp_path)
-    assert "(the newest pipeline run: its trained variants, fastest first)" in said()
+    assert "(the newest pipeline run: its variants, fastest first)" in said()
 
 
 @pytest.mark.slow

@@ -135,8 +135,9 @@ def _track_variants(
     """Each variant's evaluation and figures in the run that trained it (logged without
     re-opening it, so its duration stays its training's), and each skipped variant as a run
     that says why: done here, once, so that evaluate and a skipped train never start MLflow.
-    Returns the runs of the evaluated variants, the ones the report compares."""
+    Returns the runs of the variants the report compares: evaluated, then skipped."""
     by_run: dict[str, Mapping[str, Any]] = {}
+    skipped: list[str] = []
     for record, row, files in tracked:
         if isinstance(row.eval, EvalSummary) and record.mlflow_run_id:
             artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
@@ -147,11 +148,12 @@ def _track_variants(
             tracking.log_evaluation(root, record.mlflow_run_id, row.eval, artifacts, more)
             by_run[record.mlflow_run_id] = comparison[row.name].to_json()
         elif record.status == "skipped":
-            tracking.record_skipped(
+            run_id = tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
             )
+            skipped += [run_id] if run_id else []
     tracking.log_variant_figures(root, by_run, speedup_baseline)
-    return list(by_run)
+    return list(by_run) + skipped
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

@@ -272,12 +272,13 @@ def _reopen_run(root: Path, run_id: str) -> str:
     return reopened
 
 
-def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> None:
+def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> str | None:
     """A variant this machine could not run, as a run of the pipeline that says why: tagged
     (`status` skipped, `skip_reason`), with no metric, so that it adds no empty column to a
-    comparison; the saved view of the pipeline leaves it out."""
-    with variant_run(root, variant, params, {"status": "skipped", "skip_reason": reason}):
-        pass
+    comparison; the saved view of the pipeline shows it last. Returns its run id (None when
+    tracking is down)."""
+    with variant_run(root, variant, params, {"status": "skipped", "skip_reason": reason}) as run:
+        return run
 
 
 @tolerant
@@ -290,9 +291,9 @@ def finish_pipeline(
     """Log the comparison to the open pipeline run, or to a new one where none is open (a
     `dvc repro` that re-ran compare alone), and finish it; returns its id.
 
-    `variant_runs`: the trained variants' runs the comparison reports on. Where some trained
-    under an earlier pipeline run, this one names them all (`VARIANT_RUNS_TAG`), and the
-    saved view shows them: the newest pipeline's variants are the ones its report compares.
+    `variant_runs`: the variants' runs the comparison reports on, skipped ones too. Where some
+    trained under an earlier pipeline run, this one names them all (`VARIANT_RUNS_TAG`), and
+    the saved view shows them: the newest pipeline's variants are the ones its report compares.
     """
     experiment_id = setup(root)
     run_id = pipeline_run_id(root, experiment_id)

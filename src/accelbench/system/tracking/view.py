@@ -2,8 +2,9 @@
 and the links `make ui` and `accelbench runs` print.
 
 The experiment keeps one saved view of the runs table (`VIEW_ID`), rewritten whenever a new
-pipeline run starts: that pipeline's trained variants, fastest first, their speedup, steady
-epoch, test accuracy and time to target as the first columns.
+pipeline run starts: that pipeline's variants, fastest first (the skipped ones last, with
+their reason), their steady epoch, speedup, time to target and test accuracy as the first
+columns.
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ VIEW_ID = "accelbench-newest-pipeline"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
 VIEW_NAME = "newest pipeline: fastest first"
 VIEW_SORT = "metrics.`steady_epoch_s`"  # ascending: the fastest variant first
-# The first columns: what answers "who is fastest", as text with its interval; then the
-# numbers to sort and chart by. `duration` (always shown) is the run's train stage.
+# The first columns: what answers "who is fastest", as text with its interval, narrow
+# enough to be whole at 1600 px beside the Assistant panel MLflow opens on a first visit;
+# then whether a variant trained and why not, and the numbers to sort and chart by.
+# `duration` (always shown) is the run's train stage.
 VIEW_COLUMNS = {  # column -> width (px), None: the UI's
-    "tags.`speedup`": 150,
-    "tags.`steady_epoch`": 190,
-    "metrics.`test_accuracy`": 110,
-    "tags.`time_to_target`": 170,
+    "tags.`steady_epoch`": 165,
+    "tags.`speedup`": 125,
+    "tags.`time_to_target`": 115,
+    "metrics.`test_accuracy`": 105,
+    "tags.`status`": 80,
+    "tags.`skip_reason`": 360,
     "duration": 90,
     "tags.`speedup_vs_fp32`": 150,
     "metrics.`steady_epoch_s`": None,
@@ -55,13 +60,13 @@ VIEW_COLUMNS = {  # column -> width (px), None: the UI's
 
 
 def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
-    """The runs-table filter for a pipeline run's trained variants (skipped ones carry no
-    figure: their runs say why, under the pipeline run): its children, or the runs it names
+    """The runs-table filter for a pipeline run's variants, trained and skipped (a skipped one
+    has no figure, so sorts last, and says why): its children, or the runs it names
     (`VARIANT_RUNS_TAG`: some trained under an earlier pipeline run)."""
     if variant_runs:
         ids = ", ".join(f"'{run_id}'" for run_id in variant_runs)
-        return f"attributes.run_id IN ({ids}) and tags.status = 'trained'"
-    return f"tags.`mlflow.parentRunId` = '{pipeline_run_id}' and tags.status = 'trained'"
+        return f"attributes.run_id IN ({ids})"
+    return f"tags.`mlflow.parentRunId` = '{pipeline_run_id}'"
 
 
 def named_variant_runs(tags: Mapping[str, str]) -> list[str]:
@@ -70,7 +75,7 @@ def named_variant_runs(tags: Mapping[str, str]) -> list[str]:
 
 
 def variants_view(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
-    """The VIEW_TAG value that shows `pipeline_run_id`'s trained variants, fastest first: a
+    """The VIEW_TAG value that shows `pipeline_run_id`'s variants, fastest first: a
     saved view's envelope (name, creation time in ms, the view state as a JSON string)."""
     state = {
         "searchFilter": variants_filter(pipeline_run_id, variant_runs),
@@ -101,7 +106,7 @@ def ui_path(
 ) -> str:
     """The experiment's runs in the UI's model-training view, relative to the server's URL.
 
-    With `pipeline_run_id`: that pipeline's trained variants (`variant_runs` where it names
+    With `pipeline_run_id`: that pipeline's variants (`variant_runs` where it names
     them), fastest first; through the saved view where `view` (the experiment's VIEW_TAG
     value) shows them (the key columns shown), else by the link's own filter and sort (the
     UI's default columns).
@@ -175,7 +180,7 @@ def training_view(base_url: str, store: Path) -> tuple[str, str]:
     url = base_url + ui_path(
         str(row[0]), pipeline[0], view[0] if view else None, named_variant_runs(dict(named or []))
     )
-    return url, "the newest pipeline run: its trained variants, fastest first"
+    return url, "the newest pipeline run: its variants, fastest first"
 
 
 def server_view_url(uri: str) -> str:
