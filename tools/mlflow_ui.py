@@ -117,7 +117,8 @@ def stop_server(process: subprocess.Popen, sig: int = 15) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         process.wait()
-    process.stderr.close()
+    if process.stderr:
+        process.stderr.close()
 
 
 @contextlib.contextmanager
