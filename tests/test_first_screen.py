@@ -180,11 +180,16 @@ def test_the_server_runs_without_job_runner_or_telemetry(seen) -> None:
     assert seen["environ"]["MLFLOW_DISABLE_TELEMETRY"] == seen["environ"]["DO_NOT_TRACK"] == "true"
 
 
+# Where MLflow 3.17 decides each (its built UI, mlflow/server/js/build/static/js/ in the
+# environment; the sources' names in parentheses).
+UI_JS = "mlflow/server/js/build/static/js/"
+
+
 @pytest.mark.xfail(
     strict=True,
-    reason="MLflow 3.17 opens its Assistant on a first visit to localhost, 127.0.0.1 or ::1, "
-    "and has no setting to stop it (mlflow/server/js/src/assistant: isLocalServer, "
-    "mlflow.assistant.fab.autoOpenedOnFirstLoad in build/static/js/main.c2f5f8d4.js)",
+    reason="MLflow 3.17 opens its Assistant once per browser on localhost, 127.0.0.1 or ::1, "
+    f"and no server setting stops it ({UI_JS}main.c2f5f8d4.js: AssistantFloatingButton, "
+    "isLocalServer, mlflow.assistant.fab.autoOpenedOnFirstLoad)",
 )
 def test_no_assistant_panel_on_the_first_screen(seen) -> None:
     assert not seen["assistant"]
@@ -194,7 +199,8 @@ def test_no_assistant_panel_on_the_first_screen(seen) -> None:
     strict=True,
     reason="MLflow 3.17's runs table takes its columns from the browser's storage or from a "
     "saved view opened by viewStateShareKey, which always shows the banner; URL parameters "
-    "set only filter and sort (build/static/js/3878.0467b2c4.chunk.js: sharedViewActive)",
+    f"set only filter and sort ({UI_JS}3878.0467b2c4.chunk.js: sharedViewActive; "
+    "3793.0117dc93.chunk.js: the facets searchFilter, orderByKey, ...)",
 )
 def test_no_shared_view_banner_on_the_first_screen(seen) -> None:
     assert not seen["banner"]
@@ -204,7 +210,8 @@ def test_no_shared_view_banner_on_the_first_screen(seen) -> None:
     strict=True,
     reason="MLflow 3.17 opens a run page in the browser's last workflow, GenAI at first: the "
     "runs table's links drop workflowType, and the experiment's mlflow.experimentKind tag is "
-    "no longer read (main.c2f5f8d4.js: key mlflow.workflowType, initialValue genai)",
+    f"no longer read ({UI_JS}main.c2f5f8d4.js: localStorage mlflow.workflowType, initialValue "
+    "genai; the feature flag that ignores the tag is fixed to true)",
 )
 def test_a_run_page_opens_in_model_training(seen) -> None:
     assert not seen["run_page_genai"]
