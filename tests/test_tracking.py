@@ -244,21 +244,23 @@ def test_what_is_logged_is_rounded_to_what_it_means(tmp_path, mlflow_store) -> N
     runs table's text figures still read as the report."""
     with tracking.variant_run(tmp_path, "cpu", {}, {"status": "trained"}) as run_id:
         tracking.log_metrics(
-            {"total_train_s": 122.10302640200007, "train_loss": 3.9581195820925785e-9,
+            {"total_train_s": 122.10302640200007, "first_epoch_s": 0.0834123,
+             "train_loss": 3.9581195820925785e-9,
              "samples": 60000, "test_accuracy": 0.99123456, "samples_per_s": 275.39337007},
             step=1,
         )  # fmt: skip
-    figures = {"steady_epoch_s": 0.0834123, "steady_epoch_s_lo": 0.08111, "speedup_vs_cpu": 147.66}
+    figures = {"steady_epoch_s": 12.34567, "steady_epoch_s_lo": 12.01234, "speedup_vs_cpu": 147.66}
     tracking.log_variant_figures(tmp_path, {run_id: figures})
     run = MlflowClient().get_run(run_id)
     assert run.data.metrics == {
         "total_train_s": 122.103,
+        "first_epoch_s": 0.08341,
         "train_loss": 3.958e-9,
         "samples": 60000,
         "test_accuracy": 0.9912,
         "samples_per_s": 275.4,
-        "steady_epoch_s": 0.08341,
-        "steady_epoch_s_lo": 0.08111,
+        "steady_epoch_s": 12.346,
+        "steady_epoch_s_lo": 12.012,  # an interval's end as its figure
         "speedup_vs_cpu": 147.7,
     }
     assert run.data.tags["speedup"] == "148×"  # from 147.66, as the report writes it

@@ -41,7 +41,8 @@ def rounded(name: str, value: float) -> float:
     if any(word in name for word in SHARE_WORDS):
         return round(value, 4)
     digits = 3 - math.floor(math.log10(abs(value)))  # 4 significant digits
-    if name.endswith("_s") and not name.endswith("_per_s"):
+    figure = name.removesuffix("_lo").removesuffix("_hi")  # an interval's ends as its figure
+    if figure.endswith("_s") and not figure.endswith("_per_s"):
         digits = max(digits, 3)
     return round(value, digits)
 
