@@ -188,7 +188,7 @@ UI_JS = "mlflow/server/js/build/static/js/"
 @pytest.mark.xfail(
     strict=True,
     reason="MLflow 3.17 opens its Assistant once per browser on localhost, 127.0.0.1 or ::1, "
-    f"and no server setting stops it ({UI_JS}main.c2f5f8d4.js: AssistantFloatingButton, "
+    f"and no server setting stops it ({UI_JS}main.c2f5f8d4.js, the source's AssistantFloatingButton: "
     "isLocalServer, mlflow.assistant.fab.autoOpenedOnFirstLoad)",
 )
 def test_no_assistant_panel_on_the_first_screen(seen) -> None:
