@@ -145,3 +145,31 @@ def test_download_hides_the_mirrors_secret(tmp_path, not_found_server, dataset, 
     output = _run(command, tmp_path, env)
     assert "404" in output and "failed" in output, output
     _assert_hidden(output, not_found_server)
+
+
+@pytest.mark.parametrize("debug", [["--debug"], ["ACCELBENCH_DEBUG=1"]])
+def test_debug_tracebacks_hide_the_password(tmp_path, debug) -> None:
+    """`accelbench --debug runs` printed MLflow's exception, `http://alice:<password>@…`, in
+    its traceback; Python's own tracebacks (an uncaught error, a thread's) are masked too."""
+    host = f"127.0.0.1:{_closed_port()}"
+    write_params(tmp_path)
+    env = _env(MLFLOW_TRACKING_URI=f"http://alice:{SECRET}@{host}")
+    flags = [a for a in debug if a.startswith("--")]
+    env |= dict(a.split("=") for a in debug if "=" in a)
+    output = _run([ACCELBENCH, *flags, "runs"], tmp_path, env)
+    assert "Traceback (most recent call last)" in output and "MlflowException" in output
+    _assert_hidden(output, host)
+    code = f"""
+        import threading
+        from accelbench.core.console import redact_tracebacks
+        redact_tracebacks()
+        def fail(): raise RuntimeError("http://alice:{SECRET}@{host}/thread")
+        thread = threading.Thread(target=fail)
+        thread.start()
+        thread.join()
+        raise RuntimeError("http://alice:{SECRET}@{host}/main")
+    """
+    output = _run([sys.executable, "-c", textwrap.dedent(code)], tmp_path, env)
+    assert output.count("Traceback (most recent call last)") == 2, output
+    assert f"http://***@{host}/thread" in output and f"http://***@{host}/main" in output
+    _assert_hidden(output, host)

@@ -15,7 +15,6 @@ import resource
 import signal
 import sys
 import threading
-import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -30,6 +29,8 @@ from accelbench.core.console import (
     error_message,
     log,
     print_error,
+    print_traceback,
+    redact_tracebacks,
 )
 from accelbench.core.params import Params, differences, load_params
 from accelbench.system import lifetime
@@ -254,6 +255,8 @@ def _print_out(text: str, code: int = 0) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`accelbench`: run a stage or tool; returns the exit code. Run as the program (no
     `argv`), a stage's process ends here (`_end_process`)."""
+    if argv is None:  # the program: Python's own tracebacks masked too
+        redact_tracebacks()
     parser = _parser()
     args, stage_args = parser.parse_known_args(argv)
     code = _run(parser, args, stage_args, argv)
@@ -311,7 +314,7 @@ def _run(
         return EXIT_INTERRUPTED
     except Exception as exc:  # every error ends in one line; the traceback only on request
         if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-            traceback.print_exc()
+            print_traceback(exc)
         if (why := _interruption(exc)) is not None:
             print(f"accelbench {args.stage}: interrupted ({why})", file=sys.stderr)
             return EXIT_INTERRUPTED

@@ -13,6 +13,8 @@ import errno
 import re
 import reprlib
 import sys
+import threading
+import traceback
 from collections.abc import Callable
 
 EXIT_FAILURE = 1
@@ -189,3 +191,20 @@ def redact(text: str) -> str:
 def log(message: str) -> None:
     """`message` on stderr, its URIs' secrets masked (`redact`)."""
     print(redact(message), file=sys.stderr, flush=True)
+
+
+def print_traceback(exc: BaseException, heading: str = "") -> None:
+    """`exc`'s traceback on stderr, as Python prints it, its URIs' secrets masked (`redact`):
+    a `--debug` traceback quotes the tracking URI, password and all."""
+    log(heading + "".join(traceback.format_exception(exc)).rstrip())
+
+
+def redact_tracebacks() -> None:
+    """Tracebacks that Python itself prints, of an uncaught error in the main thread or in
+    another (MLflow's), masked as `print_traceback` masks ours."""
+    sys.excepthook = lambda _type, exc, _tb: print_traceback(exc)
+    threading.excepthook = lambda hook: (
+        None
+        if hook.exc_type is SystemExit or hook.exc_value is None
+        else print_traceback(hook.exc_value, f"Exception in thread {hook.thread.name}:\n")
+    )
