@@ -19,10 +19,11 @@ from accelbench.system.tracking.dead_runs import (
     CLOSED_TAG,
     HOST_TAG,
     MACHINE_TAG,
-    PID_STARTED_TAG,
+    PID_START_TAG,
     PID_TAG,
     close_zombies,
     machine_id,
+    process_start,
 )
 from accelbench.system.tracking.runs import pipeline_run_id
 from accelbench.system.tracking.store import HTTP_DEFAULTS, setup
@@ -146,8 +147,30 @@ def test_a_run_killed_outright_is_closed_by_the_rerun(
     assert dead.info.run_name.startswith("by hand ")
 
 
+def test_a_run_names_its_process_start_without_the_wall_clock(tmp_path) -> None:
+    """The tag was psutil's creation time, seconds since the epoch as a float: the wall clock
+    (which NTP or a date set by hand moves) and an odd figure in MLflow's UI. It is the boot id
+    and the start in clock ticks since boot, as the kernel counts them for that process."""
+    import json
+
+    code = "import json, time; from accelbench.system.tracking.dead_runs import process_tags;"
+    code += "print(json.dumps(process_tags()), flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        tags = json.loads(process.stdout.readline())
+        start = tags[PID_START_TAG]
+        with pytest.raises(ValueError):
+            float(start)
+        ticks = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        assert start == f"{machine_id()}/{ticks}" == process_start(process.pid)
+        assert tags[PID_TAG] == str(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert process_start(process.pid) is None  # gone
+
+
 def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store) -> None:
-    import psutil
 
     experiment_id = setup(tmp_path)
     parent = pipeline_run_id(tmp_path, experiment_id)
@@ -158,7 +181,7 @@ def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store)
             HOST_TAG: __import__("socket").gethostname(),
             MACHINE_TAG: machine_id(),
             PID_TAG: str(sleeper.pid),
-            PID_STARTED_TAG: f"{psutil.Process(sleeper.pid).create_time():.2f}",
+            PID_START_TAG: process_start(sleeper.pid),
         }
         elsewhere = {
             **live,
@@ -166,13 +189,13 @@ def test_a_live_run_or_one_on_another_host_is_left_alone(tmp_path, mlflow_store)
             MACHINE_TAG: "another-boot",
             PID_TAG: "1",
         }
-        reused = {**live, PID_STARTED_TAG: "12.00"}  # the pid, but not its process
+        reused = {**live, PID_START_TAG: f"{machine_id()}/12"}  # the pid, but not its process
         # A stage killed in a container: another host name, the same kernel, a pid gone.
         container = {
             HOST_TAG: "3f9a1c0e2b7d",
             MACHINE_TAG: machine_id(),
             PID_TAG: "999999",
-            PID_STARTED_TAG: "12.00",
+            PID_START_TAG: f"{machine_id()}/12",
         }
         ids = {}
         cases = (

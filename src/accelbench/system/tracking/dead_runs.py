@@ -1,8 +1,8 @@
 """Runs whose process died without ending them (kill -9, the OOM killer) are closed as
 KILLED by the next run that meets them, tagged with why: no run stays RUNNING after a rerun.
 
-Each run carries the machine, the pid and the start time of the process that has it open;
-a run whose process is gone from this machine is dead.
+Each run carries the machine, the pid and the start of the process that has it open; a run
+whose process is gone from this machine is dead.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from accelbench.system.tracking.store import ROLE_TAG
 
 HOST_TAG = "accelbench.host"
 MACHINE_TAG = "accelbench.boot_id"  # the running kernel: the host and its containers share it
-PID_TAG = "accelbench.pid"  # the process that has the run open, and when it started,
-PID_STARTED_TAG = "accelbench.pid_started"  # so that a reused pid is not mistaken for it
+PID_TAG = "accelbench.pid"  # the process that has the run open, and its start (opaque),
+PID_START_TAG = "accelbench.pid_start"  # so that a reused pid is not mistaken for it
 CLOSED_TAG = "accelbench.closed"  # why a rerun ended a run its killed process left RUNNING
 BY_HAND_TAG = "accelbench.by_hand"  # "true" on the pipeline run of a stage run by hand
 
@@ -35,14 +35,33 @@ def machine_id() -> str:
         return socket.gethostname()
 
 
+def process_start(pid: int) -> str | None:
+    """An opaque mark of process `pid`'s start, the same for its whole life and another for a
+    later process given the same pid (None: no such process). On Linux the boot id and the
+    start in clock ticks since boot (/proc/<pid>/stat, field 22): no wall-clock time, which
+    NTP or a date set by hand would move; elsewhere psutil's creation time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():  # Linux: the process is gone
+            return None
+    except OSError:
+        pass
+    else:  # the name, field 2, is in parentheses and may hold spaces and ")"
+        return f"{machine_id()}/{stat.rsplit(')', 1)[1].split()[19]}"
+    try:
+        return f"created {psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
+        return None
+
+
 def process_tags() -> dict[str, str]:
     """The tags that name this process as the one that has a run open."""
-    started = psutil.Process().create_time()  # seconds since the epoch, in every pid namespace
     return {
         HOST_TAG: socket.gethostname(),
         MACHINE_TAG: machine_id(),
         PID_TAG: str(os.getpid()),
-        PID_STARTED_TAG: f"{started:.2f}",
+        PID_START_TAG: process_start(os.getpid()) or "",
     }
 
 
@@ -51,21 +70,16 @@ def _gone(tags: Mapping[str, str]) -> str | None:
     this process cannot tell).
 
     A run opened in a container and checked from the host or another container (same kernel,
-    another pid namespace) counts as gone unless the same pid with the same start time is
-    visible here: DVC's lock on the checkout never lets two stages of it run at once.
+    another pid namespace) counts as gone unless the same pid with the same start is visible
+    here (`process_start`): DVC's lock on the checkout never lets two stages of it run at once.
     """
     host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
     if tags.get(MACHINE_TAG, host) not in (machine_id(), socket.gethostname()):
         return None
     if pid is None:
         return "no process recorded for it"
-    try:
-        process = psutil.Process(int(pid))
-        started = float(tags.get(PID_STARTED_TAG, "nan"))
-        if abs(process.create_time() - started) < 1:
-            return None
-    except (psutil.Error, ValueError):
-        pass
+    if pid.isdigit() and process_start(int(pid)) == tags.get(PID_START_TAG):
+        return None
     return f"its process {pid} on {host} is gone (killed outright: kill -9, the OOM killer)"
 
 
