@@ -123,6 +123,24 @@ def test_mlflow_errors_of_a_call_that_succeeds_are_still_shown(tmp_path, capsys)
     assert "OperationalError: database is locked" in err
 
 
+def test_mlflows_background_threads_warn_nothing(capsys) -> None:
+    """MLflow's system metrics thread printed `WARNING mlflow.system_metrics...: Failed to
+    get mlflow run: ... Connection refused` when the server went away, beside our one line
+    (which the stage's next tracking call prints)."""
+    import logging
+    import threading
+
+    with outage.logs_held():
+        pass  # installs the filter on MLflow's handler
+    sampler = logging.getLogger("mlflow.system_metrics.system_metrics_monitor")
+    thread = threading.Thread(target=sampler.warning, args=("Failed to get mlflow run",))
+    thread.start()
+    thread.join()
+    logging.getLogger("mlflow.test").warning("kept: the main thread's")
+    err = capsys.readouterr().err
+    assert "Failed to get mlflow run" not in err and "kept: the main thread's" in err
+
+
 def test_a_bug_in_our_tracking_code_raises_and_is_no_outage(tmp_path, capsys) -> None:
     """A TypeError in accelbench's own code was reported as the store failing, with the advice
     to move a healthy mlflow.db aside, and the stage carried on untracked."""

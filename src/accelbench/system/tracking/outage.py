@@ -13,6 +13,7 @@ import json
 import logging
 import sqlite3
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -105,7 +106,9 @@ def report(exc: BaseException) -> None:
 class _HeldBack(logging.Filter):
     """On one of MLflow's log handlers: MLflow's warnings and errors (a traceback each, six
     on a locked store) wait while a tracking call runs (`logs_held`), and go once tracking
-    failed: the outage is one warning line (`report`)."""
+    failed: the outage is one warning line (`report`). Those of MLflow's own threads (system
+    metrics sampling, which stops at its first failure) go at once: what they failed to reach
+    fails the stage's next tracking call too, which says it in that line."""
 
     def __init__(self, handler: logging.Handler) -> None:
         super().__init__()
@@ -114,7 +117,7 @@ class _HeldBack(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        if _outage is not None:
+        if _outage is not None or record.thread != threading.main_thread().ident:
             return False
         if _held is not None:
             _held.append((self.handler, record))
