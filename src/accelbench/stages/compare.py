@@ -18,6 +18,7 @@ from accelbench.core.results import (
     MetricsFiles,
     QuantizedSummary,
     RunRecord,
+    TrainSummary,
     env_json,
     read_env,
     read_epoch_records,
@@ -140,6 +141,9 @@ def _track_variants(
     skipped: list[str] = []
     for record, row, files in tracked:
         if isinstance(row.eval, EvalSummary) and record.mlflow_run_id:
+            if isinstance(row.train, TrainSummary):  # tracking down while it trained
+                ended_ms = int(files.train_json.stat().st_mtime * 1000)
+                tracking.catch_up(root, record.mlflow_run_id, row.epochs, row.train, ended_ms)
             artifacts = [files.confusion_png, files.eval_json, files.per_class_csv]
             more = None
             if isinstance(row.quantized, QuantizedSummary):

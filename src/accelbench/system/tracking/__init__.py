@@ -8,6 +8,7 @@ runs (`runs.py`), what they hold (`logs.py`), closing the runs of dead processes
 """
 
 from accelbench.system.tracking.logs import (
+    catch_up,
     log_artifact,
     log_dataset,
     log_evaluation,
@@ -19,6 +20,7 @@ from accelbench.system.tracking.logs import (
 from accelbench.system.tracking.runs import finish_pipeline, record_skipped, resume_run, variant_run
 
 __all__ = [
+    "catch_up",
     "finish_pipeline",
     "log_artifact",
     "log_dataset",

@@ -65,7 +65,7 @@ def process_tags() -> dict[str, str]:
     }
 
 
-def _gone(tags: Mapping[str, str]) -> str | None:
+def why_gone(tags: Mapping[str, str]) -> str | None:
     """Why the process that has a run open is gone (None: alive, or on another machine, where
     this process cannot tell).
 
@@ -111,7 +111,7 @@ def _close_gone(experiment_id: str, which: str, keep: str | None = None) -> list
     )
     closed = []
     for run in running:
-        why = _gone(run.data.tags) if run.info.run_id != keep else None
+        why = why_gone(run.data.tags) if run.info.run_id != keep else None
         if why is None:
             continue
         client.set_tag(run.info.run_id, CLOSED_TAG, f"closed by a rerun: {why}")

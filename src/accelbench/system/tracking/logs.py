@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -22,6 +22,7 @@ from accelbench.core import phases
 from accelbench.core.console import log
 from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
 from accelbench.core.results import EpochRecord, EvalSummary, TrainSummary
+from accelbench.system.tracking.dead_runs import CLOSED_TAG, why_gone
 from accelbench.system.tracking.outage import tolerant
 from accelbench.system.tracking.store import once_more_on_conflict, run_in_store, setup
 
@@ -139,6 +140,52 @@ def log_evaluation(
     client.log_batch(run_id, metrics=metrics)
     for path in artifacts:
         client.log_artifact(run_id, str(path))
+
+
+@tolerant
+def catch_up(
+    root: Path,
+    run_id: str,
+    epochs: Sequence[EpochRecord],
+    summary: TrainSummary,
+    ended_ms: int,
+) -> None:
+    """What a trained variant's run lacks because tracking was down while its train stage
+    ran: the epochs and summary figures it could not log (from its epochs.csv and
+    train.json), and, where the stage ended before the server was back (the run still
+    RUNNING, its process gone), the run's end: FINISHED at `ended_ms`, as the stage ended.
+    Says so in one line; a run that lacks nothing is left as it is."""
+    setup(root)
+    client = MlflowClient()
+    run = run_in_store(client, run_id)
+    if run is None:  # log_evaluation says so
+        return
+    logged = {m.step for m in client.get_metric_history(run_id, "test_accuracy")}
+    missed = [record for record in epochs if record.epoch not in logged]
+    now = get_current_time_millis()
+    figures = [
+        Metric(k, v, now, 0)
+        for k, v in _numbers(summary.metrics()).items()
+        if k not in run.data.metrics
+    ]
+    metrics = figures + [
+        Metric(k, v, now, record.epoch)
+        for record in missed
+        for k, v in _numbers(record.metrics()).items()
+    ]
+    why = why_gone(run.data.tags) if run.info.status == "RUNNING" else None
+    if not metrics and why is None:
+        return
+    client.log_batch(run_id, metrics=metrics)
+    said = [f"epoch {r.epoch}" for r in missed] + (["its summary"] if figures else [])
+    said = [f"logged {', '.join(said)}"] if said else []
+    if why is not None:
+        client.set_tag(run_id, CLOSED_TAG, "ended by compare: its train stage ended while "
+                       "tracking was down")  # fmt: skip
+        client.set_terminated(run_id, "FINISHED", end_time=ended_ms)
+        said.append("ended it FINISHED, as its train stage ended while tracking was down")
+    name = run.data.tags.get("variant", run.info.run_name)
+    log(f"{name}: MLflow run {run_id} caught up with its train stage: {'; '.join(said)}")
 
 
 def _evaluation_dataset(run):
