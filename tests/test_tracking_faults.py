@@ -141,6 +141,25 @@ def test_mlflows_background_threads_warn_nothing(capsys) -> None:
     assert "Failed to get mlflow run" not in err and "kept: the main thread's" in err
 
 
+def test_mlflows_own_lines_hide_the_password(capsys) -> None:
+    """A warning MLflow logs and a call that succeeds shows (its retries, a traceback) quoted
+    the tracking URI with its password: ours were masked, MLflow's were not."""
+    import logging
+
+    with outage.logs_held():
+        pass  # installs the filter on MLflow's handler
+    logger = logging.getLogger("mlflow.utils.rest_utils")
+    logger.warning("Max retries exceeded: API request to %s failed", "http://al:Pw-1@mlbox:5000")
+    try:
+        raise ConnectionError("http://al:Pw-1@mlbox:5000/api/2.0/mlflow/runs/get")
+    except ConnectionError:
+        logger.exception("retrying")
+    err = capsys.readouterr().err
+    assert "Pw-1" not in err, err
+    assert "request to http://***@mlbox:5000 failed" in err and "Traceback" in err
+    assert "ConnectionError: http://***@mlbox:5000/api/2.0/mlflow/runs/get" in err
+
+
 def test_a_bug_in_our_tracking_code_raises_and_is_no_outage(tmp_path, capsys) -> None:
     """A TypeError in accelbench's own code was reported as the store failing, with the advice
     to move a healthy mlflow.db aside, and the stage carried on untracked."""

@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 from requests.exceptions import RequestException
 
 from accelbench.core import phases
-from accelbench.core.console import clip, log
+from accelbench.core.console import clip, log, redact
 from accelbench.system.tracking.store import is_server, sqlite_path
 
 T = TypeVar("T")
@@ -108,13 +108,18 @@ class _HeldBack(logging.Filter):
     on a locked store) wait while a tracking call runs (`logs_held`), and go once tracking
     failed: the outage is one warning line (`report`). Those of MLflow's own threads (system
     metrics sampling, which stops at its first failure) go at once: what they failed to reach
-    fails the stage's next tracking call too, which says it in that line."""
+    fails the stage's next tracking call too, which says it in that line. Every line shown
+    has its URIs' secrets masked."""
 
     def __init__(self, handler: logging.Handler) -> None:
         super().__init__()
         self.handler = handler
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # MLflow's lines quote the tracking URI, password and all, as ours would (`redact`)
+        record.msg, record.args = redact(record.getMessage()), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
         if record.levelno < logging.WARNING:
             return True
         if _outage is not None or record.thread != threading.main_thread().ident:
