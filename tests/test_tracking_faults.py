@@ -497,6 +497,8 @@ def test_make_ui_serves_the_link_it_prints(tmp_path) -> None:
             "refuses the host name mlbox:5000: use a name it allows, or add this one to "
             "MLFLOW_SERVER_ALLOWED_HOSTS")),
         ("Max retries exceeded: Connection refused", "start the server, or set"),
+        ("ResponseError: too many 503 error responses", (
+            "the server runs but fails (HTTP 5xx): its database or artifact store may be down")),
     ],
 )  # fmt: skip
 def test_an_outage_in_a_stage_says_what_to_do(monkeypatch, capsys, failure, remedy) -> None:

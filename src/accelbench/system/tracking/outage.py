@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import sqlite3
 import sys
 import threading
@@ -85,6 +86,11 @@ def remedy(uri: str, exc: BaseException) -> str:
             f"the server runs but refuses the host name {host}: use a name it "
             f"allows, or add this one to MLFLOW_SERVER_ALLOWED_HOSTS on the server "
             "(docs/teams.md)"
+        )
+    if re.search(r"(too many|error code) 5\d\d", f"{failure} {exc}"):  # its store failed
+        return (
+            "the server runs but fails (HTTP 5xx): its database or artifact store may be "
+            "down; see the server's log"
         )
     return "start the server, or set MLFLOW_TRACKING_URI to one that runs"
 
