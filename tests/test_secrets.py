@@ -173,3 +173,13 @@ def test_debug_tracebacks_hide_the_password(tmp_path, debug) -> None:
     assert output.count("Traceback (most recent call last)") == 2, output
     assert f"http://***@{host}/thread" in output and f"http://***@{host}/main" in output
     _assert_hidden(output, host)
+    # a benchmark's bug (benchmarks/ end through script_main): its traceback, masked
+    code = f"""
+        from accelbench.core.console import script_main
+        def main(): raise RuntimeError("http://alice:{SECRET}@{host}/main")
+        script_main(main, "sweep.py")
+    """
+    output = _run([sys.executable, "-c", textwrap.dedent(code)], tmp_path, env)
+    assert output.count("Traceback (most recent call last)") == 1, output
+    assert f"RuntimeError: http://***@{host}/main" in output
+    _assert_hidden(output, host)

@@ -124,7 +124,8 @@ def print_error(who: str, message: str) -> None:
 def script_main(main: Callable[[], int], name: str) -> int:
     """A script's entry point (benchmarks/, tools/): its AccelbenchErrors, and OS errors that
     name a file or a full disk, end as the CLI's do (`error_message`, `print_error`), not in
-    a traceback."""
+    a traceback; any other error's traceback is masked (`redact_tracebacks`)."""
+    redact_tracebacks()
     try:
         return main()
     except (AccelbenchError, OSError) as exc:
