@@ -845,7 +845,8 @@ def test_a_run_cut_by_an_outage_ends_finished_with_every_epoch(
         assert sorted(m.step for m in history) == list(range(1, epochs + 1))
         train_json = json.loads((repo / "metrics" / "cpu" / "train.json").read_text())
         assert train_json["status"] == "trained" and train_json["epochs"] == epochs
-        assert cpu.data.metrics["steady_epoch_s"] == pytest.approx(train_json["steady_epoch_s"])
+        steady_s = train_json["steady_epoch_s"]  # logged to 4 significant digits
+        assert cpu.data.metrics["steady_epoch_s"] == pytest.approx(steady_s, rel=1e-3)
         assert "eval_test_accuracy" in cpu.data.metrics  # compare, a later stage, tracked it
         report = download(client, pipeline.info.run_id, "comparison.md", tmp_path / "d")
         assert report == (repo / "reports" / "comparison.md").read_bytes()
