@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -216,10 +217,11 @@ def test_an_epoch_the_process_was_stopped_in_is_marked_and_in_no_steady_figure(
     process.send_signal(signal.SIGCONT)
     rest = process.communicate(timeout=120)[1]
     assert process.returncode == 0, rest[-3000:]
-    assert "cpu epoch 2/3: " in rest and ", STOPPED 2." in rest
+    # a lower bound: CPU time the process used in the gap around the stop is not counted
+    assert re.search(r"cpu epoch 2/3: .*, STOPPED (1\.[7-9]|2\.[0-4]) s", rest), rest[-3000:]
 
     epochs = read_epoch_records(tmp_path / "metrics" / "epochs.csv")
-    assert epochs[1].stopped and 1.9 < epochs[1].stopped_s < 2.5, epochs
+    assert epochs[1].stopped and 1.7 < epochs[1].stopped_s < 2.5, epochs
     steady = read_train(tmp_path / "metrics" / "train.json").steady_epochs_s
     assert epochs[1].train_time_s not in steady
     assert steady == [e.train_time_s for e in epochs[2:] if not e.stopped]  # as warm-up epochs
