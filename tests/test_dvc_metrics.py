@@ -89,9 +89,10 @@ def test_what_a_user_commits_after_a_run_is_in_git_and_out_of_the_dvc_cache() ->
 
 @pytest.mark.slow
 def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
-    """After a tiny `dvc repro`, its commit (dvc.lock and compare's figures, as
-    docs/comparing-with-dvc.md says) and `make clean-history`: the figures are still shown,
-    and diffed against the commit."""
+    """A tiny `dvc repro` is diffed against the run committed with the repository (the run
+    of record); after its own commit (dvc.lock and compare's figures, as
+    docs/comparing-with-dvc.md says) and `make clean-history`, the figures are still shown,
+    and diffed against that commit."""
     from test_pipeline import _dvc, _small_repo
 
     repo, mirror, _ = _small_repo(
@@ -112,9 +113,18 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
         assert "failed to load" not in done.stderr, done.stderr
         return done.stdout
 
-    # before the first commit of the figures: nothing to diff against, said as such (DVC
-    # printed "failed to load some metrics for following revisions: 'HEAD'")
-    assert "No figures committed yet to diff against" in make("metrics")
+    # before the user's first commit: their run against the one committed with the
+    # repository (the run of record), whose figures HEAD holds
+    committed = subprocess.run(
+        ["git", "show", "HEAD:reports/metrics/cpu.json"], cwd=repo, capture_output=True, text=True
+    )
+    head_cpu = json.loads(committed.stdout)["steady_epoch_s"]
+    diff = make("metrics").split("dvc metrics diff", 1)[1]
+    [line] = [
+        line for line in diff.splitlines() if "cpu.json" in line and "steady_epoch_s " in line
+    ]
+    assert line.split()[2] == str(round(head_cpu, 5)), diff  # HEAD's, beside the workspace's
+    assert float(line.split()[3]) != head_cpu
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "a run"], cwd=repo, check=True)
@@ -146,6 +156,12 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     make("plots")
     page = (repo / "dvc_plots" / "index.html").read_text()
     assert "cdn.jsdelivr" not in page and "vegaEmbed" in page
+
+    # a HEAD without figures: nothing to diff against, said as such (DVC prints "failed to
+    # load some metrics for following revisions: 'HEAD'")
+    subprocess.run(["git", "rm", "-r", "-q", "--cached", "reports/metrics"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "no figures"], cwd=repo, check=True)
+    assert "No figures committed yet to diff against" in make("metrics")
 
 
 def test_make_exps_lists_the_variants_in_params_order() -> None:
