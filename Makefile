@@ -118,22 +118,35 @@ container-test: setup  ## build the image and run the pipeline in it (root, buil
 schema: setup  ## regenerate docs/params.schema.json (editors' completion for params.yaml)
 	python tools/params_schema.py
 
-# DVC's comparison (docs/comparing-with-dvc.md). `dvc plots show` alone loads Vega from a CDN:
-# `make plots` renders with Vega inlined, from the vl-convert-python package, so the page
-# draws offline too.
-PLOTS_TEMPLATE := .dvc/tmp/offline-plots.html
+# DVC's comparison (docs/comparing-with-dvc.md): the workspace against HEAD, whose figures
+# are a committed run: the NVIDIA H200 run of record until a user commits their own. Each
+# target names that run by the commit that last changed reports/metrics.
+HEAD_RUN = run="$$(git log -1 --format='%h (%as) %s' HEAD -- reports/metrics 2>/dev/null)"; \
+  echo "$${run:-none committed}"
 
-metrics: setup  ## the figures of each variant, and what changed since the last commit
+metrics: setup  ## the figures of each variant, and what changed against HEAD's run
 	dvc metrics show
 	@if git ls-tree -r --name-only HEAD -- reports/metrics 2>/dev/null | grep -q .; then \
-	  echo "dvc metrics diff"; dvc metrics diff; \
+	  echo "dvc metrics diff: the workspace against HEAD's figures, from $$($(HEAD_RUN))"; \
+	  dvc metrics diff; \
 	else echo "No figures committed yet to diff against: commit them after a run (docs/comparing-with-dvc.md)."; fi
 
-plots: setup  ## dvc plots show, drawn offline: dvc_plots/index.html (REV=HEAD: diff against it)
+# `dvc plots show` alone loads Vega from a CDN: `make plots` renders with Vega inlined, from
+# the vl-convert-python package, so the page draws offline too. Without REV it draws the
+# workspace beside HEAD when their plot data differ (a run beside the committed one).
+PLOTS_TEMPLATE := .dvc/tmp/offline-plots.html
+
+plots: setup  ## dvc plots, drawn offline: dvc_plots/index.html, beside HEAD's run (REV= another)
 	python -m accelbench.report.dvc_plots --html-template $(PLOTS_TEMPLATE)
-	dvc plots $(if $(REV),diff $(REV),show) --html-template $(PLOTS_TEMPLATE)
+	@rev="$(REV)"; git diff --quiet HEAD -- reports/plots 2>/dev/null || rev="$${rev:-HEAD}"; \
+	if [ -z "$$rev" ]; then echo "dvc plots show"; dvc plots show --html-template $(PLOTS_TEMPLATE); \
+	else if [ "$$rev" = HEAD ]; then echo "dvc plots diff HEAD (HEAD's figures: $$($(HEAD_RUN)))"; \
+	  else echo "dvc plots diff $$rev"; fi; \
+	  dvc plots diff "$$rev" --html-template $(PLOTS_TEMPLATE) && echo "(a revision's plot data" \
+	  "comes from git; its confusion matrices and summary image only from this DVC cache)"; fi
 
 exps: setup  ## DVC experiments side by side: changed params, each variant's figures (120 columns)
+	@echo "HEAD's figures: $$($(HEAD_RUN))"
 	dvc exp show --json --no-pager | python tools/exp_table.py
 
 # Pipeline outputs that git does not track (`dvc checkout` restores them from the DVC cache;

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -104,14 +105,20 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     # copy has no .venv of its own; this interpreter's tools are on the PATH)
     from test_pipeline import _env
 
-    def make(target: str) -> str:
+    def make(target: str, loads_all: bool = True) -> str:
         done = subprocess.run(
             ["make", "--no-print-directory", "-o", "setup", target],
             cwd=repo, env=_env(mirror), capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert "failed to load" not in done.stderr, done.stderr
+        assert not loads_all or "failed to load" not in done.stderr, done.stderr
         return done.stdout
+
+    def head_run(subject: str) -> str:
+        """How the make targets name the commit HEAD's figures come from."""
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo,
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+        return f"{sha} ({datetime.date.today().isoformat()}) {subject}"
 
     # before the user's first commit: their run against the one committed with the
     # repository (the run of record), whose figures HEAD holds
@@ -119,12 +126,20 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
         ["git", "show", "HEAD:reports/metrics/cpu.json"], cwd=repo, capture_output=True, text=True
     )
     head_cpu = json.loads(committed.stdout)["steady_epoch_s"]
-    diff = make("metrics").split("dvc metrics diff", 1)[1]
+    metrics = make("metrics")
+    said, diff = metrics.split("dvc metrics diff", 1)[1].split("\n", 1)
+    assert said == f": the workspace against HEAD's figures, from {head_run('copy')}"
     [line] = [
         line for line in diff.splitlines() if "cpu.json" in line and "steady_epoch_s " in line
     ]
     assert line.split()[2] == str(round(head_cpu, 5)), diff  # HEAD's, beside the workspace's
     assert float(line.split()[3]) != head_cpu
+    # the plots too: the workspace's lines beside HEAD's; HEAD's confusion matrices are in the
+    # DVC cache of the machine that ran it, so DVC says it failed to load those
+    plots = make("plots", loads_all=False)
+    assert f"dvc plots diff HEAD (HEAD's figures: {head_run('copy')})" in plots
+    page = (repo / "dvc_plots" / "index.html").read_text()
+    assert '"rev": "HEAD"' in page and '"rev": "workspace"' in page
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "a run"], cwd=repo, check=True)
@@ -150,10 +165,13 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
 
     metrics = make("metrics")
     assert "reports/metrics/cpu.json" in metrics and "No figures committed" not in metrics
+    assert f"against HEAD's figures, from {head_run('a run')}" in metrics  # the user's now
     exps = make("exps")
     assert "cpu" in exps and "steady epoch s" in exps
+    assert exps.splitlines()[0] == f"HEAD's figures: {head_run('a run')}"
     assert max(len(line) for line in exps.splitlines()) <= 120
-    make("plots")
+    plots = make("plots")  # the plot data as committed: the workspace's alone
+    assert "dvc plots show" in plots and "dvc plots diff" not in plots
     page = (repo / "dvc_plots" / "index.html").read_text()
     assert "cdn.jsdelivr" not in page and "vegaEmbed" in page
 
