@@ -16,7 +16,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help setup hooks repro smoke test test-full lint format ui server lock wheelhouse container-test schema metrics plots exps clean clean-history
+.PHONY: help setup hooks repro smoke test test-full lint format ui server lock wheelhouse container-test schema metrics plots exps compare-md clean clean-history
 
 help:  ## list the commands
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -148,6 +148,14 @@ plots: setup  ## dvc plots, drawn offline: dvc_plots/index.html, beside HEAD's r
 exps: setup  ## DVC experiments side by side: changed params, each variant's figures (120 columns)
 	@echo "HEAD's figures: $$($(HEAD_RUN))"
 	dvc exp show --json --no-pager | python tools/exp_table.py
+
+# Markdown for a pull request: the params that differ, then the figures that changed, each
+# with HEAD's value beside the workspace's (or experiment EXP's).
+compare-md: setup  ## markdown for a pull request: params and figures against HEAD (EXP= an experiment)
+	@echo "Compared with HEAD's figures, from $$($(HEAD_RUN)):"
+	@echo
+	@dvc params diff --md HEAD $(EXP)
+	@dvc metrics diff --md HEAD $(EXP)
 
 # Pipeline outputs that git does not track (`dvc checkout` restores them from the DVC cache;
 # `dvc repro` re-runs their stages: DVC's run cache skips the train stages, whose compile

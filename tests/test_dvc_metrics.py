@@ -126,6 +126,9 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
         ["git", "show", "HEAD:reports/metrics/cpu.json"], cwd=repo, capture_output=True, text=True
     )
     head_cpu = json.loads(committed.stdout)["steady_epoch_s"]
+    committed_params = subprocess.run(
+        ["git", "show", "HEAD:params.yaml"], cwd=repo, capture_output=True, text=True
+    ).stdout
     metrics = make("metrics")
     said, diff = metrics.split("dvc metrics diff", 1)[1].split("\n", 1)
     assert said == f": the workspace against HEAD's figures, from {head_run('copy')}"
@@ -140,6 +143,18 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     assert f"dvc plots diff HEAD (HEAD's figures: {head_run('copy')})" in plots
     page = (repo / "dvc_plots" / "index.html").read_text()
     assert '"rev": "HEAD"' in page and '"rev": "workspace"' in page
+    # and in markdown for a pull request: the params that differ, then the figures, each
+    # with HEAD's value beside the workspace's; nothing else on stdout
+    said, *tables = make("compare-md").splitlines()
+    assert said == f"Compared with HEAD's figures, from {head_run('copy')}:"
+    assert all(line.startswith("|") for line in tables if line), tables
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in tables if line]
+    assert ["Path", "Param", "HEAD", "workspace"] in rows
+    epochs = yaml.safe_load(committed_params)["train"]["epochs"]
+    assert ["params.yaml", "train.epochs", str(epochs), "2"] in rows  # DVC: no Change here
+    assert ["Path", "Metric", "HEAD", "workspace", "Change"] in rows
+    [cpu] = [row for row in rows if row[:2] == ["reports/metrics/cpu.json", "steady_epoch_s"]]
+    assert float(cpu[2]) == round(head_cpu, 5) and float(cpu[3]) != head_cpu
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "a run"], cwd=repo, check=True)
