@@ -371,8 +371,8 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
     assert state["columnOrder"][:4] == [
         "tags.`steady_epoch`",
         "tags.`speedup`",
-        "tags.`time_to_target`",
         "metrics.`test_accuracy`",
+        "tags.`time_to_target`",
     ]
     assert set(state["selectedColumns"]) <= set(state["columnOrder"])
     store = tmp_path / "mlflow.db"
