@@ -265,6 +265,19 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _failed(args: argparse.Namespace, exc: Exception) -> int:
+    """The exit code for the error `exc` ended the command with, after its one line (and,
+    with --debug or $ACCELBENCH_DEBUG, its traceback first)."""
+    if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        print_traceback(exc)
+    if (why := _interruption(exc)) is not None:
+        print(f"accelbench {args.stage}: interrupted ({why})", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    message, code = error_message(exc)
+    print_error(f"accelbench {args.stage}", message)
+    return code
+
+
 def _run(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
@@ -313,14 +326,7 @@ def _run(
         print(f"accelbench {args.stage}: interrupted ({str(exc) or 'Ctrl-C'})", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:  # every error ends in one line; the traceback only on request
-        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-            print_traceback(exc)
-        if (why := _interruption(exc)) is not None:
-            print(f"accelbench {args.stage}: interrupted ({why})", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        message, code = error_message(exc)
-        print_error(f"accelbench {args.stage}", message)
-        return code
+        return _failed(args, exc)
     if args.stage in STAGES and "LOCAL_RANK" not in os.environ:  # not a torchrun child
         timing = recorder.timing()
         phases.write(root, timing)
