@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,7 @@ from accelbench.core.results import (
 )
 from accelbench.report import answer
 from accelbench.report import markdown as report
-from helpers import trained_summary
+from helpers import REPO, trained_summary
 
 SOFTWARE = SoftwareFacts(python="3.11", torch="2.x", torchvision="0.x")
 ENV = EnvFacts(
@@ -296,7 +297,10 @@ def test_a_cpu_only_report_ranks_nothing_and_says_each_skip_reason_once(tmp_path
     assert "| gpu | cuda, fp32 | skipped | — |" in answer_part
     assert md.count(no_gpu) == 1 and f"Skipped gpu, amp: {no_gpu}." in answer_part
     assert md.count("asks for 2 GPUs per node") == 1
-    assert "docs/results/2026-12-03-h200-end-to-end.md" in answer_part
+    # the page the README's Result links to, whose figures it shows
+    result = (REPO / "README.md").read_text().split("## Result")[1].split("\n## ")[0]
+    page = re.search(r"\((docs/results/[^)]+\.md)\)", result).group(1)
+    assert f"({page})" in answer_part and (REPO / page).is_file()
     table = [line for line in details.splitlines() if line.startswith("| cpu | trained")]
     assert len(table) == 1 and "n/a" not in table[0] and "| gpu |" not in details
     assert "estimated: 150 W (stated) × time" in md

@@ -88,7 +88,7 @@ NOT_REACHED = "not reached"
 # Where a machine without a GPU finds a GPU's figures (the README's Result, from this file).
 H200_POINTER = _paragraph("""
 No GPU variant trained here: the README's *Result* has one H200's figures
-(docs/results/2026-12-03-h200-end-to-end.md).""")
+(docs/results/2026-12-03-h200-run-of-record.md).""")
 SUMMARY_FIGURE = "![summary: epoch time and accuracy per variant]({path})"
 
 # --- the details ------------------------------------------------------------------------------
