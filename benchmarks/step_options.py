@@ -14,6 +14,8 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
             output channels-last) instead of nine multiply-adds
   threads1  Inductor compiles in this process, no pool of compile workers
   nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
+  warmpool  Inductor's pool of compile workers started right after torch's import, as the
+            train stage does, instead of when torch.compile first calls Inductor
 Each candidate starts with its own empty Inductor and CUDA JIT caches, as a train stage on a
 fresh machine does, and reports where its compiling went (Dynamo's compile_times).
 Reads --params (params.yaml) and --data (data/prepared: `dvc repro prepare`). Nothing is
@@ -44,6 +46,7 @@ OPTIONS = (
     "im2col",
     "threads1",
     "nobench",
+    "warmpool",
 )
 
 
@@ -115,6 +118,11 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
 def run_one(candidate: str, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     import torch
+
+    if "warmpool" in candidate.partition(":")[2].split("+"):
+        from torch._inductor.async_compile import maybe_warm_pool
+
+        maybe_warm_pool()
     import variants  # benchmarks/variants.py: built and trained as there
 
     from accelbench.core.params import load_params
