@@ -41,6 +41,8 @@ from accelbench.training.placement import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from accelbench.training.engine import EvalPass
 
 
@@ -78,8 +80,6 @@ def run(
     # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
     with phases.phase("imports"):  # torch is in already (the model file); matplotlib is not
-        import torch
-
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
@@ -87,17 +87,8 @@ def run(
     # which is evaluated in one process.
     gpus = int(variant.uses_cuda)
     with slots.tenancy(name, stage="evaluate", gpus=gpus, cpu=variant.device == "cpu") as tenancy:
-        with phases.phase("device"):
-            device = evaluation_device(name, variant)
-            engine.configure_backends(variant)
-            engine.start_device(device)
         dataset = inputs.dataset
-        with phases.phase("model"):
-            build.check_prepared(dataset, prepared_dir)
-            model = build.trained_model(dataset, model_file.state_dict, str(model_path))
-            # in the variant's memory layout, as it trained and was evaluated in training
-            layout = torch.channels_last if variant.channels_last else torch.preserve_format
-            model = model.to(device, memory_format=layout)
+        device, model = _model_on_device(model_file, model_path, variant, dataset, prepared_dir)
         with phases.phase("data"):
             batches = build.eval_batches(
                 dataset,
@@ -112,21 +103,61 @@ def run(
             warmup = None if device.type == "cuda" else 1
             engine.evaluate(model, batches, variant, device, max_batches=warmup)
             result = engine.evaluate(model, batches, variant, device)
-            y_true, y_pred = result.targets.numpy(), result.predictions.numpy()
-            counts = confusion.matrix(y_true, y_pred)
+            labels = result.targets.numpy(), result.predictions.numpy()
+            counts = confusion.matrix(*labels)
             summary = _summary(result, confusion.class_scores(counts))
         summary = replace(summary, shared_machine=tenancy.shared())
-    record = RunRecord(name, "trained", model_file.mlflow_run_id)
+    _record_trained(model_file, files, summary, labels, counts)
+    log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {summary.macro_f1:.4f}")
+    return summary
+
+
+def _model_on_device(
+    model_file: ModelFile,
+    model_path: Path,
+    variant: VariantParams,
+    dataset: Dataset,
+    prepared_dir: Path,
+) -> tuple[torch.device, torch.nn.Module]:
+    """The device the variant evaluates on, started, and its trained model there."""
+    import torch
+
+    from accelbench.training import build, engine
+
+    with phases.phase("device"):
+        device = evaluation_device(model_file.variant, variant)
+        engine.configure_backends(variant)
+        engine.start_device(device)
+    with phases.phase("model"):
+        build.check_prepared(dataset, prepared_dir)
+        model = build.trained_model(dataset, model_file.state_dict, str(model_path))
+        # in the variant's memory layout, as it trained and was evaluated in training
+        layout = torch.channels_last if variant.channels_last else torch.preserve_format
+        return device, model.to(device, memory_format=layout)
+
+
+def _record_trained(
+    model_file: ModelFile,
+    files: MetricsFiles,
+    summary: EvalSummary,
+    labels: tuple[np.ndarray, np.ndarray],
+    counts: np.ndarray,
+) -> None:
+    """The outputs of a trained variant: `labels` are the test set's (actual, predicted),
+    `counts` their confusion matrix."""
+    from accelbench.evaluation import confusion
+
+    record = RunRecord(model_file.variant, "trained", model_file.mlflow_run_id)
     with phases.phase("outputs"), staged() as outputs:  # all new or all old
         write_json(outputs(files.eval_json), summary.to_json())
         write_per_class_csv(outputs(files.per_class_csv), summary)
-        confusion.write_confusion_csv(outputs(files.confusion_csv), (y_true, y_pred))
+        confusion.write_confusion_csv(outputs(files.confusion_csv), labels)
         confusion.confusion_figure(
-            outputs(files.confusion_png), counts, f"{name}: confusion matrix (test set)"
+            outputs(files.confusion_png),
+            counts,
+            f"{model_file.variant}: confusion matrix (test set)",
         )
         write_json(outputs(files.run_json), record.to_json())
-    log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {summary.macro_f1:.4f}")
-    return summary
 
 
 def _trained_variant(model_file: ModelFile, model_path: Path) -> VariantParams:
