@@ -66,30 +66,12 @@ def _arch_supported(capability: tuple[int, int], arch_list: tuple[str, ...]) -> 
 
 
 def diagnose(facts: Facts, *, require_gpu: bool = False) -> Report:
-    report = Report()
-    add = report.rows.append
-    add(("torch", facts.torch_version))
-    add(("torch CUDA runtime", facts.torch_cuda or "none (CPU-only build)"))
-    add(("cuDNN", str(facts.cudnn) if facts.cudnn else "n/a"))
-    add(("NVIDIA driver", facts.driver or "not found"))
-    add(("driver supports CUDA up to", facts.driver_cuda or "n/a"))
-    add(("GPUs (driver)", ", ".join(facts.nvml_gpus) or "none"))
-    add(("GPUs (torch)", ", ".join(facts.torch_gpus) or "none"))
-    if facts.capability:
-        add(("compute capability", f"{facts.capability[0]}.{facts.capability[1]}"))
-    add(("torch build architectures", " ".join(facts.arch_list) or "n/a"))
-    if facts.bf16 is not None:
-        add(("bf16 supported", "yes" if facts.bf16 else "no"))
-    if facts.kernel_ok is not None:
-        add(("CUDA kernel test", "passed" if facts.kernel_ok else f"FAILED: {facts.kernel_error}"))
-
-    fix_torch = (
-        "install a CUDA build of torch (`make setup` installs the lock's CUDA 13.0 build; see the "
-        "docs/containers.md for other CUDA flavours)"
-    )
+    report = Report(rows=_rows(facts))
     if facts.driver is None and not facts.nvml_gpus:
         report.cpu_only = True
-        add(("verdict", "CPU only: no NVIDIA driver found; CUDA variants will be skipped"))
+        report.rows.append(
+            ("verdict", "CPU only: no NVIDIA driver found; CUDA variants will be skipped")
+        )
         if require_gpu:
             report.problems.append(
                 "a GPU is required (train.require_gpu or --require-gpu) but no NVIDIA driver was "
@@ -97,21 +79,52 @@ def diagnose(facts: Facts, *, require_gpu: bool = False) -> Report:
                 "(`docker run --gpus all`, or the devcontainer on a host with a GPU)"
             )
         return report
+    report.problems = _gpu_problems(facts, require_gpu)
+    report.rows.append(("verdict", "problems found" if report.problems else "GPU ready"))
+    return report
 
+
+def _rows(facts: Facts) -> list[tuple[str, str]]:
+    """The facts as the report's (name, value) rows, those not known left out."""
+    rows = [
+        ("torch", facts.torch_version),
+        ("torch CUDA runtime", facts.torch_cuda or "none (CPU-only build)"),
+        ("cuDNN", str(facts.cudnn) if facts.cudnn else "n/a"),
+        ("NVIDIA driver", facts.driver or "not found"),
+        ("driver supports CUDA up to", facts.driver_cuda or "n/a"),
+        ("GPUs (driver)", ", ".join(facts.nvml_gpus) or "none"),
+        ("GPUs (torch)", ", ".join(facts.torch_gpus) or "none"),
+    ]
+    if facts.capability:
+        rows.append(("compute capability", f"{facts.capability[0]}.{facts.capability[1]}"))
+    rows.append(("torch build architectures", " ".join(facts.arch_list) or "n/a"))
+    if facts.bf16 is not None:
+        rows.append(("bf16 supported", "yes" if facts.bf16 else "no"))
+    if facts.kernel_ok is not None:
+        kernel = "passed" if facts.kernel_ok else f"FAILED: {facts.kernel_error}"
+        rows.append(("CUDA kernel test", kernel))
+    return rows
+
+
+def _gpu_problems(facts: Facts, require_gpu: bool) -> list[str]:
+    """What stops torch from using the GPUs that the NVIDIA driver sees, with what to do."""
+    problems = []
     if facts.torch_cuda is None:
-        report.problems.append(
+        problems.append(
             f"the NVIDIA driver {facts.driver} sees {len(facts.nvml_gpus)} GPU(s), but torch "
-            f"{facts.torch_version} is a CPU-only build: {fix_torch}"
+            f"{facts.torch_version} is a CPU-only build: install a CUDA build of torch (`make "
+            "setup` installs the lock's CUDA 13.0 build; see the docs/containers.md for other "
+            "CUDA flavours)"
         )
     elif facts.driver_cuda and _version_tuple(facts.driver_cuda) < _version_tuple(facts.torch_cuda):
-        report.problems.append(
+        problems.append(
             f"the NVIDIA driver {facts.driver} supports CUDA up to {facts.driver_cuda}, but torch "
             f"was built for CUDA {facts.torch_cuda}: upgrade the driver (CUDA 13.0 needs >= 580, "
             "12.8 needs >= 570, 12.6 needs >= 560), or use a torch build for an older CUDA "
             "(build the image with --build-arg TORCH_CUDA=cu126 and the matching CUDA_VERSION)"
         )
-    if facts.torch_cuda is not None and not facts.cuda_available and not report.problems:
-        report.problems.append(
+    if facts.torch_cuda is not None and not facts.cuda_available and not problems:
+        problems.append(
             "torch cannot use the GPU (torch.cuda.is_available() is False) although the driver "
             f"{facts.driver} is there: in a container, start it with `--gpus all`; on a host, "
             "check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
@@ -121,17 +134,16 @@ def diagnose(facts: Facts, *, require_gpu: bool = False) -> Report:
         and facts.arch_list
         and not _arch_supported(facts.capability, facts.arch_list)
     ):
-        report.problems.append(
+        problems.append(
             f"the GPU's compute capability {facts.capability[0]}.{facts.capability[1]} is not in "
             f"this torch build's architectures ({' '.join(facts.arch_list)}): install a torch "
             "build that supports it"
         )
     if facts.kernel_ok is False:
-        report.problems.append(f"a small CUDA kernel failed: {facts.kernel_error}")
-    if require_gpu and not facts.torch_gpus and not report.problems:
-        report.problems.append("a GPU is required but torch sees none")
-    add(("verdict", "problems found" if report.problems else "GPU ready"))
-    return report
+        problems.append(f"a small CUDA kernel failed: {facts.kernel_error}")
+    if require_gpu and not facts.torch_gpus and not problems:
+        problems.append("a GPU is required but torch sees none")
+    return problems
 
 
 def gather(probe: GpuProbe | None = None) -> Facts:
