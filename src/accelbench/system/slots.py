@@ -344,10 +344,6 @@ class Tenancy:
         return note
 
 
-def _holds(gpus: Sequence[str]) -> str:
-    return f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {','.join(gpus)}"
-
-
 @contextlib.contextmanager
 def tenancy(
     name: str,
@@ -371,32 +367,18 @@ def tenancy(
     if lifetime.is_torchrun_worker() or not (gpus or cpu):
         yield Tenancy(label=label)
         return
-    folder, wait_s = slots_dir(environ), wait_limit(environ)
-    holder_stage = f"{stage}@{name}"
-    here = Tenancy(folder, label=label)
+    here = Tenancy(slots_dir(environ), label=label)
+    wait_s = wait_limit(environ)
     before = environ.get("CUDA_VISIBLE_DEVICES")
     with phases.phase("device"):  # waiting for a GPU is part of finding one
         if gpus:
-            candidates = gpu_candidates(environ)
-            if candidates is None:
-                log(
-                    f"{label}: cannot count this machine's GPUs (no NVML): takes no GPU lock "
-                    "and may share a GPU; list them in CUDA_VISIBLE_DEVICES to share them safely"
-                )
-            elif len(candidates) >= gpus:
-                paths = [folder / gpu_lock_name(gpu) for gpu in candidates]
-                wanted = "a free GPU" if gpus == 1 else f"{gpus} free GPUs"
-                what = f"{wanted} among {','.join(candidates)}"
-                here.held = take(paths, gpus, label, wait_s=wait_s, what=what)
-                taken = [candidates[paths.index(path)] for path, _ in here.held]
-                holder = Holder(holder_stage, _holds(taken), os.getpid(), os.getcwd())
-                environ["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
-                log(f"{label}: takes {holder.holds} (CUDA_VISIBLE_DEVICES={','.join(taken)})")
+            holds = _take_gpus(here, gpus, wait_s, environ)
         else:
-            holder = Holder(holder_stage, "the CPU", os.getpid(), os.getcwd())
             why = "; stages timed on the CPU take turns on a host"
-            paths = [folder / CPU_SLOT]
+            paths = [here.folder / CPU_SLOT]
             here.held = take(paths, 1, label, wait_s=wait_s, what="the CPU", why=why)
+            holds = "the CPU"
+    holder = Holder(f"{stage}@{name}", holds, os.getpid(), os.getcwd())
     try:
         for _, fd in here.held:
             _write_holder(fd, holder)
@@ -411,3 +393,27 @@ def tenancy(
                 environ.pop("CUDA_VISIBLE_DEVICES", None)
             else:
                 environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def _take_gpus(here: Tenancy, count: int, wait_s: float, environ: MutableMapping[str, str]) -> str:
+    """Takes `count` free GPUs for `here` and narrows CUDA_VISIBLE_DEVICES to them; says what
+    it holds ("GPU 3", "GPUs 2,3"), or "" where it takes none: NVML cannot count the GPUs, or
+    fewer are listed than `count` (placement then skips or refuses the stage)."""
+    candidates = gpu_candidates(environ)
+    if candidates is None:
+        log(
+            f"{here.label}: cannot count this machine's GPUs (no NVML): takes no GPU lock "
+            "and may share a GPU; list them in CUDA_VISIBLE_DEVICES to share them safely"
+        )
+        return ""
+    if len(candidates) < count:
+        return ""
+    paths = [here.folder / gpu_lock_name(gpu) for gpu in candidates]
+    wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
+    what = f"{wanted} among {','.join(candidates)}"
+    here.held = take(paths, count, here.label, wait_s=wait_s, what=what)
+    taken = [candidates[paths.index(path)] for path, _ in here.held]
+    environ["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
+    holds = f"GPU {taken[0]}" if len(taken) == 1 else f"GPUs {','.join(taken)}"
+    log(f"{here.label}: takes {holds} (CUDA_VISIBLE_DEVICES={','.join(taken)})")
+    return holds
