@@ -38,10 +38,10 @@ from typing import Any
 import yaml
 
 from accelbench.core.console import InputError, script_main
+from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import parse_params
 from accelbench.core.progress import fmt_interval
 from accelbench.core.results import (
-    MetricsFiles,
     TrainResult,
     TrainSummary,
     read_train,

@@ -234,7 +234,7 @@ def mlflow_runs(store: str, name: str) -> list:
 
 def run_all_stages(root: Path, params: Params, prepared: Path) -> dict:
     """env, then train, evaluate and quantize of every variant, then compare, in this process."""
-    from accelbench.core.results import MetricsFiles
+    from accelbench.core.outputs import MetricsFiles
     from accelbench.stages import compare, env, evaluate, quantize, train
 
     env.run(env.select(params), root / "env")

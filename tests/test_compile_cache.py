@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from accelbench.core.console import InputError
+from accelbench.core.outputs import refuse_foreign
 from accelbench.core.params import VariantParams
-from accelbench.core.results import refuse_foreign
 from accelbench.training import compile_cache
 from helpers import train_command, write_params
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from accelbench.core.console import StageError
-from accelbench.core.results import MetricsFiles, read_train
+from accelbench.core.outputs import MetricsFiles
+from accelbench.core.results import read_train
 from accelbench.stages import train as train_stage
 from accelbench.training import engine
 from accelbench.training.oom import retry_on_oom

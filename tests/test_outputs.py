@@ -16,15 +16,8 @@ import pytest
 
 import test_report
 from accelbench.core.console import InputError
-from accelbench.core.results import (
-    ClassScores,
-    EvalSummary,
-    MetricsFiles,
-    RunRecord,
-    Skipped,
-    write_epochs_csv,
-    write_json,
-)
+from accelbench.core.outputs import MetricsFiles, write_json
+from accelbench.core.results import ClassScores, EvalSummary, RunRecord, Skipped, write_epochs_csv
 from accelbench.data import mnist
 from accelbench.data.datasets import DATASETS
 from accelbench.data.prepared import MANIFEST, prepare, verify_prepared

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from accelbench.core.console import InputError
+from accelbench.core.outputs import MetricsFiles, staged, write_json
 from accelbench.core.results import (
     ClassScores,
     CudaFacts,
     EvalSummary,
     InferenceFigures,
-    MetricsFiles,
     ModelFile,
     QuantizedSummary,
     Skipped,
@@ -30,11 +30,9 @@ from accelbench.core.results import (
     read_train,
     scaling_efficiency,
     speedup,
-    staged,
     steady_epochs,
     train_from_json,
     write_epochs_csv,
-    write_json,
 )
 from helpers import trained_summary
 from test_report import ENV, NO_GPU, epoch

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from accelbench.core.console import StageError
+from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import VariantParams
 from accelbench.core.results import (
     EvalSummary,
-    MetricsFiles,
     ModelFile,
     QuantizedSummary,
     Skipped,

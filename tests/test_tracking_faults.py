@@ -163,7 +163,7 @@ def test_mlflows_own_lines_hide_the_password(capsys) -> None:
 def test_a_bug_in_our_tracking_code_raises_and_is_no_outage(tmp_path, capsys) -> None:
     """A TypeError in accelbench's own code was reported as the store failing, with the advice
     to move a healthy mlflow.db aside, and the stage carried on untracked."""
-    from accelbench.core.results import write_json
+    from accelbench.core.outputs import write_json
 
     with pytest.raises(AttributeError):
         tolerant(flatten)(None)  # None.items(): our bug

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from accelbench.core.console import StageError
-from accelbench.core.results import MetricsFiles, ModelFile, Skipped, read_eval
+from accelbench.core.outputs import MetricsFiles
+from accelbench.core.results import ModelFile, Skipped, read_eval
 from accelbench.stages import evaluate
 from helpers import small_params
 

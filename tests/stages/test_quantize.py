@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from accelbench.core.outputs import MetricsFiles
 from accelbench.core.results import (
     QUANT_METHODS,
-    MetricsFiles,
     ModelFile,
     QuantizedSummary,
     Skipped,

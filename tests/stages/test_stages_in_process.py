@@ -9,7 +9,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from accelbench.core.results import MetricsFiles
+from accelbench.core.outputs import MetricsFiles
 from accelbench.data.prepared import dataset_digest
 from accelbench.stages import train
 from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG

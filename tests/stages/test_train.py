@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from accelbench.core.console import StageError
+from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import ParamsError
-from accelbench.core.results import MetricsFiles
 from accelbench.stages import train as train_stage
 from accelbench.system.tracking.store import EXPERIMENT
 from helpers import mlflow_runs, small_params, train_command, write_params

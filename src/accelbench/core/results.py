@@ -1,4 +1,4 @@
-"""What the stages hand each other: typed results with to/from JSON, and their file names.
+"""What the stages hand each other: typed results with to/from JSON (their files: outputs.py).
 
 env writes an `EnvFacts` to `env/<device>.json`; train@V a `TrainSummary` (or `Skipped`) to
 `train.json`, its epochs to `epochs.csv` and a `ModelFile`; evaluate@V an `EvalSummary` (or
@@ -11,15 +11,12 @@ where it is read instead of becoming an "n/a" in the report.
 from __future__ import annotations
 
 import csv
-import errno
 import functools
 import json
 import math
-import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -36,274 +33,26 @@ from pydantic.dataclasses import dataclass as record
 
 from accelbench.core import phases
 from accelbench.core.console import DISK_FULL_ERRNOS, InputError, echo, first_sentence
+
+# Kind, MetricsFiles, claim, refuse_foreign(_folder), remove_leftovers and staged: imported
+# from here by training/loop.py and stages/train.py alone (another change is under way there),
+# until those import them from outputs.py
+from accelbench.core.outputs import (
+    EVAL_JSON,
+    TRAIN_JSON,
+    Kind,  # noqa: F401
+    MetricsFiles,  # noqa: F401
+    a_file,
+    atomic_path,
+    claim,  # noqa: F401
+    env_json,
+    refuse_foreign,  # noqa: F401
+    refuse_foreign_folder,  # noqa: F401
+    remove_leftovers,  # noqa: F401
+    staged,  # noqa: F401
+    write_json,
+)
 from accelbench.core.params import problems
-
-TRAIN_JSON = "train.json"
-EPOCHS_CSV = "epochs.csv"
-EVAL_JSON = "eval.json"
-CONFUSION_CSV = "confusion.csv"
-CONFUSION_PNG = "confusion.png"
-RUN_JSON = "run.json"
-PER_CLASS_CSV = "per_class.csv"
-QUANTIZED_JSON = "quantized.json"
-ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
-
-
-def env_json(folder: Path, device: str) -> Path:
-    return folder / f"{device}.json"
-
-
-def _in_folder(name: str) -> property:
-    """A MetricsFiles path: `name` in its folder."""
-    return property(lambda files: files.folder / name, doc=f"`{name}` in the folder")
-
-
-@dataclass(frozen=True)
-class MetricsFiles:
-    """One variant's metrics folder (`metrics/<variant>/` in dvc.yaml) and its files."""
-
-    folder: Path
-
-    train_json = _in_folder(TRAIN_JSON)
-    epochs_csv = _in_folder(EPOCHS_CSV)
-    eval_json = _in_folder(EVAL_JSON)
-    confusion_csv = _in_folder(CONFUSION_CSV)
-    confusion_png = _in_folder(CONFUSION_PNG)
-    run_json = _in_folder(RUN_JSON)
-    per_class_csv = _in_folder(PER_CLASS_CSV)
-    quantized_json = _in_folder(QUANTIZED_JSON)
-
-
-STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
-
-
-# --- What a stage may write (docs/reliability.md, "What accelbench writes") -----------------
-#
-# A stage writes only its own outputs, at the paths it is given. A path that exists is
-# replaced only when it is recognisably what accelbench writes there (a marker it writes, or
-# the expected structure); anything else is the user's, and the stage refuses to start.
-
-_MAX_RECOGNISED_BYTES = 64 << 20  # a results file this large is someone else's
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What accelbench writes at an output path, and how to recognise it there."""
-
-    description: str  # "a results file written by accelbench": the refusal names it
-    recognise: Callable[[Path], bool]  # the existing file (links followed) is one of ours
-
-
-def _head(path: Path, size: int = 4096) -> bytes:
-    with path.open("rb") as handle:
-        return handle.read(size)
-
-
-def json_payload(path: Path) -> Any:
-    """A file's JSON (None: not JSON, or too large to be a results file)."""
-    if path.stat().st_size > _MAX_RECOGNISED_BYTES:
-        return None
-    try:
-        return json.loads(path.read_bytes())
-    except ValueError:
-        return None
-
-
-def json_kind(description: str, *keys: str) -> Kind:
-    """A JSON object (with `keys`, where given)."""
-
-    def recognise(path: Path) -> bool:
-        payload = json_payload(path)
-        return isinstance(payload, dict) and all(key in payload for key in keys)
-
-    return Kind(description, recognise)
-
-
-def text_kind(description: str, first_line: str) -> Kind:
-    """A text file whose first line starts with `first_line` (a CSV's header, a title)."""
-    prefix = first_line.encode()
-    return Kind(description, lambda path: _head(path, len(prefix)) == prefix)
-
-
-def _matplotlib_png(path: Path) -> bool:
-    head = _head(path)  # matplotlib names itself in a tEXt chunk before the image data
-    return head.startswith(b"\x89PNG\r\n\x1a\n") and b"Software\x00Matplotlib" in head
-
-
-def _model_file(path: Path) -> bool:
-    head = _head(path, 512)
-    if head.startswith(b"{"):  # a skipped variant's, as JSON
-        payload = json_payload(path)
-        return isinstance(payload, dict) and {"variant", "status"} <= set(payload)
-    # torch.save's zip: its first entry is `<archive>/data.pkl`
-    return head.startswith(b"PK\x03\x04") and b"/data.pkl" in head[:128]
-
-
-RESULTS_FILE = json_kind("a results file written by accelbench", "status")
-FIGURE = Kind("a figure written by accelbench (a matplotlib PNG)", _matplotlib_png)
-MODEL = Kind("a model file written by `accelbench train`", _model_file)
-ENV_FACTS = {
-    "cpu": json_kind("an env facts file written by `accelbench env`", "cpu_model"),
-    "cuda": json_kind("an env facts file written by `accelbench env`", "cuda_available"),
-}
-_KINDS_BY_NAME = {
-    TRAIN_JSON: RESULTS_FILE,
-    EVAL_JSON: RESULTS_FILE,
-    RUN_JSON: RESULTS_FILE,
-    QUANTIZED_JSON: RESULTS_FILE,
-    EPOCHS_CSV: text_kind("an epochs.csv written by `accelbench train`", "epoch"),
-    PER_CLASS_CSV: text_kind("a per_class.csv written by accelbench", "digit,precision,recall,f1"),
-    CONFUSION_CSV: text_kind("a confusion.csv written by accelbench", "actual,predicted"),
-}
-_KINDS_BY_SUFFIX = {".png": FIGURE, ".pt": MODEL}
-
-
-def kind_of(path: Path) -> Kind:
-    """The kind of a stage's output file, by its name (other outputs name their kind)."""
-    kind = _KINDS_BY_NAME.get(path.name) or _KINDS_BY_SUFFIX.get(path.suffix)
-    if kind is None:
-        raise ValueError(f"{path.name}: no output kind registered for it; pass one")
-    return kind
-
-
-def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
-    """Raise an InputError (before anything is written) if `path` exists and is not what
-    accelbench writes there: a user's file is never replaced. Absent (or a dangling link,
-    which only the link would lose): fine."""
-    kind = kind or kind_of(path)
-    if not path.exists():
-        return
-    if path.is_dir():
-        found = "a folder"
-    elif not path.is_file():
-        found = "a special file"  # a FIFO or a device: never opened
-    else:
-        try:
-            if kind.recognise(path):
-                return
-        except OSError as exc:
-            raise InputError(
-                f"{path}: exists and cannot be read ({exc.strerror}); accelbench replaces "
-                "only its own outputs: fix its permissions, move it away or pass another path"
-            ) from None
-        found = "a file"
-    raise InputError(
-        f"{path}: exists and is {found}, not {kind.description}; accelbench replaces only "
-        "its own outputs: move it away or pass another path"
-    )
-
-
-def refuse_foreign_folder(folder: Path) -> None:
-    """An output folder (`--metrics`, `--out`) that is a file or a symlink loop is refused,
-    never replaced."""
-    try:
-        folder.stat()
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InputError(
-                f"{folder}: is a symbolic link loop, not a folder; accelbench writes its outputs "
-                "into a folder: remove or fix the link, or pass another path"
-            ) from None
-    if folder.exists() and not folder.is_dir():
-        raise InputError(
-            f"{folder}: exists and is {_a_file(folder)}, not a folder; accelbench writes its "
-            "outputs into a folder: move it away or pass another path"
-        )
-
-
-def _a_file(path: Path) -> str:
-    """What is at an existing `path` that is no folder: a file, or a special one (a device,
-    a FIFO, a socket)."""
-    return "a file" if path.is_file() else "a special file"
-
-
-def claim(*finals: Path) -> None:
-    """At a stage's start: every output path is absent or one of ours (by its name's kind)."""
-    for final in finals:
-        refuse_foreign_folder(final.parent)
-        refuse_foreign(final)
-
-
-class StagedOutputs:
-    """Where a stage writes its outputs before they are renamed into place (`staged`)."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[Path, Path]] = []
-        self.removals: list[Path] = []
-
-    def __call__(self, final: Path, kind: Kind | None = None) -> Path:
-        """The temporary to write `final` to (beside it: the rename stays on one disk);
-        refused if `final` is not one of ours (`kind`: by default, by its name)."""
-        refuse_foreign_folder(final.parent)
-        refuse_foreign(final, kind)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        temporary = final.with_name(STAGED_PREFIX + final.name)
-        temporary.unlink(missing_ok=True)  # a leftover (or a link): never written through
-        self.pending.append((temporary, final))
-        return temporary
-
-    def remove(self, final: Path, kind: Kind | None = None) -> None:
-        """Remove `final` (one of ours, no longer produced) when the outputs are renamed."""
-        refuse_foreign(final, kind)
-        self.removals.append(final)
-
-
-@contextmanager
-def staged() -> Iterator[StagedOutputs]:
-    """A stage's outputs, all new or all old: each is written to a temporary, and they are
-    renamed into place only once every one of them was written (a full disk or a folder
-    that is not writable leaves the old outputs, all of them, and no temporaries). A rename
-    replaces a link at the final path, never its target, and gives the file a new inode: a
-    hard link into DVC's cache keeps the old content."""
-    outputs = StagedOutputs()
-    try:
-        yield outputs
-        for temporary, final in outputs.pending:
-            os.replace(temporary, final)
-        for final in outputs.removals:
-            final.unlink(missing_ok=True)
-    finally:
-        for temporary, _ in outputs.pending:
-            temporary.unlink(missing_ok=True)
-
-
-def remove_leftovers(*finals: Path) -> None:
-    """The temporaries of `finals` that a killed earlier run left behind."""
-    for final in finals:
-        for name in (
-            STAGED_PREFIX + final.name,
-            f".{final.name}.tmp",
-            f".{STAGED_PREFIX}{final.name}.tmp",
-        ):
-            (final.parent / name).unlink(missing_ok=True)
-
-
-@contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary beside `path` to write; renamed onto `path` if the block succeeds, removed
-    if it fails (a full disk leaves the old file and no temporary). Never writes through a
-    link at `path` or at the temporary's name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Write JSON atomically: a crash never leaves a half-written metrics file."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write text (UTF-8) atomically, as write_json."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-
 
 # --- The records: strict pydantic dataclasses, checked where they are built and where read ---
 #
@@ -759,7 +508,7 @@ class ModelFile:
             what = (
                 "is a folder"
                 if path.is_dir()
-                else f"is {_a_file(path)}"
+                else f"is {a_file(path)}"
                 if path.exists()
                 else "does not exist"
             )

@@ -181,7 +181,7 @@ def remove_leftovers(folder: Path, names: Iterable[str]) -> None:
 
 def output_folder(folder: Path) -> Path:
     """`--out` as a folder to write into (created if absent); a file there is refused."""
-    if folder.exists() and not folder.is_dir():  # as results.refuse_foreign_folder says it
+    if folder.exists() and not folder.is_dir():  # as outputs.refuse_foreign_folder says it
         what = "a file" if folder.is_file() else "a special file"
         raise InputError(
             f"{folder}: exists and is {what}, not a folder; accelbench writes its outputs into "

@@ -20,15 +20,8 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from accelbench.core.results import (
-    ClassScores,
-    EpochRecord,
-    Kind,
-    StagedOutputs,
-    staged,
-    text_kind,
-    write_text,
-)
+from accelbench.core.outputs import Kind, StagedOutputs, staged, text_kind, write_text
+from accelbench.core.results import ClassScores, EpochRecord
 
 PLOTS_DIR = "plots"  # reports/plots/: dvc.yaml's top-level plots read these files
 EPOCHS_CSV = "epochs.csv"  # variant, epoch, then EPOCH_FIELDS

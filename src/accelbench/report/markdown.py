@@ -11,24 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from accelbench.core import spread
+from accelbench.core.outputs import (
+    FIGURE,
+    Kind,
+    StagedOutputs,
+    json_kind,
+    json_payload,
+    staged,
+    text_kind,
+)
 from accelbench.core.params import CostParams, VariantParams
 from accelbench.core.progress import fmt_seconds
 from accelbench.core.results import (
-    FIGURE,
     QUANT_METHODS,
     EnvFacts,
     EvalSummary,
-    Kind,
     QuantizedSummary,
     Skipped,
-    StagedOutputs,
     TrainSummary,
-    json_kind,
-    json_payload,
     scaling_efficiency,
     speedup,
-    staged,
-    text_kind,
 )
 from accelbench.report import pipeline_time, prose
 from accelbench.report.answer import (

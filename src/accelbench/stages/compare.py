@@ -11,23 +11,25 @@ from typing import Any
 
 from accelbench.core import phases
 from accelbench.core.console import InputError, log
+from accelbench.core.outputs import (
+    ENV_DEVICES,
+    MetricsFiles,
+    env_json,
+    refuse_foreign_folder,
+    staged,
+)
 from accelbench.core.params import Params, VariantParams
 from accelbench.core.results import (
-    ENV_DEVICES,
     EvalSummary,
-    MetricsFiles,
     QuantizedSummary,
     RunRecord,
     TrainSummary,
-    env_json,
     read_env,
     read_epoch_records,
     read_eval,
     read_quantized,
     read_run_record,
     read_train,
-    refuse_foreign_folder,
-    staged,
 )
 from accelbench.report import dvc_plots, markdown, pipeline_time
 from accelbench.report.answer import Row

@@ -14,10 +14,8 @@ from pathlib import Path
 
 from accelbench.core import phases
 from accelbench.core.console import StageError, log
-from accelbench.core.params import Params, VariantParams
-from accelbench.core.results import (
+from accelbench.core.outputs import (
     ENV_FACTS,
-    EnvFacts,
     env_json,
     refuse_foreign,
     refuse_foreign_folder,
@@ -25,6 +23,8 @@ from accelbench.core.results import (
     staged,
     write_json,
 )
+from accelbench.core.params import Params, VariantParams
+from accelbench.core.results import EnvFacts
 from accelbench.system import doctor, hardware
 from accelbench.training import placement
 

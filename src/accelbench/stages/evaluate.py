@@ -19,19 +19,15 @@ import numpy as np
 
 from accelbench.core import phases
 from accelbench.core.console import InputError, log
+from accelbench.core.outputs import MetricsFiles, claim, remove_leftovers, staged, write_json
 from accelbench.core.params import Params, VariantParams
 from accelbench.core.results import (
     ClassScores,
     EvalResult,
     EvalSummary,
-    MetricsFiles,
     ModelFile,
     RunRecord,
     Skipped,
-    claim,
-    remove_leftovers,
-    staged,
-    write_json,
     write_per_class_csv,
 )
 from accelbench.data.datasets import Dataset, by_name

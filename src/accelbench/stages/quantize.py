@@ -14,18 +14,9 @@ from typing import TYPE_CHECKING
 
 from accelbench.core import phases
 from accelbench.core.console import log
+from accelbench.core.outputs import MetricsFiles, claim, remove_leftovers, staged, write_json
 from accelbench.core.params import Params
-from accelbench.core.results import (
-    MetricsFiles,
-    ModelFile,
-    QuantizedResult,
-    QuantizedSummary,
-    Skipped,
-    claim,
-    remove_leftovers,
-    staged,
-    write_json,
-)
+from accelbench.core.results import ModelFile, QuantizedResult, QuantizedSummary, Skipped
 from accelbench.system import slots
 
 if TYPE_CHECKING:

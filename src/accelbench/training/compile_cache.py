@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from accelbench.core.outputs import text_kind
 from accelbench.core.params import VariantParams
-from accelbench.core.results import text_kind
 
 # /1: no JIT cache after the artifacts; /2: the artifacts as torch wrote them; /3: xz
 FORMAT = "accelbench-compile-cache/3"

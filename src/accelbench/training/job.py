@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import TrainRecipe, VariantParams
-from accelbench.core.results import MetricsFiles
 from accelbench.data.datasets import Dataset
 from accelbench.training.placement import Placement
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from accelbench.core.console import InputError
-from accelbench.core.results import write_text
+from accelbench.core.outputs import write_text
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 SETTLE_STEPS = 5  # after the first epoch, before recording (warm-up for the profiler too)
