@@ -6,16 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from accelbench.core.env_facts import CpuFacts, CudaFacts, EnvFacts, GpuFacts, SoftwareFacts
 from accelbench.core.params import VariantParams
-from accelbench.core.results import (
-    CpuFacts,
-    CudaFacts,
-    EnvFacts,
-    EpochRecord,
-    GpuFacts,
-    Skipped,
-    SoftwareFacts,
-)
+from accelbench.core.results import EpochRecord, Skipped
 from accelbench.report import answer
 from accelbench.report import markdown as report
 from helpers import REPO, trained_summary

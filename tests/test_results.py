@@ -14,17 +14,16 @@ import pytest
 import torch
 
 from accelbench.core.console import InputError
+from accelbench.core.env_facts import CudaFacts, read_env
 from accelbench.core.outputs import MetricsFiles, staged, write_json
 from accelbench.core.results import (
     ClassScores,
-    CudaFacts,
     EvalSummary,
     InferenceFigures,
     ModelFile,
     QuantizedSummary,
     Skipped,
     eval_from_json,
-    read_env,
     read_epoch_records,
     read_quantized,
     read_train,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from accelbench.core.console import StageError
-from accelbench.core.results import read_env
+from accelbench.core.env_facts import read_env
 from accelbench.stages import env
 from helpers import small_params
 

@@ -1,11 +1,11 @@
 """What the stages hand each other: typed results with to/from JSON (their files: outputs.py).
 
-env writes an `EnvFacts` to `env/<device>.json`; train@V a `TrainSummary` (or `Skipped`) to
-`train.json`, its epochs to `epochs.csv` and a `ModelFile`; evaluate@V an `EvalSummary` (or
-`Skipped`) to `eval.json`; quantize@V a `QuantizedSummary` (or `Skipped`) to
-`quantized.json`. Compare, tracking and the benchmarks read them back through these types
-(strict pydantic dataclasses, checked as params.yaml is), so a renamed field fails loudly
-where it is read instead of becoming an "n/a" in the report.
+train@V writes a `TrainSummary` (or `Skipped`) to `train.json`, its epochs to `epochs.csv`
+and a `ModelFile`; evaluate@V an `EvalSummary` (or `Skipped`) to `eval.json`; quantize@V a
+`QuantizedSummary` (or `Skipped`) to `quantized.json` (env's `EnvFacts`: env_facts.py).
+Compare, tracking and the benchmarks read them back through these types (strict pydantic
+dataclasses, checked as params.yaml is), so a renamed field fails loudly where it is read
+instead of becoming an "n/a" in the report.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic.dataclasses import dataclass as record
 
 from accelbench.core import phases
-from accelbench.core.console import DISK_FULL_ERRNOS, InputError, echo, first_sentence
+from accelbench.core.console import DISK_FULL_ERRNOS, InputError, first_sentence
 
 # Kind, MetricsFiles, claim, refuse_foreign(_folder), remove_leftovers and staged: imported
 # from here by training/loop.py and stages/train.py alone (another change is under way there),
@@ -45,7 +45,6 @@ from accelbench.core.outputs import (
     a_file,
     atomic_path,
     claim,  # noqa: F401
-    env_json,
     refuse_foreign,  # noqa: F401
     refuse_foreign_folder,  # noqa: F401
     remove_leftovers,  # noqa: F401
@@ -79,7 +78,7 @@ Status = Literal["trained", "skipped"]
 # Strict per scalar, not per record: a strict record would refuse its nested records' JSON.
 RECORD = ConfigDict(extra="forbid")
 REDO = "re-run the stage that writes it"
-_FLAT_IN_FILE = ("software", "gpu")  # records whose keys env/<device>.json holds flat
+_FLAT_IN_FILE = ("software", "gpu")  # nested records env_facts.py holds flat in the file
 
 R = TypeVar("R")
 
@@ -108,7 +107,7 @@ def parse(cls: type[R], payload: Any, source: str, redo: str = REDO) -> R:
         raise InputError(f"{source} is invalid: {exc}; {redo}") from None
 
 
-class _Record:
+class Record:
     """A stage file's record: read back with `parse`, written with `to_json`."""
 
     @classmethod
@@ -122,7 +121,7 @@ class _Record:
 
 
 @record(frozen=True, config=RECORD)
-class Skipped(_Record):
+class Skipped(Record):
     """A variant this machine could not run (train.require_gpu false): recorded, not trained."""
 
     reason: Str
@@ -131,7 +130,7 @@ class Skipped(_Record):
 
 
 @record(frozen=True, config=RECORD, kw_only=True)
-class RunFigures(_Record):
+class RunFigures(Record):
     """A training's run-level figures, from its epoch records alone (`engine.summarize`); a
     `TrainSummary` adds what they mean on the device."""
 
@@ -202,7 +201,7 @@ def train_from_json(payload: Mapping[str, Any], source: str = TRAIN_JSON) -> Tra
     return _result(TrainSummary, payload, source)
 
 
-def _read_json(path: Path) -> Mapping[str, Any]:
+def read_json(path: Path) -> Mapping[str, Any]:
     try:
         payload = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -215,7 +214,7 @@ def _read_json(path: Path) -> Mapping[str, Any]:
 
 
 def read_train(path: Path) -> TrainResult:
-    return train_from_json(_read_json(path), str(path))
+    return train_from_json(read_json(path), str(path))
 
 
 def speedup(baseline: TrainResult | None, result: TrainResult) -> float | None:
@@ -233,14 +232,14 @@ def scaling_efficiency(speedup_over_one: float | None, world_size: int) -> float
 
 
 @record(frozen=True, config=RECORD | ConfigDict(populate_by_name=True))
-class ClassScores(_Record):
+class ClassScores(Record):
     precision: Float
     recall: Float
     f1_score: Float = Field(alias="f1-score")  # scikit-learn's name, in eval.json
 
 
 @record(frozen=True, config=RECORD)
-class EvalSummary(_Record):
+class EvalSummary(Record):
     """`eval.json` of a trained variant: the test set through the trained model, untimed
     training excluded; per-class scores keyed by the digit."""
 
@@ -259,7 +258,7 @@ EvalResult = EvalSummary | Skipped
 
 
 @record(frozen=True, config=RECORD)
-class RunRecord(_Record):
+class RunRecord(Record):
     """`run.json`, written by evaluate for compare: which MLflow run the variant's results
     belong to (compare logs the evaluation there, once, for every variant), or why there is
     none (a skipped variant: compare records it as a run that says why)."""
@@ -272,7 +271,7 @@ class RunRecord(_Record):
 
 
 def read_run_record(path: Path) -> RunRecord:
-    return parse(RunRecord, _read_json(path), str(path))
+    return parse(RunRecord, read_json(path), str(path))
 
 
 def write_per_class_csv(path: Path, result: EvalResult) -> None:
@@ -290,7 +289,7 @@ def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalR
 
 
 def read_eval(path: Path) -> EvalResult:
-    return eval_from_json(_read_json(path), str(path))
+    return eval_from_json(read_json(path), str(path))
 
 
 QuantMethod = Literal["fp32", "dynamic_int8", "static_int8"]
@@ -298,7 +297,7 @@ QUANT_METHODS = get_args(QuantMethod)  # the quantize stage's, in order
 
 
 @record(frozen=True, config=RECORD)
-class InferenceFigures(_Record):
+class InferenceFigures(Record):
     """One model (fp32 or quantized) on the CPU: accuracy, speed and size."""
 
     method: QuantMethod
@@ -309,7 +308,7 @@ class InferenceFigures(_Record):
 
 
 @record(frozen=True, config=RECORD)
-class QuantizedSummary(_Record):
+class QuantizedSummary(Record):
     """`quantized.json`: the trained model on the CPU in fp32 and quantized to int8, each
     method's figures keyed by its name (QUANT_METHODS); a method this torch build cannot run
     is in `unsupported` with the reason."""
@@ -342,127 +341,7 @@ QuantizedResult = QuantizedSummary | Skipped
 
 
 def read_quantized(path: Path) -> QuantizedResult:
-    return _result(QuantizedSummary, _read_json(path), str(path))
-
-
-# --- env/<device>.json: the machine's stable facts (the env stage writes, compare reads) ---
-
-
-@record(frozen=True, config=RECORD)
-class SoftwareFacts(_Record):
-    """The software stack, in both env files."""
-
-    python: Str
-    torch: Str
-    torchvision: Str | None  # None: not installed
-
-
-def _nest(payload: dict[str, Any], name: str, cls: type) -> dict[str, Any]:
-    """A flat file's keys, with those of the record `cls` under `name`."""
-    own = {f.name for f in fields(cls)}
-    return {k: v for k, v in payload.items() if k not in own} | {
-        name: {k: v for k, v in payload.items() if k in own}
-    }
-
-
-@record(frozen=True, config=RECORD)
-class CpuFacts(_Record):
-    """`env/cpu.json`: the CPU and the software stack (flat in the file)."""
-
-    cpu_model: Str
-    logical_cpus: Int | None  # os.cpu_count(); None where it cannot tell
-    torch_default_threads: Int
-    machine: Str  # platform.machine(): x86_64, aarch64
-    software: SoftwareFacts
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_file(cls, data: Any) -> Any:
-        return _nest(data, "software", SoftwareFacts) if isinstance(data, dict) else data
-
-    def to_json(self) -> dict[str, Any]:
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "software"}
-        return own | asdict(self.software)
-
-
-@record(frozen=True, config=RECORD)
-class GpuFacts(_Record):
-    """The GPUs torch can use, as `env/cuda.json` records them (capability, memory: GPU 0's)."""
-
-    gpu_count: Int
-    gpu_names: list[Str]
-    compute_capability: Str  # "9.0"
-    gpu_memory_gib: Float
-    cudnn: Int | None
-    bf16_supported: Bool
-
-
-@record(frozen=True, config=RECORD)
-class CudaFacts(_Record):
-    """`env/cuda.json`: torch's CUDA build, the driver and the software stack, then either the
-    GPUs torch can use (`gpu`) or why it can use none (`reason`); flat in the file, with
-    `cuda_available` saying which."""
-
-    torch_cuda_runtime: Str | None  # None: a CPU-only torch build
-    nvidia_driver: Str | None  # None: no driver found
-    software: SoftwareFacts
-    gpu: GpuFacts | None = None
-    reason: Str | None = None  # where `gpu` is None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_file(cls, data: Any) -> Any:
-        if not isinstance(data, dict):  # built in code
-            return data
-        available = data.get("cuda_available")
-        if not isinstance(available, bool):
-            raise ValueError(f"cuda_available = {echo(available)}: expected true or false")
-        if not available and (facts := [f.name for f in fields(GpuFacts) if f.name in data]):
-            raise ValueError(f"cuda_available is false, yet GPU facts are there: {facts}")
-        data = _nest({k: v for k, v in data.items() if k != "cuda_available"}, "software",
-                     SoftwareFacts)  # fmt: skip
-        return _nest(data, "gpu", GpuFacts) if available else data
-
-    @model_validator(mode="after")
-    def _gpu_or_reason(self) -> CudaFacts:
-        if (self.gpu is None) == (self.reason is None):
-            raise ValueError("expected either usable GPUs (cuda_available true) or the reason "
-                             "there are none, not both")  # fmt: skip
-        return self
-
-    @property
-    def cuda_available(self) -> bool:
-        return self.gpu is not None
-
-    def to_json(self) -> dict[str, Any]:
-        facts = {
-            "torch_cuda_runtime": self.torch_cuda_runtime,
-            "nvidia_driver": self.nvidia_driver,
-            **asdict(self.software),
-            "cuda_available": self.cuda_available,
-        }
-        return facts | (asdict(self.gpu) if self.gpu else {"reason": self.reason})
-
-
-@record(frozen=True, config=RECORD)
-class EnvFacts:
-    """The machine the variants ran on: `env/<device>.json` for each of ENV_DEVICES."""
-
-    cpu: CpuFacts
-    cuda: CudaFacts
-
-    def files(self) -> dict[str, dict[str, Any]]:
-        """Each file's JSON, by its device."""
-        return {"cpu": self.cpu.to_json(), "cuda": self.cuda.to_json()}
-
-
-def read_env(folder: Path) -> EnvFacts:
-    """`env/`'s files, as the env stage wrote them."""
-    cpu, cuda = env_json(folder, "cpu"), env_json(folder, "cuda")
-    return EnvFacts(
-        CpuFacts.from_json(_read_json(cpu), str(cpu)),
-        CudaFacts.from_json(_read_json(cuda), str(cuda)),
-    )
+    return _result(QuantizedSummary, read_json(path), str(path))
 
 
 @record(frozen=True, config=RECORD)
@@ -516,7 +395,7 @@ class ModelFile:
         not_ours = f"{path}: not a model file written by `accelbench train`"
         with path.open("rb") as handle:
             is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
-        payload = _read_json(path) if is_json else _torch_payload(path, not_ours)
+        payload = read_json(path) if is_json else _torch_payload(path, not_ours)
         if not isinstance(payload, dict):
             raise InputError(f"{not_ours} (another structure); re-run train for it")
         return parse(cls, payload, str(path), "re-run train for it")

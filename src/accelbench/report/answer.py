@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from accelbench.core import spread
+from accelbench.core.env_facts import EnvFacts
 from accelbench.core.params import VariantParams
 from accelbench.core.progress import fmt_interval, fmt_ratio, fmt_seconds
 from accelbench.core.results import (
-    EnvFacts,
     EpochRecord,
     EvalResult,
     EvalSummary,

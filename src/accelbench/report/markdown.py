@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from accelbench.core import spread
+from accelbench.core.env_facts import EnvFacts
 from accelbench.core.outputs import (
     FIGURE,
     Kind,
@@ -24,7 +25,6 @@ from accelbench.core.params import CostParams, VariantParams
 from accelbench.core.progress import fmt_seconds
 from accelbench.core.results import (
     QUANT_METHODS,
-    EnvFacts,
     EvalSummary,
     QuantizedSummary,
     Skipped,

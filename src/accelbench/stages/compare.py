@@ -11,6 +11,7 @@ from typing import Any
 
 from accelbench.core import phases
 from accelbench.core.console import InputError, log
+from accelbench.core.env_facts import read_env
 from accelbench.core.outputs import (
     ENV_DEVICES,
     MetricsFiles,
@@ -24,7 +25,6 @@ from accelbench.core.results import (
     QuantizedSummary,
     RunRecord,
     TrainSummary,
-    read_env,
     read_epoch_records,
     read_eval,
     read_quantized,

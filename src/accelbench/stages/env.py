@@ -14,6 +14,7 @@ from pathlib import Path
 
 from accelbench.core import phases
 from accelbench.core.console import StageError, log
+from accelbench.core.env_facts import EnvFacts
 from accelbench.core.outputs import (
     ENV_FACTS,
     env_json,
@@ -24,7 +25,6 @@ from accelbench.core.outputs import (
     write_json,
 )
 from accelbench.core.params import Params, VariantParams
-from accelbench.core.results import EnvFacts
 from accelbench.system import doctor, hardware
 from accelbench.training import placement
 

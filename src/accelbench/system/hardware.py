@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from accelbench.core.results import CpuFacts, CudaFacts, GpuFacts, SoftwareFacts
+from accelbench.core.env_facts import CpuFacts, CudaFacts, GpuFacts, SoftwareFacts
 
 
 def _version(dist: str) -> str | None:
