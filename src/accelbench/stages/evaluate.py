@@ -11,6 +11,7 @@ holds it, and says what else ran on the host meanwhile.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,7 +104,11 @@ def run(
             counts = confusion.matrix(*labels)
             summary = _summary(result, confusion.class_scores(counts))
         summary = replace(summary, shared_machine=tenancy.shared())
-    _record_trained(model_file, files, summary, labels, counts)
+    record = RunRecord(name, "trained", model_file.mlflow_run_id)
+    title = f"{name}: confusion matrix (test set)"
+    _record(
+        files, summary, record, labels, lambda path: confusion.confusion_figure(path, counts, title)
+    )
     log(f"evaluate {name}: test accuracy {result.accuracy:.2%}, macro F1 {summary.macro_f1:.4f}")
     return summary
 
@@ -132,27 +137,22 @@ def _model_on_device(
         return device, model.to(device, memory_format=layout)
 
 
-def _record_trained(
-    model_file: ModelFile,
+def _record(
     files: MetricsFiles,
-    summary: EvalSummary,
-    labels: tuple[np.ndarray, np.ndarray],
-    counts: np.ndarray,
+    result: EvalResult,
+    record: RunRecord,
+    labels: tuple[np.ndarray, np.ndarray] | None,
+    draw: Callable[[Path], None],
 ) -> None:
-    """The outputs of a trained variant: `labels` are the test set's (actual, predicted),
-    `counts` their confusion matrix."""
+    """The five outputs, all new or all old: `labels` are the test set's (actual, predicted),
+    None for a skipped variant; `draw` writes confusion.png."""
     from accelbench.evaluation import confusion
 
-    record = RunRecord(model_file.variant, "trained", model_file.mlflow_run_id)
-    with phases.phase("outputs"), staged() as outputs:  # all new or all old
-        write_json(outputs(files.eval_json), summary.to_json())
-        write_per_class_csv(outputs(files.per_class_csv), summary)
+    with phases.phase("outputs"), staged() as outputs:
+        write_json(outputs(files.eval_json), result.to_json())
+        write_per_class_csv(outputs(files.per_class_csv), result)
         confusion.write_confusion_csv(outputs(files.confusion_csv), labels)
-        confusion.confusion_figure(
-            outputs(files.confusion_png),
-            counts,
-            f"{model_file.variant}: confusion matrix (test set)",
-        )
+        draw(outputs(files.confusion_png))
         write_json(outputs(files.run_json), record.to_json())
 
 
@@ -182,15 +182,8 @@ def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
 
     skipped = Skipped(model_file.reason or "no reason recorded")
     record = RunRecord(model_file.variant, "skipped", None, model_file.params, model_file.reason)
-    with phases.phase("outputs"), staged() as outputs:
-        write_json(outputs(files.eval_json), skipped.to_json())
-        write_per_class_csv(outputs(files.per_class_csv), skipped)
-        confusion.write_confusion_csv(outputs(files.confusion_csv), None)
-        confusion.placeholder_figure(
-            outputs(files.confusion_png),
-            f"{model_file.variant}: {model_file.status}\n{skipped.reason}",
-        )
-        write_json(outputs(files.run_json), record.to_json())
+    title = f"{model_file.variant}: {model_file.status}\n{skipped.reason}"
+    _record(files, skipped, record, None, lambda path: confusion.placeholder_figure(path, title))
     log(f"evaluate {model_file.variant}: {model_file.status}")
     return skipped
 
