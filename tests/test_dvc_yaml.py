@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
@@ -42,9 +41,7 @@ def _module_file(name: str) -> Path | None:
 
 
 def _imports(name: str) -> Iterator[str]:
-    """The in-package modules `name` imports, at any depth of its code (function bodies too),
-    and those it runs as a process of their own (`python -m accelbench...` in a tuple or list
-    of arguments: the tracking worker)."""
+    """The in-package modules `name` imports, at any depth of its code (function bodies too)."""
     path = _module_file(name)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
@@ -56,9 +53,6 @@ def _imports(name: str) -> Iterator[str]:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
             targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Tuple | ast.List):
-            words = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-            targets = [m for flag, m in itertools.pairwise(words) if flag == "-m" and m]
         else:
             continue
         for target in targets:

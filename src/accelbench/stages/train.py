@@ -41,7 +41,6 @@ from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import lifetime, slots
 from accelbench.training import compile_cache, placement, torchrun
 from accelbench.training.job import TrainJob, TrainOutputs, run_params
-from accelbench.training.tracked_run import TrackedRun
 
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
@@ -105,14 +104,9 @@ def run(
                 restored = compile_cache.restore_jit(out.compile_cache, jit, root)
             if restored:
                 log(f"train {name}: {restored}")
-        # MLflow's worker imports beside torch (`tracked_run`); a DDP variant's rank 0 starts
-        # its own (`loop.train`)
-        tracked = TrackedRun() if settled is None and variant.distributed is None else None
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken
             here = settled if settled is not None else _gpus_here(needed)
             where = placement.place(name, variant, require_gpu=inputs.require_gpu, here=here)
-        if tracked is not None and (where.skip_reason is not None or where.launch):
-            tracked.close()
         if where.skip_reason is not None:
             return record_skip(name, inputs, where.skip_reason, out)
         if where.launch:
@@ -143,7 +137,7 @@ def run(
             quiet,
         )
         with torchrun.process_group(where, variant.distributed):
-            summary = train(job, tracked)
+            summary = train(job)
         return record_sharing(summary, tenancy.shared(), out)
 
 

@@ -9,7 +9,7 @@ only to train: a skipped variant's stage never imports MLflow or the model code.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,27 +28,21 @@ from accelbench.core.results import (
     write_json,
 )
 from accelbench.core.timing import Heartbeat
+from accelbench.data import prepared
 from accelbench.data.batches import Batches, ResidentBatches
-from accelbench.system import hardware
+from accelbench.system import hardware, tracking
 from accelbench.training import build, compile_cache, engine, profiling
 from accelbench.training.checkpoint import Checkpointer, Resume
 from accelbench.training.job import TrainJob
 from accelbench.training.oom import retry_on_oom
 from accelbench.training.run_summary import summarize_run
-from accelbench.training.tracked_run import TrackedRun
 
 FLOPS_CACHE = Path(".accelbench") / "flops.json"  # the model's FLOPs, counted once
 
 
-def train(job: TrainJob, run: TrackedRun | None = None) -> TrainSummary | None:
-    """Train `job`'s variant here; its summary, or None in a process that writes no outputs.
-    `run`: its MLflow run's worker, started by the stage (else here, on rank 0)."""
+def train(job: TrainJob) -> TrainSummary | None:
+    """Train `job`'s variant here; its summary, or None in a process that writes no outputs."""
     recipe, variant, placement, out = job.recipe, job.variant, job.placement, job.out
-    if run is None and placement.main:
-        run = TrackedRun()  # MLflow's import begins beside ours
-    elif run is not None and not placement.main:
-        run.close()
-        run = None
     with phases.phase("device"):
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
@@ -82,10 +76,10 @@ def train(job: TrainJob, run: TrackedRun | None = None) -> TrainSummary | None:
     if out.profile is not None:
         epochs_done = resume.epochs_done if resume else 0
         profiling.check_request(job.name, recipe.epochs, steps, epochs_done)
-    with _tracked(job, run, resume):
-        with phases.phase("mlflow"):  # the run started: no MLflow import beside a timed epoch
-            run_id = run.run_id if run else None
-        fitting.run = run
+    with _tracked_run(job, resume) as run_id:
+        if placement.main and resume is None:
+            with phases.phase("mlflow"):
+                _log_datasets(job)
         progress = EpochProgress(
             job.name, recipe.epochs, steps, quiet=job.quiet or not placement.main
         )
@@ -118,10 +112,7 @@ def train(job: TrainJob, run: TrackedRun | None = None) -> TrainSummary | None:
                 on_gpu = placement.device.type == "cuda"  # cuDNN's JIT-built engines too
                 jit = compile_cache.jit_folder(job.root) if on_gpu else None
                 compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), cache_key, jit)
-        example = fitting.test_batches.images[:4].float().cpu().contiguous().numpy()
-        profile = sorted(out.profile.glob(f"{job.name}-rank0.*")) if out.profile else []
-        artifacts = [(out.metrics.epochs_csv, None)] + [(path, "profile") for path in profile]
-        run.log_outputs(summary, artifacts, out.model, job.dataset.name, example)
+        _track_outputs(job, summary, model_file, fitting.test_batches.images[:4])
     log(
         f"train {job.name}: first epoch {summary.first_epoch_s:.2f} s, steady "
         f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
@@ -141,7 +132,6 @@ class _Fitting:
     batches: Batches
     test_batches: ResidentBatches
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # what stopped each epoch
-    run: TrackedRun | None = None  # where its epochs are logged (rank 0's)
 
     @classmethod
     def build(cls, job: TrainJob) -> _Fitting:
@@ -234,8 +224,8 @@ class _Fitting:
 
         def on_epoch(record: EpochRecord) -> None:
             progress.epoch_done(record)
-            if self.run is not None and track:
-                self.run.log_metrics(record.metrics(), step=record.epoch)
+            if placement.main and track:
+                tracking.log_metrics(record.metrics(), step=record.epoch)
 
         def on_checkpoint(state: engine.TrainingState) -> None:
             with phases.phase("checkpoint"):
@@ -287,44 +277,52 @@ def _start_line(job: TrainJob, samples: int) -> str:
     )
 
 
-@contextlib.contextmanager
-def _tracked(job: TrainJob, run: TrackedRun | None, resume: Resume | None) -> Iterator[None]:
-    """The variant's MLflow run around the body, ended as it went: continued when resuming
-    (one variant, one run); none outside rank 0."""
-    if run is None:
-        yield
-        return
+def _tracked_run(
+    job: TrainJob, resume: Resume | None
+) -> contextlib.AbstractContextManager[str | None]:
+    """The variant's MLflow run: continued when resuming, none outside rank 0."""
+    placement = job.placement
+    if not placement.main:
+        return contextlib.nullcontext(None)
     if resume is not None and resume.mlflow_run_id:
-        run.resume(job.root, resume.mlflow_run_id)
-    else:
-        run.start(job.root, job.name, job.run_params, _tags(job), _datasets(job))
-    try:
-        yield
-    except KeyboardInterrupt:
-        run.end("KILLED")
-        raise
-    except BaseException:
-        run.end("FAILED")
-        raise
-    with phases.phase("mlflow"):  # what is left of the run's calls: the model, mostly
-        run.end("FINISHED")
-
-
-def _tags(job: TrainJob) -> dict[str, str]:
-    return {
+        return tracking.resume_run(job.root, resume.mlflow_run_id)  # one variant, one run
+    tags = {
         "status": "trained",
         "device": job.variant.device,
-        "device_name": job.placement.device_name,
+        "device_name": placement.device_name,
         "torch": torch.__version__,
         "cuda_runtime": str(torch.version.cuda),
         "precision": job.variant.precision,
-        "world_size": str(job.placement.world_size),
+        "world_size": str(placement.world_size),
     }
+    return tracking.variant_run(job.root, job.name, job.run_params, tags, system_metrics=True)
 
 
-def _datasets(job: TrainJob) -> list[tuple[str, Path, int, str]]:
-    """The run's inputs: each split of the prepared data, as far as the recipe reads it."""
-    return [
-        (f"{job.dataset.name}-train", job.prepared_dir, job.recipe.train_subset, "training"),
-        (f"{job.dataset.name}-test", job.prepared_dir, job.recipe.test_subset, "evaluation"),
-    ]
+def _log_datasets(job: TrainJob) -> None:
+    for split, limit, context in (
+        ("train", job.recipe.train_subset, "training"),
+        ("test", job.recipe.test_subset, "evaluation"),
+    ):
+        arrays = prepared.load_split(job.prepared_dir, split, limit)
+        digest = prepared.dataset_digest(job.prepared_dir, split, limit)
+        tracking.log_dataset(
+            f"{job.dataset.name}-{split}",
+            arrays.images,
+            arrays.labels,
+            job.prepared_dir,
+            digest,
+            context,
+        )
+
+
+def _track_outputs(
+    job: TrainJob, summary: TrainSummary, model_file: ModelFile, example_images: torch.Tensor
+) -> None:
+    tracking.log_train_summary(summary)
+    tracking.log_artifact(job.out.metrics.epochs_csv)
+    profile = job.out.profile
+    for path in sorted(profile.glob(f"{job.name}-rank0.*")) if profile else ():
+        tracking.log_artifact(path, "profile")
+    example = example_images.float().cpu().contiguous().numpy()
+    model = build.trained_model(job.dataset, model_file.state_dict)
+    tracking.log_model(model, example, job.name)
