@@ -262,6 +262,41 @@ def test_queued_dvc_experiments_track_into_the_workspace_store(tmp_path, monkeyp
     assert f"--drop '{EXP_SHOW_DROP}'" in (REPO / "docs" / "comparing.md").read_text()
 
 
+def test_a_dvc_experiment_is_shown_in_mlflow_beside_its_baseline(tmp_path) -> None:
+    """`dvc repro`, then `dvc exp run --temp -S train.lr=0.002` (issue #40: MLflow's link then
+    showed one row, nothing saying it was the experiment nor what it differed from): compare
+    prints what the experiment is beside and the link; the view holds the experiment's cpu
+    run and the baseline's, each saying whose, with train.lr the one param column."""
+    repo, mirror, _ = _small_repo(
+        tmp_path, only_cpu=True, epochs=2, train_subset=512, test_subset=256
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "commit", "-qam", "small params"], cwd=repo, check=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
+    _dvc(repo, "repro", mirror=mirror)
+    ran = _dvc(repo, "exp", "run", "--temp", "-n", "lr-high", "-S", "train.lr=0.002", mirror=mirror)
+    printed = [line for line in (ran.stdout + ran.stderr).splitlines() if "compare: " in line]
+    beside = next(line for line in printed if "beside its baseline" in line)
+    assert beside.startswith("compare: experiment lr-high beside its baseline, pipeline run `")
+    assert beside.endswith(f"of commit {head}; params that differ: train.lr"), beside
+    link = next(line for line in printed if line.startswith("compare: in MLflow: "))
+    assert link.endswith("&viewStateShareKey=accelbench-newest-pipeline"), link
+
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("accelbench")
+    view = json.loads(experiment.tags["mlflow.sharedViewState.accelbench-newest-pipeline"])
+    state = json.loads(view["state"])
+    rows = client.search_runs(
+        [experiment.experiment_id], state["searchFilter"], order_by=[state["orderByKey"]]
+    )
+    shown = [(r.info.run_name, r.data.tags["experiment"], r.data.params["train.lr"]) for r in rows]
+    assert shown == [("cpu", "lr-high", "0.002"), ("cpu", f"baseline {head}", "0.001")]
+    assert [c for c in state["columnOrder"] if c.startswith("params.")] == ["params.`train.lr`"]
+    assert view["name"] == "lr-high beside its baseline"
+
+
 def test_dvc_exp_run_on_cifar10_end_to_end(tmp_path) -> None:
     """`dvc exp run -S data.dataset=cifar10` on a fake archive in the official format, served by
     $ACCELBENCH_CIFAR10_MIRROR, with docs/pipeline.md's flags (the tutorial's recipe): download,

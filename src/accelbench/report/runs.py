@@ -11,6 +11,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from accelbench.core.console import AccelbenchError, InputError, redact
+from accelbench.system.tracking.baseline import beside_of
 from accelbench.system.tracking.logs import FIGURE_TAGS, SPEEDUP_BASELINE_TAG, figure_text
 from accelbench.system.tracking.outage import describe_failure, logs_held, remedy, tracking_errors
 from accelbench.system.tracking.store import (
@@ -117,21 +118,22 @@ def summary_markdown(root: Path) -> str:
     try:
         with logs_held():
             parent, children = pipeline_summary(root)
-            view = (
-                MlflowClient().get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
-                if parent is not None
-                else None
-            )
+            client = MlflowClient()
+            view = beside = None
+            if parent is not None:
+                view = client.get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
+                beside = beside_of(client, parent)  # a DVC experiment's: beside its baseline
     except tracking_errors() as exc:
         raise TrackingUnreachable(_unreadable(tracking_uri(root), exc)) from exc
     if parent is None:
         return f"No pipeline run in {redact(tracking_uri(root))} yet: run `dvc repro`."
     link = pipeline_path(parent.info.experiment_id, parent, view)
     uri = redact(tracking_uri(root))  # the `MLflow:` line and the link show no secret
+    order = "beside its baseline's" if beside and beside.baseline else "fastest first"
     where = (  # on the server itself; this checkout's store through `make ui`
-        f"in the UI, fastest first: {uri.rstrip('/')}{link}"
+        f"in the UI, {order}: {uri.rstrip('/')}{link}"
         if is_server(uri)
-        else f"in the UI (`make ui`), fastest first: http://127.0.0.1:5000{link}"
+        else f"in the UI (`make ui`), {order}: http://127.0.0.1:5000{link}"
     )
     # fastest first (as the UI's view); variants without a steady epoch after them, in order
     ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
@@ -140,6 +142,7 @@ def summary_markdown(root: Path) -> str:
         f"MLflow: {uri}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
         f"Its variants {where}",
+        *([beside.line()[:1].upper() + beside.line()[1:]] if beside else []),
         "",
         "| " + " | ".join(SUMMARY_COLUMNS).format(baseline=_speedup_baseline(children)) + " |",
         "|" + "---|" * len(SUMMARY_COLUMNS),

@@ -34,6 +34,7 @@ from accelbench.core.results import (
 from accelbench.report import dvc_plots, markdown, pipeline_time
 from accelbench.report.answer import Row
 from accelbench.system import tracking
+from accelbench.system.tracking.baseline import show_beside_baseline
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ def run(
     run_id = tracking.finish_pipeline(root, result.files, result.pipeline_metrics, reported)
     if run_id:
         log(f"compare: report logged to MLflow pipeline run {run_id}")
+        if beside := show_beside_baseline(root, run_id):  # a DVC experiment's
+            log(f"compare: {beside.line()}")
+            log(f"compare: in MLflow: {beside.link}")
     log(f"compare: wrote {out_dir / 'comparison.md'}")
     return result.pipeline_metrics
 

@@ -4,7 +4,8 @@ A stage starts, resumes or skips a variant's run, logs into it, and compare fini
 pipeline run; tracking that is down costs one warning line, never an output (`outage.py`).
 The rest has a room of its own: the store and its lock (`store.py`), the pipeline and variant
 runs (`runs.py`), what they hold (`logs.py`), closing the runs of dead processes
-(`dead_runs.py`), and the UI's view and links (`view.py`).
+(`dead_runs.py`), the UI's view and links (`view.py`), and a DVC experiment shown beside its
+baseline (`baseline.py`, which compare alone calls).
 """
 
 from accelbench.system.tracking.logs import (

@@ -4,7 +4,9 @@ and the links `make ui` and `accelbench runs` print.
 The experiment keeps one saved view of the runs table (`VIEW_ID`), rewritten whenever a new
 pipeline run starts: that pipeline's variants, fastest first (the skipped ones last, with
 their reason), their steady epoch, speedup, time to target and test accuracy as the first
-columns.
+columns. A DVC experiment's compare rewrites it to show the experiment beside its baseline
+(`baseline.py`): both runs' variants, a row per variant run saying whose it is, and the
+params that differ between the two.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG, environment_d
 # A pipeline run's trained variants where some trained under an earlier pipeline run (a
 # `dvc repro` that re-ran compare alone): their run ids, comma-separated.
 VARIANT_RUNS_TAG = "accelbench.variant_runs"
+# A DVC experiment's pipeline run shown beside its baseline (`baseline.py`): the variant runs
+# of both, comma-separated, the view's rows.
+COMPARED_RUNS_TAG = "accelbench.compared_runs"
+# On each row of an experiment's view: whose run it is (the experiment's name, or the baseline).
+WHOSE_TAG = "experiment"
 
 # The UI's experiment page in its model-training view: MLflow 3's UI chooses between its GenAI
 # and model-training views by this query parameter (else the last choice, GenAI at first) and
@@ -41,6 +48,10 @@ VIEW_ID = "accelbench-newest-pipeline"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
 VIEW_NAME = "newest pipeline: fastest first"
 VIEW_SORT = "metrics.`steady_epoch_s`"  # ascending: the fastest variant first
+# An experiment beside its baseline: by variant (the UI's key for its Run Name column), each
+# experiment's run just above its baseline's (MLflow then sorts the newest first)
+BESIDE_SORT = "tags.`mlflow.runName`"
+BESIDE_WHOSE_WIDTH = 170
 # The first columns: what answers "who is fastest", as text with its interval, wide enough
 # for an H200 run's figures at 1600 px; then whether a variant trained and why not, and the
 # numbers to sort and chart by. Beside the Assistant panel MLflow opens on a first visit
@@ -72,22 +83,54 @@ def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> s
 
 def named_variant_runs(tags: Mapping[str, str]) -> list[str]:
     """The variant runs a pipeline run's tags name (VARIANT_RUNS_TAG); none: its children."""
-    return [run_id for run_id in tags.get(VARIANT_RUNS_TAG, "").split(",") if run_id]
+    return _ids(tags, VARIANT_RUNS_TAG)
+
+
+def _ids(tags: Mapping[str, str], key: str) -> list[str]:
+    return [run_id for run_id in tags.get(key, "").split(",") if run_id]
+
+
+def shown_runs(tags: Mapping[str, str]) -> tuple[list[str], str]:
+    """The variant runs a link to a pipeline run shows, and their order: an experiment's
+    beside its baseline's (COMPARED_RUNS_TAG) by variant, else those it names
+    (VARIANT_RUNS_TAG; none: its children) fastest first."""
+    if compared := _ids(tags, COMPARED_RUNS_TAG):
+        return compared, BESIDE_SORT
+    return named_variant_runs(tags), VIEW_SORT
 
 
 def variants_view(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
     """The VIEW_TAG value that shows `pipeline_run_id`'s variants, fastest first: a
     saved view's envelope (name, creation time in ms, the view state as a JSON string)."""
+    return _view(VIEW_NAME, variants_filter(pipeline_run_id, variant_runs), VIEW_SORT, VIEW_COLUMNS)
+
+
+def experiment_view(
+    name: str, pipeline_run_id: str, rows: Sequence[str], params: Sequence[str] | None
+) -> str:
+    """The VIEW_TAG value for a DVC experiment (`baseline.py`), named `name`: the variant runs
+    `rows` (its own, none given: its children), a first column saying whose each row is
+    (WHOSE_TAG); beside a baseline (`params` not None) a column per param that differs, and
+    the rows by variant, else fastest first."""
+    whose = {f"tags.`{WHOSE_TAG}`": BESIDE_WHOSE_WIDTH}
+    differing = {f"params.`{param}`": None for param in params or ()}
+    sort = VIEW_SORT if params is None else BESIDE_SORT
+    return _view(
+        name, variants_filter(pipeline_run_id, rows), sort, whose | differing | VIEW_COLUMNS
+    )
+
+
+def _view(name: str, search: str, sort: str, columns: Mapping[str, int | None]) -> str:
     state = {
-        "searchFilter": variants_filter(pipeline_run_id, variant_runs),
-        "orderByKey": VIEW_SORT,
+        "searchFilter": search,
+        "orderByKey": sort,
         "orderByAsc": True,
-        "selectedColumns": [c for c in VIEW_COLUMNS if c != "duration"],
-        "columnOrder": list(VIEW_COLUMNS),
-        "columnWidths": {c: w for c, w in VIEW_COLUMNS.items() if w is not None},
+        "selectedColumns": [c for c in columns if c != "duration"],
+        "columnOrder": list(columns),
+        "columnWidths": {c: w for c, w in columns.items() if w is not None},
     }
     return json.dumps(
-        {"name": VIEW_NAME, "createdAt": get_current_time_millis(), "state": json.dumps(state)}
+        {"name": name, "createdAt": get_current_time_millis(), "state": json.dumps(state)}
     )
 
 
@@ -104,13 +147,14 @@ def ui_path(
     pipeline_run_id: str | None = None,
     view: str | None = None,
     variant_runs: Sequence[str] = (),
+    sort: str = VIEW_SORT,
 ) -> str:
     """The experiment's runs in the UI's model-training view, relative to the server's URL.
 
     With `pipeline_run_id`: that pipeline's variants (`variant_runs` where it names
-    them), fastest first; through the saved view where `view` (the experiment's VIEW_TAG
-    value) shows them (the key columns shown), else by the link's own filter and sort (the
-    UI's default columns).
+    them), fastest first (or by `sort`); through the saved view where `view` (the
+    experiment's VIEW_TAG value) shows them (the key columns shown), else by the link's own
+    filter and sort (the UI's default columns).
     """
     runs = f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
     if pipeline_run_id is None:
@@ -120,7 +164,7 @@ def ui_path(
         return f"{runs}&viewStateShareKey={VIEW_ID}"
     facets = {
         "searchFilter": wanted,
-        "orderByKey": VIEW_SORT,
+        "orderByKey": sort,
         "orderByAsc": "true",
     }
     return f"{runs}&{urlencode(facets, quote_via=quote)}"
@@ -128,11 +172,12 @@ def ui_path(
 
 def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) -> str:
     """`ui_path` for a pipeline run as MLflow's client returns it (None: there is none yet):
-    its variants, those it names (VARIANT_RUNS_TAG) where it does."""
+    its variants, those it names (VARIANT_RUNS_TAG) where it does, an experiment's beside its
+    baseline's (`shown_runs`)."""
     if pipeline is None:
         return ui_path(experiment_id)
-    named = named_variant_runs(pipeline.data.tags)
-    return ui_path(experiment_id, pipeline.info.run_id, view, named)
+    rows, sort = shown_runs(pipeline.data.tags)
+    return ui_path(experiment_id, pipeline.info.run_id, view, rows, sort)
 
 
 def training_view_url(base_url: str, store: Path) -> str:
@@ -165,8 +210,8 @@ def training_view(base_url: str, store: Path) -> tuple[str, str]:
                 named = (
                     pipeline
                     and db.execute(
-                        "SELECT key, value FROM tags WHERE run_uuid = ? AND key = ?",
-                        (pipeline[0], VARIANT_RUNS_TAG),
+                        "SELECT key, value FROM tags WHERE run_uuid = ? AND key IN (?, ?)",
+                        (pipeline[0], VARIANT_RUNS_TAG, COMPARED_RUNS_TAG),
                     ).fetchall()
                 )
     except sqlite3.Error:  # no store yet, or not one of MLflow's
@@ -178,9 +223,10 @@ def training_view(base_url: str, store: Path) -> tuple[str, str]:
         )
     if not pipeline:
         return base_url + ui_path(str(row[0])), "the experiment: no pipeline run yet"
-    url = base_url + ui_path(
-        str(row[0]), pipeline[0], view[0] if view else None, named_variant_runs(dict(named or []))
-    )
+    rows, sort = shown_runs(dict(named or []))
+    url = base_url + ui_path(str(row[0]), pipeline[0], view[0] if view else None, rows, sort)
+    if sort == BESIDE_SORT:
+        return url, "the newest pipeline run, a DVC experiment: its variants beside its baseline's"
     return url, "the newest pipeline run: its variants, fastest first"
 
 

@@ -1,0 +1,194 @@
+"""A DVC experiment beside its baseline in MLflow: after `dvc exp run`, the saved view (and so
+the link `make ui`, `accelbench runs` and compare print) lists the experiment's variant runs
+and its baseline's, a row per variant run saying whose it is, with a column per param that
+differs between the two.
+
+The baseline is the newest FINISHED pipeline run in the same store that a `dvc repro` made
+from the experiment's baseline commit: the commit DVC names in `$DVC_EXP_BASELINE_REV` (the
+workspace's HEAD, without the `-S` changes), matched against the git commit tag every run
+carries (`mlflow.source.git.commit`). Neither another experiment (`dvc.exp_name`) nor a stage
+run by hand is one. The params compared are those the variants' runs hold (`train.*`,
+`variant.*`, `data.dataset`), variant by variant: a change the runs do not hold (a workspace
+edit not committed, a compare-only key such as `report.*`) shows no column.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from accelbench.core.console import redact
+from accelbench.system.tracking.dead_runs import BY_HAND_TAG
+from accelbench.system.tracking.outage import tolerant
+from accelbench.system.tracking.runs import EXP_NAME_TAG
+from accelbench.system.tracking.store import (
+    ROLE_TAG,
+    is_server,
+    once_more_on_conflict,
+    run_in_store,
+    setup,
+    tracking_uri,
+)
+from accelbench.system.tracking.view import (
+    COMPARED_RUNS_TAG,
+    VIEW_TAG,
+    WHOSE_TAG,
+    experiment_view,
+    pipeline_path,
+    pipeline_variants,
+)
+
+COMMIT_TAG = "mlflow.source.git.commit"
+BASELINE_REV_ENV = "DVC_EXP_BASELINE_REV"  # DVC sets it for every stage of `dvc exp run`
+# On an experiment's pipeline run, written by its compare: its baseline commit, the baseline's
+# pipeline run (empty: none in the store) and the params that differ (comma-separated).
+BASELINE_COMMIT_TAG = "accelbench.baseline_commit"
+BASELINE_RUN_TAG = "accelbench.baseline_run"
+DIFFERING_TAG = "accelbench.params_differ"
+MAKE_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves by default
+CANDIDATES = 100  # pipeline runs of one commit looked at, newest first
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A DVC experiment's pipeline run and what the view shows it beside."""
+
+    experiment: str  # the DVC experiment's name
+    commit: str  # its baseline commit
+    baseline: Any | None  # the baseline's pipeline run; None: the store has none
+    differing: tuple[str, ...] = ()  # the params that differ between the two, sorted
+    link: str = ""  # to the view in the UI
+
+    def line(self) -> str:
+        """The one line a user reads where the link is printed."""
+        short = self.commit[:7] or "unknown"
+        if self.baseline is None:
+            return (
+                f"no baseline run in this store for experiment {self.experiment} (no finished "
+                f"`dvc repro` of its baseline commit {short}): MLflow shows the experiment alone"
+            )
+        differ = ", ".join(self.differing) or "none of the params the variant runs hold"
+        return (
+            f"experiment {self.experiment} beside its baseline, pipeline run "
+            f"`{self.baseline.info.run_name}` of commit {short}; params that differ: {differ}"
+        )
+
+
+def find_baseline(client: MlflowClient, experiment_id: str, pipeline: Any, commit: str) -> Any:
+    """The newest FINISHED pipeline run of a `dvc repro` of `commit` that started before
+    `pipeline`, in the experiment; None if there is none."""
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=(
+            f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{COMMIT_TAG}` = '{commit}' "
+            "and attributes.status = 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=CANDIDATES,
+    )
+    for run in found:
+        tags = run.data.tags
+        if (
+            run.info.run_id != pipeline.info.run_id
+            and run.info.start_time <= pipeline.info.start_time
+            and EXP_NAME_TAG not in tags
+            and tags.get(BY_HAND_TAG) != "true"
+        ):
+            return run
+    return None
+
+
+def differing_params(ours: Sequence[Any], theirs: Sequence[Any]) -> tuple[str, ...]:
+    """The params whose values differ between two pipelines' runs of the same variant (by run
+    name), a param one of the two lacks included; sorted."""
+    by_name = {run.info.run_name: run.data.params for run in theirs}
+    differ: set[str] = set()
+    for run in ours:
+        other = by_name.get(run.info.run_name)
+        if other is None:
+            continue
+        mine = run.data.params
+        differ |= {key for key in mine.keys() | other.keys() if mine.get(key) != other.get(key)}
+    return tuple(sorted(differ))
+
+
+def _whose(
+    experiment: str, commit: str, ours: Sequence[str], theirs: Sequence[str]
+) -> dict[str, str]:
+    """Each row's WHOSE_TAG: the experiment's name, or the baseline and its commit; a run the
+    experiment reused from the baseline (its stage did not re-run) says both."""
+    baseline = f"baseline {commit[:7]}"
+    return {
+        run_id: (
+            f"{baseline}, reused by {experiment}"
+            if run_id in ours and run_id in theirs
+            else experiment
+            if run_id in ours
+            else baseline
+        )
+        for run_id in {*ours, *theirs}
+    }
+
+
+@tolerant
+def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
+    """Where `pipeline_run_id` is a DVC experiment's (its `dvc.exp_name` tag): find its
+    baseline, mark whose each variant run is, and point the saved view (VIEW_TAG) at both
+    pipelines' variants with the params that differ, or at the experiment alone where the
+    store has no baseline. None for a pipeline run that is no experiment's (or tracking that
+    is down)."""
+    experiment_id = setup(root)
+    client = MlflowClient()
+    pipeline, ours = pipeline_variants(client, experiment_id, pipeline_run_id)
+    experiment = pipeline.data.tags.get(EXP_NAME_TAG) if pipeline is not None else None
+    if not experiment:
+        return None
+    commit = os.environ.get(BASELINE_REV_ENV) or pipeline.data.tags.get(COMMIT_TAG, "")
+    baseline = find_baseline(client, experiment_id, pipeline, commit) if commit else None
+    theirs = pipeline_variants(client, experiment_id, baseline.info.run_id)[1] if baseline else []
+    beside = Beside(experiment, commit, baseline, differing_params(ours, theirs))
+    own = [run.info.run_id for run in ours]
+    rows = own + [run.info.run_id for run in theirs if run.info.run_id not in own]
+    for run_id, whose in _whose(experiment, commit, own, [r.info.run_id for r in theirs]).items():
+        client.set_tag(run_id, WHOSE_TAG, whose)
+    tags = {
+        BASELINE_COMMIT_TAG: commit,
+        BASELINE_RUN_TAG: baseline.info.run_id if baseline else "",
+        DIFFERING_TAG: ",".join(beside.differing),
+    }
+    if baseline is not None:
+        tags[COMPARED_RUNS_TAG] = ",".join(rows)
+        view = experiment_view(
+            f"{experiment} beside its baseline", pipeline_run_id, rows, beside.differing
+        )
+    else:
+        view = experiment_view(f"{experiment}: no baseline", pipeline_run_id, own, None)
+    for key, value in tags.items():
+        client.set_tag(pipeline_run_id, key, value)
+    once_more_on_conflict(lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, view))
+    return replace(beside, link=ui_link(root, experiment_id, client.get_run(pipeline_run_id), view))
+
+
+def beside_of(client: MlflowClient, pipeline: Any) -> Beside | None:
+    """What an experiment's compare found (`show_beside_baseline`), read back from its
+    pipeline run's tags; None for a pipeline run compare has not shown beside a baseline."""
+    tags = pipeline.data.tags
+    if not tags.get(EXP_NAME_TAG) or BASELINE_COMMIT_TAG not in tags:
+        return None
+    baseline_id = tags.get(BASELINE_RUN_TAG)
+    baseline = run_in_store(client, baseline_id) if baseline_id else None  # None: deleted since
+    differing = tuple(p for p in tags.get(DIFFERING_TAG, "").split(",") if p)
+    return Beside(tags[EXP_NAME_TAG], tags[BASELINE_COMMIT_TAG], baseline, differing)
+
+
+def ui_link(root: Path, experiment_id: str, pipeline: Any, view: str | None) -> str:
+    """The link to `pipeline`'s view: on the tracking server, or through `make ui` (its
+    default address) for this checkout's own store; no secret of the URI in it."""
+    uri = redact(tracking_uri(root))
+    path = pipeline_path(experiment_id, pipeline, view)
+    return f"{uri.rstrip('/')}{path}" if is_server(uri) else f"{MAKE_UI_URL}{path}"
