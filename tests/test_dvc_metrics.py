@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,8 +132,8 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
         ["git", "show", "HEAD:params.yaml"], cwd=repo, capture_output=True, text=True
     ).stdout
     metrics = make("metrics")
-    said, diff = metrics.split("dvc metrics diff", 1)[1].split("\n", 1)
-    assert said == f": the workspace against HEAD's figures, from {head_run('copy')}"
+    said, diff = metrics.split("\n", 1)
+    assert said == f"The workspace's figures against HEAD's, from {head_run('copy')}:"
     [line] = [
         line for line in diff.splitlines() if "cpu.json" in line and "steady_epoch_s " in line
     ]
@@ -180,7 +182,8 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
 
     metrics = make("metrics")
     assert "reports/metrics/cpu.json" in metrics and "No figures committed" not in metrics
-    assert f"against HEAD's figures, from {head_run('a run')}" in metrics  # the user's now
+    assert "Skipped here" not in metrics  # the copy's params.yaml has cpu alone
+    assert f"against HEAD's, from {head_run('a run')}:" in metrics  # the user's now
     exps = make("exps")
     assert "cpu" in exps and "steady epoch s" in exps
     assert exps.splitlines()[0] == f"HEAD's figures: {head_run('a run')}"
@@ -195,6 +198,78 @@ def test_dvc_metrics_show_and_diff_work_without_the_dvc_cache(tmp_path) -> None:
     subprocess.run(["git", "rm", "-r", "-q", "--cached", "reports/metrics"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "no figures"], cwd=repo, check=True)
     assert "No figures committed yet to diff against" in make("metrics")
+
+
+def _cpu_only_workspace(tmp_path: Path) -> Path:
+    """A repository whose HEAD holds the run of record's figures (and its results page), and
+    whose workspace holds a CPU-only run's, as compare writes them: cpu's figures, each CUDA
+    variant's file empty (skipped)."""
+    repo = dvc_repo(tmp_path)
+    for name in ["reports/metrics", f"docs/results/{RUN_OF_RECORD}"]:
+        shutil.copytree(REPO / name, repo / name)
+    shutil.copy2(REPO / f"docs/results/{RUN_OF_RECORD}.md", repo / "docs" / "results")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "the H200 run"], cwd=repo, check=True)
+    cpu = json.loads((REPO / "reports" / "metrics" / "cpu.json").read_text())
+    here = {"cpu": {key: 2 * value for key, value in cpu.items()}}
+    reason = "needs CUDA but no NVIDIA driver found (NVML could not start): no GPU on this machine"
+    skipped = {"status": "skipped", "reason": reason}
+    names = [path.stem for path in (repo / "reports" / "metrics").glob("*.json")]
+    here |= {name: skipped for name in names if name != "cpu"}
+    report.write_variant_metrics(repo / "reports" / report.METRICS_DIR, here)
+    return repo
+
+
+RUN_OF_RECORD = "2026-12-03-h200-run-of-record"  # whose figures the repository ships
+
+
+def test_make_metrics_shows_the_variants_trained_here_and_names_the_skipped(tmp_path) -> None:
+    """A CPU-only run against the committed H200 run of record: `dvc metrics diff` listed
+    about 50 rows, most `-` (issue #40); `make metrics` lists cpu's figures beside HEAD's and
+    names the variants skipped here in one line, pointing to HEAD's figures for them."""
+    from helpers import load_script
+
+    repo = _cpu_only_workspace(tmp_path)
+    for name in ("Makefile", "uv.lock", "tools/metrics_diff.py"):  # `make metrics`, untracked
+        (repo / name).parent.mkdir(exist_ok=True)
+        shutil.copy2(REPO / name, repo / name)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "COLUMNS": "120", "ACCELBENCH_ENV": sys.prefix}
+    make = ["make", "--no-print-directory", "-o", "setup", "metrics"]  # the tests' environment
+    shown = subprocess.run(make, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    said, header, *rows, skipped = shown.stdout.splitlines()
+    assert said.startswith("The workspace's figures against HEAD's, from ")
+    assert said.endswith(" the H200 run:")
+    assert header.split() == ["Path", "Metric", "HEAD", "workspace", "Change"]
+    assert {row.split()[0] for row in rows} == {"reports/metrics/cpu.json"}
+    assert len(rows) == len(json.loads((REPO / "reports" / "metrics" / "cpu.json").read_text()))
+    assert skipped == (
+        "Skipped here (reports/comparison.md says why): amp, amp_uncompiled, ddp, gpu, "
+        f"gpu_dataloader, gpu_uncompiled; HEAD's figures for them: docs/results/{RUN_OF_RECORD}.md"
+    )
+    assert (REPO / "docs" / "results" / f"{RUN_OF_RECORD}.md").is_file()
+    raw = subprocess.run(  # DVC's own diff stays as it is
+        [DVC, "metrics", "diff"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    ).stdout.splitlines()
+    assert sum(line.split()[3:4] == ["-"] for line in raw) > 40
+
+    # no results page holds HEAD's figures (a run committed by a user): DVC's diff has them
+    tool_module = load_script(REPO / "tools" / "metrics_diff.py")
+    shutil.rmtree(repo / "docs")
+    head = tool_module.head_figures(repo)
+    assert tool_module.skipped_line(repo, ["gpu"], head).endswith(
+        "; HEAD's figures for them: `dvc metrics diff` lists them"
+    )
+    assert tool_module.skipped_line(repo, ["ddp"], head).endswith(
+        "; HEAD has no figures for them either"  # skipped on the H200 too: one GPU
+    )
+    # a workspace as HEAD has it: no run here since
+    subprocess.run(["git", "checkout", "-q", "--", "reports"], cwd=repo, check=True)
+    same = subprocess.run(make, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert same.stdout.splitlines()[1] == (
+        "the same: no run here since (`make repro` writes this machine's)"
+    )
 
 
 def test_make_exps_lists_the_variants_in_params_order() -> None:

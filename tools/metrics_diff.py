@@ -1,0 +1,130 @@
+"""`make metrics`: the figures of the variants trained here beside HEAD's, then one line naming
+the variants skipped here.
+
+    python tools/metrics_diff.py      (what `make metrics` runs, in the repository root)
+
+`dvc metrics diff` lists every figure that differs between HEAD and the workspace. On a
+machine without a GPU the CUDA variants are skipped and their files are empty, so against the
+committed H200 run of record it listed about 50 rows, most of them `-`. This runs DVC's diff
+on the files of the variants trained here (`--targets`) and names the skipped ones (an empty
+file) in one line, with where HEAD's figures for them are: the docs/results/ page of HEAD's
+run (the page whose comparison.json holds the same figures), else `dvc metrics diff`. Plain
+`dvc metrics diff` stays DVC's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+METRICS_DIR = "reports/metrics"  # dvc.yaml's compare metrics: one file per variant
+COMPARISON_MD = "reports/comparison.md"  # compare's report: why each variant was skipped
+RESULTS = Path("docs") / "results"  # a page per run, its files in the folder of its name
+MATCHED = "steady_epoch_s"  # the figure that identifies a run's page
+
+
+def _git(root: Path, *args: str) -> str | None:
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
+def _figures(text: str | None) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def workspace_figures(root: Path) -> dict[str, dict[str, Any]]:
+    """Each variant's figures in the workspace's metrics files (a skipped variant's: none)."""
+    found = {}
+    for path in sorted((root / METRICS_DIR).glob("*.json")):
+        figures = _figures(path.read_text()) if path.is_file() else None
+        if figures is not None:
+            found[path.stem] = figures
+    return found
+
+
+def head_figures(root: Path) -> dict[str, dict[str, Any]]:
+    """Each variant's figures as HEAD has them (none committed: empty)."""
+    listed = _git(root, "ls-tree", "--name-only", "HEAD", f"{METRICS_DIR}/") or ""
+    found = {}
+    for name in listed.split():
+        path = Path(name)
+        if path.suffix == ".json":
+            figures = _figures(_git(root, "show", f"HEAD:{name}"))
+            if figures is not None:
+                found[path.stem] = figures
+    return found
+
+
+def head_run(root: Path) -> str:
+    """The commit HEAD's figures come from, as the other make targets name it."""
+    run = _git(root, "log", "-1", "--format=%h (%as) %s", "HEAD", "--", METRICS_DIR)
+    return run.strip() if run and run.strip() else "none committed"
+
+
+def results_page(root: Path, head: Mapping[str, Mapping[str, Any]]) -> Path | None:
+    """The docs/results/ page of the run HEAD's figures are: the one whose comparison.json has
+    every steady epoch that HEAD's files have (None: no page has them)."""
+    wanted = {name: f[MATCHED] for name, f in head.items() if isinstance(f.get(MATCHED), float)}
+    if not wanted:
+        return None
+    for comparison in sorted((root / RESULTS).glob("*/comparison.json")):
+        recorded = _figures(comparison.read_text()) or {}
+        if all(
+            isinstance(entry := recorded.get(name), dict)
+            and isinstance(entry.get(MATCHED), float)
+            and math.isclose(entry[MATCHED], steady, rel_tol=1e-9)
+            for name, steady in wanted.items()
+        ):
+            page = comparison.parent.with_suffix(".md")
+            return page.relative_to(root) if page.is_file() else None
+    return None
+
+
+def skipped_line(root: Path, skipped: list[str], head: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line naming the variants this run has no figures for, and where HEAD's are."""
+    line = f"Skipped here ({COMPARISON_MD} says why): {', '.join(skipped)}"
+    if not any(head.get(name) for name in skipped):
+        return f"{line}; HEAD has no figures for them either"
+    page = results_page(root, head)
+    return f"{line}; HEAD's figures for them: {page or '`dvc metrics diff` lists them'}"
+
+
+def main(root: Path) -> int:
+    head = head_figures(root)
+    if not head:
+        print(
+            "No figures committed yet to diff against: commit them after a run "
+            "(docs/comparing-with-dvc.md)."
+        )
+        return 0
+    print(f"The workspace's figures against HEAD's, from {head_run(root)}:")
+    workspace = workspace_figures(root)
+    if workspace == head:
+        print("the same: no run here since (`make repro` writes this machine's)")
+        return 0
+    trained = [name for name, figures in workspace.items() if figures]
+    skipped = [name for name in workspace if name not in trained]
+    sys.stdout.flush()  # before DVC's table
+    if trained:
+        command = ["dvc", "metrics", "diff"]
+        if skipped:  # else DVC's diff as it is: a variant since removed from params.yaml too
+            command += ["--targets", *(f"{METRICS_DIR}/{name}.json" for name in trained)]
+        done = subprocess.run(command, cwd=root)
+        if done.returncode != 0:
+            return done.returncode
+    if skipped:
+        print(skipped_line(root, skipped, head))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path.cwd()))
