@@ -6,7 +6,8 @@ What accelbench sets is asserted: the key columns whole (the first beside the pa
 skipped variants listed with why, MLflow's server without its job runner and telemetry. What
 MLflow 3.17 lets no setting change is marked xfail(strict): the test fails, and says so, the
 day an MLflow upgrade makes it pass. With $ACCELBENCH_SCREENSHOT_DIR set, the screenshots go
-there (docs/img/mlflow-first-screen-cpu*.png are made so); else to the test's folder."""
+there (docs/img/mlflow-first-screen-cpu*.png and mlflow-experiment-beside-baseline.png are
+made so); else to the test's folder."""
 
 from __future__ import annotations
 
@@ -217,3 +218,65 @@ def test_no_shared_view_banner_on_the_first_screen(seen) -> None:
 )
 def test_a_run_page_opens_in_model_training(seen) -> None:
     assert not seen["run_page_genai"]
+
+
+def _git_checkout(root: Path) -> str:
+    """`root` as a git checkout with one commit: the baseline an experiment is run from."""
+    root.mkdir()
+    (root / "README").write_text("a checkout\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                "commit", "-qm", "baseline"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_an_experiment_opens_beside_its_baseline(tmp_path) -> None:
+    """After `dvc repro` and `dvc exp run -S train.lr=0.002` (tiny real runs on the CPU, as DVC
+    runs their stages), the link `make ui` prints opens both pipelines' variants, by variant,
+    each row saying whose it is, train.lr the one param column: whole beside the Assistant.
+    Its screenshot is docs/img/mlflow-experiment-beside-baseline.png."""
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path / "checkout"
+    commit = _git_checkout(root)
+    mirror = tmp_path / "mirror"
+    checksums = write_fake_mnist(mirror)
+    prepared = tmp_path / "prepared"
+    prepare(prepared, DATASETS["mnist"], lambda f: mnist.prepare_into(mirror, f, checksums))
+    variants = {
+        k: v for k, v in repo_params_raw()["variants"].items() if k in {"cpu", "gpu", "amp"}
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
+        patch.setenv("DVC_STAGE", "compare")  # as `dvc repro` runs the stages
+        patch.chdir(root)
+        run_all_stages(root, small_params(variants), prepared)
+        patch.setenv("DVC_EXP_NAME", "lr-high")
+        patch.setenv("DVC_EXP_BASELINE_REV", commit)
+        run_all_stages(root, small_params(variants, lr=0.002), prepared)
+    mlflow.set_tracking_uri(None)
+    process, link = _start_ui(root, mlflow_ui.free_port())
+    shots = _screenshot_dir(tmp_path)
+    whose = ["lr-high", f"baseline {commit[:7]}"]
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=mlflow_ui.chromium_path(), args=mlflow_ui.CHROMIUM_ARGS
+            )
+            page = browser.new_context(viewport=WINDOW).new_page()
+            page.goto(link)
+            page.get_by_text(whose[1], exact=True).first.wait_for()
+            page.wait_for_timeout(3000)  # MLflow opens its Assistant after the first render
+            whole = page.evaluate(_WHOLE_JS, ["Run Name", "experiment", "train.lr"])
+            order = page.evaluate(
+                "() => [...document.querySelectorAll('[role=gridcell][col-id*=experiment]')]"
+                ".map(c => c.innerText.trim())"
+            )
+            page.screenshot(path=str(shots / "mlflow-experiment-beside-baseline.png"))
+            browser.close()
+    finally:
+        mlflow_ui.stop_server(process)
+    assert whole == {"Run Name": True, "experiment": True, "train.lr": True}
+    assert order == whose * 3  # amp, cpu, gpu: the experiment's run above its baseline's

@@ -51,7 +51,8 @@ VIEW_SORT = "metrics.`steady_epoch_s`"  # ascending: the fastest variant first
 # An experiment beside its baseline: by variant (the UI's key for its Run Name column), each
 # experiment's run just above its baseline's (MLflow then sorts the newest first)
 BESIDE_SORT = "tags.`mlflow.runName`"
-BESIDE_WHOSE_WIDTH = 170
+BESIDE_WHOSE_WIDTH = 170  # "baseline 1a2b3c4" whole; a reused run's longer text on hover
+BESIDE_PARAM_WIDTH = 110  # wide enough for the group's header, "Parameters"
 # The first columns: what answers "who is fastest", as text with its interval, wide enough
 # for an H200 run's figures at 1600 px; then whether a variant trained and why not, and the
 # numbers to sort and chart by. Beside the Assistant panel MLflow opens on a first visit
@@ -113,7 +114,7 @@ def experiment_view(
     (WHOSE_TAG); beside a baseline (`params` not None) a column per param that differs, and
     the rows by variant, else fastest first."""
     whose = {f"tags.`{WHOSE_TAG}`": BESIDE_WHOSE_WIDTH}
-    differing = {f"params.`{param}`": None for param in params or ()}
+    differing = {f"params.`{param}`": BESIDE_PARAM_WIDTH for param in params or ()}
     sort = VIEW_SORT if params is None else BESIDE_SORT
     return _view(
         name, variants_filter(pipeline_run_id, rows), sort, whose | differing | VIEW_COLUMNS
