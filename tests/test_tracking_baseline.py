@@ -159,3 +159,7 @@ def test_a_dvc_experiment_is_shown_beside_its_baseline(
         ("gpu", "seed-1"),
     ]
     assert not [c for c in state["columnOrder"] if c.startswith("params.")]
+    # the link opens that view, not a filter of its own (the UI's default columns)
+    assert training_view_url("http://ui", tmp_path / "mlflow.db").endswith(
+        f"viewStateShareKey={VIEW_ID}"
+    )

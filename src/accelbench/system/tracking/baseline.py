@@ -39,6 +39,7 @@ from accelbench.system.tracking.view import (
     VIEW_TAG,
     WHOSE_TAG,
     experiment_view,
+    named_variant_runs,
     pipeline_path,
     pipeline_variants,
 )
@@ -167,7 +168,8 @@ def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
             f"{experiment} beside its baseline", pipeline_run_id, rows, beside.differing
         )
     else:
-        view = experiment_view(f"{experiment}: no baseline", pipeline_run_id, own, None)
+        named = named_variant_runs(pipeline.data.tags)  # as the link finds them: its children
+        view = experiment_view(f"{experiment}: no baseline", pipeline_run_id, named, None)
     for key, value in tags.items():
         client.set_tag(pipeline_run_id, key, value)
     once_more_on_conflict(lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, view))
