@@ -42,11 +42,8 @@ CLASSES = 10
 
 
 def md5_file(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
     with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(stream, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
 
 
 def check_archive(path: Path, expected_md5: str) -> None:

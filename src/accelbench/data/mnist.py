@@ -147,12 +147,8 @@ def read_split(
 ) -> tuple[Split, dict[str, bytes]]:
     """A split's images and labels, and the decompressed IDX files they came from, each
     checked against `checksums` (None: unchecked)."""
-    checksums = checksums or {}
-    raw: dict[str, bytes] = {}
-    for kind in ("images-idx3", "labels-idx1"):
-        stem = f"{prefix}-{kind}-ubyte"
-        raw[stem] = _decompressed(raw_dir / f"{stem}.gz", checksums.get(stem))
-    images_name, labels_name = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+    names = images_name, labels_name = f"{prefix}-images-idx3-ubyte", f"{prefix}-labels-idx1-ubyte"
+    raw = {n: _decompressed(raw_dir / f"{n}.gz", (checksums or {}).get(n)) for n in names}
     images = parse_idx(raw[images_name], IMAGES_MAGIC, f"{images_name}.gz")
     labels = parse_idx(raw[labels_name], LABELS_MAGIC, f"{labels_name}.gz")
     if len(images) != len(labels):

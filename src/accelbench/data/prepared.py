@@ -30,7 +30,6 @@ from accelbench.core.console import InputError
 from accelbench.data.datasets import DATASETS, Dataset, Split
 
 MANIFEST = "manifest.json"
-_CHUNK = 1 << 20
 _AGAIN = "run `accelbench prepare` (or `dvc repro prepare`) again"
 
 # prepare's temporaries beside its folder: `.<name>.prepare-<random>` (being built) and
@@ -139,11 +138,8 @@ def write_manifest(out_dir: Path, dataset: Dataset) -> None:
 
 
 def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 _verified: set[tuple[str, float]] = set()  # (folder, manifest mtime): checked in this process
@@ -181,7 +177,6 @@ def _manifest(prepared_dir: Path) -> dict:
 
 
 def verify_prepared(prepared_dir: Path) -> None:
-    """Every file of the manifest is there with its SHA-256 (once per process and folder)."""
     _manifest(prepared_dir)
 
 
