@@ -54,30 +54,6 @@ OWN_OPTIONS = {
 }
 
 
-def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database",
-        default=os.environ.get(DATABASE_ENV),
-        metavar="URI",
-        help="the PostgreSQL database that holds the runs: postgresql://USER[:PASSWORD]@HOST"
-        f"[:PORT]/DB (default ${DATABASE_ENV}; a password may come from PGPASSWORD or ~/.pgpass)",
-    )
-    parser.add_argument(
-        "--artifacts",
-        default=os.environ.get(ARTIFACTS_ENV),
-        metavar="DEST",
-        help="where the server keeps artifacts: a folder (created if missing) or an object-store "
-        f"URI such as s3://bucket/path (default ${ARTIFACTS_ENV})",
-    )
-    parser.add_argument(
-        "--host",
-        default=DEFAULT_HOST,
-        help=f"the address to listen on (default {DEFAULT_HOST}: this machine only; "
-        "0.0.0.0 for a team)",
-    )
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
-
-
 def check_database_uri(uri: str | None) -> str:
     """The URI, if it names a PostgreSQL database; else InputError saying what to write."""
     if not uri:
@@ -270,16 +246,10 @@ def refused_url(allowed: str, url: str) -> str | None:
     )
 
 
-def server_warnings() -> str:
-    """PYTHONWARNINGS for an MLflow server: UI_WARNINGS, then the user's own (the later wins)."""
-    given = os.environ.get("PYTHONWARNINGS")
-    return UI_WARNINGS + (f",{given}" if given else "")
-
-
 def mlflow_server_env() -> dict[str, str]:
     """The environment of an MLflow server accelbench starts (`accelbench server`, `make ui`):
     the user's, with MLflow's job runner and usage telemetry off unless the user set them, and
-    `server_warnings()`."""
+    UI_WARNINGS before the user's own PYTHONWARNINGS (the later wins)."""
     env = {**os.environ}
     # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
     # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
@@ -287,7 +257,7 @@ def mlflow_server_env() -> dict[str, str]:
     # As the stages: no usage data from the server, nor (its answer to the UI) from the browser.
     for key in TELEMETRY_OFF:
         env.setdefault(key, "true")
-    env["PYTHONWARNINGS"] = server_warnings()
+    env["PYTHONWARNINGS"] = ",".join(filter(None, (UI_WARNINGS, env.get("PYTHONWARNINGS"))))
     return env
 
 
@@ -311,7 +281,27 @@ def parser() -> argparse.ArgumentParser:
         "(e.g. -- --workers 2 --allowed-hosts mlbox:5000).",
         epilog="Exit codes: 2 refused before starting (the line says what to fix); else MLflow's.",
     )
-    arguments(parser)
+    parser.add_argument(
+        "--database",
+        default=os.environ.get(DATABASE_ENV),
+        metavar="URI",
+        help="the PostgreSQL database that holds the runs: postgresql://USER[:PASSWORD]@HOST"
+        f"[:PORT]/DB (default ${DATABASE_ENV}; a password may come from PGPASSWORD or ~/.pgpass)",
+    )
+    parser.add_argument(
+        "--artifacts",
+        default=os.environ.get(ARTIFACTS_ENV),
+        metavar="DEST",
+        help="where the server keeps artifacts: a folder (created if missing) or an object-store "
+        f"URI such as s3://bucket/path (default ${ARTIFACTS_ENV})",
+    )
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"the address to listen on (default {DEFAULT_HOST}: this machine only; "
+        "0.0.0.0 for a team)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="default %(default)s")
     return parser
 
 
