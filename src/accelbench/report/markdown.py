@@ -80,14 +80,12 @@ def _is_comparison(payload: Any) -> bool:
     )
 
 
-def _comparison_json(path: Path) -> bool:
-    return _is_comparison(json_payload(path))
-
-
 # What compare writes, as it recognises its earlier outputs (anything else there is refused).
 VARIANT_METRICS = Kind("a metrics file written by `accelbench compare`", _variant_metrics_file)
 COMPARISON_MD = text_kind("a comparison.md written by `accelbench compare`", prose.TITLE)
-COMPARISON_JSON = Kind("a comparison.json written by `accelbench compare`", _comparison_json)
+COMPARISON_JSON = Kind(
+    "a comparison.json written by `accelbench compare`", lambda p: _is_comparison(json_payload(p))
+)
 PIPELINE_TIME_JSON = json_kind(
     "a pipeline_time.json written by `accelbench compare`", "span_s", "stages"
 )
@@ -186,11 +184,6 @@ class ReportResult:
     comparison: dict[str, ComparisonEntry]  # comparison.json, by variant
 
 
-def _speedups(figures: Mapping[str, VariantFigures]) -> dict[str, float | None]:
-    """Each variant's point speedup over the baseline (the figures' labels)."""
-    return {n: f.speedup.value if f.speedup else None for n, f in figures.items()}
-
-
 def _cell(value: Any, kind: str) -> str:
     if value is None:
         return "n/a"
@@ -228,18 +221,6 @@ def _precision_mode(variant: VariantParams) -> str:
     return variant.precision
 
 
-def _tflops(train: TrainSummary) -> str:
-    share = train.peak_share
-    achieved = train.steady_tflops
-    return f"{achieved:.2f} ({share:.1%})" if share is not None else f"{achieved:.2f}"
-
-
-def _no_steady(row: Row) -> str:
-    """Why a trained variant has no steady epoch: one epoch, or each a warm-up (resumed) or
-    stopped."""
-    return prose.ONE_EPOCH if row.train.epochs == 1 else prose.NO_STEADY_EPOCH
-
-
 def _answer_table(
     rows: list[Row], figures: Mapping[str, VariantFigures], spec: ReportSpec
 ) -> list[str]:
@@ -268,7 +249,9 @@ def _answer_cells(
     row: Row, f: VariantFigures | None, spec: ReportSpec, compared: bool
 ) -> list[str]:
     if f is None:  # skipped, or no steady epoch
-        why = _no_steady(row) if row.trained else prose.SKIPPED_CELL
+        why = prose.SKIPPED_CELL
+        if row.trained:  # no steady epoch: one epoch, or each a warm-up (resumed) or stopped
+            why = prose.ONE_EPOCH if row.train.epochs == 1 else prose.NO_STEADY_EPOCH
         # one epoch measures no speed, but the model was tested
         accuracy = _cell(row.test_accuracy, "pct") if row.trained else "—"
         device = f"{row.variant.device}, {row.variant.precision}"
@@ -354,7 +337,7 @@ def _details_cells(row: Row, speedups: dict[str, float | None], spec: ReportSpec
         _cell(t.steady_samples_per_s, "int"),
         _cell(speedups.get(row.name), "x"),
         _cell(t.data_wait_fraction, "pct0"),
-        _tflops(t),
+        f"{t.steady_tflops:.2f}" + (f" ({t.peak_share:.1%})" if t.peak_share is not None else ""),
         _cell(t.peak_host_rss_mib, "mib"),
         _cell(t.peak_gpu_mem_mib, "mib"),
         _cell(t.steady_gpu_energy_j_per_epoch, "j"),
@@ -494,7 +477,9 @@ def document(
     pipeline: PipelineTime | None = None,
 ) -> str:
     """comparison.md: the answer (headline, table, summary figure), then the details."""
-    speedups = _speedups(figures) if len(figures) > 1 else {}  # one variant: nothing to compare
+    speedups = {  # each variant's point speedup; one variant: nothing to compare
+        n: f.speedup.value if f.speedup else None for n, f in figures.items() if len(figures) > 1
+    }
     flops = next((r.train.flops_per_sample for r in rows if r.trained), None)
     dataset = prose.DATASET_TITLES.get(spec.dataset, spec.dataset)
     lines = [
