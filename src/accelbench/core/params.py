@@ -25,14 +25,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlparse
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from accelbench.core.console import InputError, clip, echo
 

@@ -55,22 +55,10 @@ def confusion_figure(path: Path, matrix: np.ndarray, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 5.2))
     image = ax.imshow(np.log1p(matrix), cmap="Blues")
     for (i, j), count in np.ndenumerate(matrix):
-        ax.text(
-            j,
-            i,
-            str(count),
-            ha="center",
-            va="center",
-            fontsize=7,
-            color="white" if i == j else "black",
-        )
-    ax.set(
-        xticks=range(10),
-        yticks=range(10),
-        xlabel="predicted digit",
-        ylabel="actual digit",
-        title=title,
-    )
+        color = "white" if i == j else "black"
+        ax.text(j, i, str(count), ha="center", va="center", fontsize=7, color=color)
+    ax.set(xticks=range(10), yticks=range(10), title=title)
+    ax.set(xlabel="predicted digit", ylabel="actual digit")
     fig.colorbar(image, ax=ax, label="log(1 + count)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
