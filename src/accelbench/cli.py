@@ -189,20 +189,16 @@ def _interruption(exc: BaseException) -> str | None:
     return None
 
 
-COMPILE_CACHE = Path(".accelbench") / "compile-cache"
-CUDA_JIT_CACHE = Path(".accelbench") / "cuda-jit-cache"
-
-
 def _persistent_compile_cache(root: Path) -> None:
     """torch.compile's caches (Inductor's FX graphs, AOTAutograd, Triton kernels) in the
     checkout, not in the system's temporary folder: a second run on this machine compiles
     nothing. The CUDA driver's JIT cache too (cuDNN's engines built from PTX), so that the
     portable compile cache carries it (`training/compile_cache.py`). Set before torch is
     imported; torchrun's children inherit them. A user's own setting wins."""
-    cache = root / COMPILE_CACHE
+    cache = root / ".accelbench" / "compile-cache"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-    os.environ.setdefault("CUDA_CACHE_PATH", str(root / CUDA_JIT_CACHE))
+    os.environ.setdefault("CUDA_CACHE_PATH", str(root / ".accelbench" / "cuda-jit-cache"))
 
 
 def _end_process(code: int) -> NoReturn:

@@ -310,12 +310,6 @@ def fmt_time(figure: Figure | None) -> str:
     return _fmt_figure(figure, fmt_seconds)
 
 
-def _precision_threads(variant: VariantParams) -> str:
-    if variant.device == "cpu" and variant.threads:
-        return f"{variant.precision}, {variant.threads} threads"
-    return variant.precision
-
-
 def fastest(figures: Mapping[str, VariantFigures]) -> str:
     """The variant with the shortest steady epoch."""
     return min(figures, key=lambda n: figures[n].steady_epoch.value)
@@ -377,7 +371,9 @@ def _fastest_sentence(
 ) -> str:
     name = fastest(figures)
     best, variant = figures[name], by_name[name].variant
-    faster = ""
+    faster, precision = "", variant.precision
+    if variant.device == "cpu" and variant.threads:
+        precision += f", {variant.threads} threads"
     if best.speedup is not None and name != baseline:
         faster = prose.FASTER_THAN.format(speedup=fmt_speedup(best.speedup), baseline=baseline)
     others = "; ".join(
@@ -389,7 +385,7 @@ def _fastest_sentence(
         **where,
         name=name,
         device=variant.device,
-        precision=_precision_threads(variant),
+        precision=precision,
         rank=prose.RANK_FIRST if len(figures) > 1 else prose.RANK_ONLY,
         steady=fmt_time(best.steady_epoch),
         faster=faster,

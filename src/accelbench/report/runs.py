@@ -98,11 +98,6 @@ def _speedup_baseline(runs: list[Any]) -> str:
     return "/".join(sorted(named))  # one, unless runs compared over different baselines
 
 
-def _unreadable(uri: str, exc: BaseException) -> str:
-    """Why `accelbench runs` cannot read the runs at `uri`, and what to do."""
-    return f"cannot read MLflow tracking at {uri} ({describe_failure(exc)}); {remedy(uri, exc)}"
-
-
 def summary_markdown(root: Path) -> str:
     """`accelbench runs`: the newest pipeline run's variants, fastest first, and the link to
     them in the UI. Reading creates no store where there is none."""
@@ -124,7 +119,9 @@ def summary_markdown(root: Path) -> str:
                 view = client.get_experiment(parent.info.experiment_id).tags.get(VIEW_TAG)
                 beside = beside_of(client, parent)  # a DVC experiment's: beside its baseline
     except tracking_errors() as exc:
-        raise TrackingUnreachable(_unreadable(tracking_uri(root), exc)) from exc
+        uri = tracking_uri(root)
+        why = f"cannot read MLflow tracking at {uri} ({describe_failure(exc)}); {remedy(uri, exc)}"
+        raise TrackingUnreachable(why) from exc
     if parent is None:
         return f"No pipeline run in {redact(tracking_uri(root))} yet: run `dvc repro`."
     link = pipeline_path(parent.info.experiment_id, parent, view)

@@ -388,13 +388,11 @@ def counts() -> tuple[int, int]:
     """(hits, misses) of this process's graph caches (Inductor's and AOTAutograd's)."""
     from torch._dynamo.utils import counters
 
-    hits = (
-        counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    inductor, aot = counters["inductor"], counters["aot_autograd"]
+    return (
+        inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"],
+        inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"],
     )
-    misses = (
-        counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
-    )
-    return hits, misses
 
 
 def _read(path: Path) -> tuple[dict, bytes, bytes]:
