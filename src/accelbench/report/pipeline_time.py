@@ -135,10 +135,8 @@ def markdown(pipeline: PipelineTime) -> list[str]:
         name = t.stage if t.stage in pipeline.this_run else prose.UP_TO_DATE.format(stage=t.stage)
         if t.stage == pipeline.current:  # logging to MLflow and its outputs come after
             name += prose.UNTIL_THIS_REPORT
-        training = _s(t.training_s) if t.training_s is not None else "–"
-        lines.append(
-            f"| {name} | {_s(t.wall_s)} | {training} | {_s(t.overhead_s)} | {_largest(t)} |"
-        )
+        cells = (name, _s(t.wall_s), _s(t.training_s), _s(t.overhead_s), _largest(t))
+        lines.append("| " + " | ".join(cells) + " |")
     wall, training, overhead = map(_s, (pipeline.wall_s, pipeline.training_s, pipeline.overhead_s))
     lines += [prose.PIPELINE_TOTAL.format(wall=wall, training=training, overhead=overhead), ""]
     if pipeline.span_s is not None:
