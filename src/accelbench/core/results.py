@@ -33,24 +33,7 @@ from pydantic.dataclasses import dataclass as record
 
 from accelbench.core import phases
 from accelbench.core.console import DISK_FULL_ERRNOS, InputError, first_sentence
-
-# Kind, MetricsFiles, claim, refuse_foreign(_folder), remove_leftovers and staged: imported
-# from here by training/loop.py and stages/train.py alone (another change is under way there),
-# until those import them from outputs.py
-from accelbench.core.outputs import (
-    EVAL_JSON,
-    TRAIN_JSON,
-    Kind,  # noqa: F401
-    MetricsFiles,  # noqa: F401
-    a_file,
-    atomic_path,
-    claim,  # noqa: F401
-    refuse_foreign,  # noqa: F401
-    refuse_foreign_folder,  # noqa: F401
-    remove_leftovers,  # noqa: F401
-    staged,  # noqa: F401
-    write_json,
-)
+from accelbench.core.outputs import EVAL_JSON, TRAIN_JSON, a_file, atomic_path, write_json
 from accelbench.core.params import problems
 
 # --- The records: strict pydantic dataclasses, checked where they are built and where read ---

@@ -15,27 +15,30 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accelbench.core import phases
 from accelbench.core.console import log
-from accelbench.core.params import Params, TrainRecipe, VariantParams
-from accelbench.core.results import (
+from accelbench.core.outputs import (
     Kind,
     MetricsFiles,
-    ModelFile,
-    Skipped,
-    TrainResult,
-    TrainSummary,
     claim,
-    read_train,
     refuse_foreign,
     refuse_foreign_folder,
     remove_leftovers,
     staged,
-    write_epochs_csv,
     write_json,
+)
+from accelbench.core.params import Params, TrainRecipe, VariantParams
+from accelbench.core.results import (
+    ModelFile,
+    Skipped,
+    TrainResult,
+    TrainSummary,
+    read_train,
+    write_epochs_csv,
 )
 from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import lifetime, slots
@@ -110,35 +113,40 @@ def run(
         if where.skip_reason is not None:
             return record_skip(name, inputs, where.skip_reason, out)
         if where.launch:
-            cfg = variant.distributed
-            with phases.phase("launch"):
-                torchrun.launch(name, cfg, argv or [], keep_fds=locks + tenancy.fds)
-            if cfg.node_rank != 0:
-                log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
-                return None
-            summary = read_train(out.metrics.train_json)
-            if isinstance(summary, TrainSummary):
-                phases.RECORDER.training_s = summary.total_train_s
-            return record_sharing(summary, tenancy.shared(), out)
+            return _launch(name, variant, out, argv or [], locks + tenancy.fds, tenancy.shared)
         with phases.phase("imports"):  # MLflow and the model code: only to train
             from accelbench.training import build
             from accelbench.training.loop import train
 
         build.check_prepared(inputs.dataset, prepared_dir)
         job = TrainJob(
-            name,
-            inputs.recipe,
-            variant,
-            inputs.dataset,
-            prepared_dir,
-            where,
-            out,
-            root,
-            quiet,
+            name, inputs.recipe, variant, inputs.dataset, prepared_dir, where, out, root, quiet
         )
         with torchrun.process_group(where, variant.distributed):
             summary = train(job)
         return record_sharing(summary, tenancy.shared(), out)
+
+
+def _launch(
+    name: str,
+    variant: VariantParams,
+    out: TrainOutputs,
+    argv: list[str],
+    keep_fds: tuple[int, ...],
+    shared: Callable[[], str | None],
+) -> TrainResult | None:
+    """Train under torchrun, which re-runs this command in its workers; node 0's outputs, with
+    what else ran on this host meanwhile (`shared`: `slots.Tenancy.shared`)."""
+    cfg = variant.distributed
+    with phases.phase("launch"):
+        torchrun.launch(name, cfg, argv, keep_fds=keep_fds)
+    if cfg.node_rank != 0:
+        log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
+        return None
+    summary = read_train(out.metrics.train_json)
+    if isinstance(summary, TrainSummary):
+        phases.RECORDER.training_s = summary.total_train_s
+    return record_sharing(summary, shared(), out)
 
 
 def _takes_the_cpu(variant: VariantParams) -> bool:

@@ -510,15 +510,9 @@ def fit(
         for epoch in range(first_epoch, recipe.epochs):
             model.train()
             stopped_from = hooks.stopped_s()  # outside the timed epoch: the heartbeat's lock
-            totals = _train_epoch(
-                step,
-                scheduler,
-                train_batches.epoch(epoch),
-                losses,
-                clock,
-                (hooks.gpu_energy_j, hooks.cpu_energy_j),
-                hooks.on_step,
-            )
+            energy = (hooks.gpu_energy_j, hooks.cpu_energy_j)
+            batches = train_batches.epoch(epoch)
+            totals = _train_epoch(step, scheduler, batches, losses, clock, energy, hooks.on_step)
             stopped_s = hooks.stopped_s() - stopped_from
             check_nonfinite(totals.finite, epoch + 1, recipe.max_nonfinite_steps, variant)
             if spec.distributed:
@@ -534,9 +528,10 @@ def fit(
             if hooks.on_epoch is not None:
                 hooks.on_epoch(record)
             if hooks.on_checkpoint is not None:
-                hooks.on_checkpoint(
-                    _training_state(epoch + 1, model, optimizer, scheduler, step.scaler, records)
+                state = _training_state(
+                    epoch + 1, model, optimizer, scheduler, step.scaler, records
                 )
+                hooks.on_checkpoint(state)
     finally:
         step.close()  # a graph holding DDP's collectives must not outlive training
 

@@ -17,16 +17,9 @@ import torch
 
 from accelbench.core import phases
 from accelbench.core.console import log
+from accelbench.core.outputs import remove_leftovers, staged, write_json
 from accelbench.core.progress import EpochProgress, fmt_seconds
-from accelbench.core.results import (
-    EpochRecord,
-    ModelFile,
-    TrainSummary,
-    remove_leftovers,
-    staged,
-    write_epochs_csv,
-    write_json,
-)
+from accelbench.core.results import EpochRecord, ModelFile, TrainSummary, write_epochs_csv
 from accelbench.core.timing import Heartbeat
 from accelbench.data import prepared
 from accelbench.data.batches import Batches, ResidentBatches
@@ -48,29 +41,15 @@ def train(job: TrainJob) -> TrainSummary | None:
         engine.start_device(placement.device)
     fitting = _Fitting.build(job)
     cache_key = compile_cache.key_for(variant, placement.device) if out.compile_cache else None
-    loaded = compile_cache.Loaded()
-    if cache_key is not None:
-        with phases.phase("step_setup"):  # before the first step compiles
-            loaded = compile_cache.load(out.compile_cache, cache_key, job.root)
-        if placement.main and (loaded.reason or loaded.artifacts):
-            log(
-                f"train {job.name}: {loaded.reason}"
-                if loaded.reason
-                else f"train {job.name}: compile cache {out.compile_cache}: {loaded.artifacts} "
-                f"entries, {loaded.added} graphs new here (loaded in {loaded.seconds:.2f} s)"
-            )
+    loaded = _load_compile_cache(job, cache_key)
     with phases.phase("model"):
-        flops_per_sample = build.flops_per_sample(
-            job.dataset, fitting.model, job.root / FLOPS_CACHE
-        )
+        flops = build.flops_per_sample(job.dataset, fitting.model, job.root / FLOPS_CACHE)
     steps = len(fitting.batches)
     if placement.main:
         log(_start_line(job, fitting.batches.num_samples))
         remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
-    checkpoint_path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
-    checkpointer = Checkpointer(
-        checkpoint_path, job.run_params, job.name, device=placement.device_name
-    )
+    path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
+    checkpointer = Checkpointer(path, job.run_params, job.name, device=placement.device_name)
     with phases.phase("checkpoint"):
         resume = checkpointer.load()
     if out.profile is not None:
@@ -98,20 +77,13 @@ def train(job: TrainJob) -> TrainSummary | None:
             variant,
             placement,
             accumulation_steps=accumulation,
-            flops_per_sample=flops_per_sample,
+            flops_per_sample=flops,
             repeats=repeats,
             compile_cache=cache_state,
         )
         model_file = ModelFile(job.name, "trained", run_id, job.run_params, state_dict)
         phases.RECORDER.training_s = summary.total_train_s
-        with phases.phase("outputs"), staged() as outputs:  # all new or all old
-            write_json(outputs(out.metrics.train_json), summary.to_json())
-            write_epochs_csv(outputs(out.metrics.epochs_csv), records)
-            model_file.save(outputs(out.model))
-            if out.compile_cache is not None:
-                on_gpu = placement.device.type == "cuda"  # cuDNN's JIT-built engines too
-                jit = compile_cache.jit_folder(job.root) if on_gpu else None
-                compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), cache_key, jit)
+        _write_outputs(job, summary, records, model_file, cache_key)
         _track_outputs(job, summary, model_file, fitting.test_batches.images[:4])
     log(
         f"train {job.name}: first epoch {summary.first_epoch_s:.2f} s, steady "
@@ -120,6 +92,42 @@ def train(job: TrainJob) -> TrainSummary | None:
     )
     checkpointer.discard()
     return summary
+
+
+def _load_compile_cache(job: TrainJob, key: compile_cache.CacheKey | None) -> compile_cache.Loaded:
+    """The portable compile cache's graphs, before the first step compiles (said on rank 0)."""
+    if key is None:
+        return compile_cache.Loaded()
+    with phases.phase("step_setup"):
+        loaded = compile_cache.load(job.out.compile_cache, key, job.root)
+    if job.placement.main and (loaded.reason or loaded.artifacts):
+        log(
+            f"train {job.name}: {loaded.reason}"
+            if loaded.reason
+            else f"train {job.name}: compile cache {job.out.compile_cache}: {loaded.artifacts} "
+            f"entries, {loaded.added} graphs new here (loaded in {loaded.seconds:.2f} s)"
+        )
+    return loaded
+
+
+def _write_outputs(
+    job: TrainJob,
+    summary: TrainSummary,
+    records: list[EpochRecord],
+    model_file: ModelFile,
+    cache_key: compile_cache.CacheKey | None,
+) -> None:
+    """train.json, epochs.csv, the model file and the portable compile cache: all new or all
+    old."""
+    out = job.out
+    with phases.phase("outputs"), staged() as outputs:
+        write_json(outputs(out.metrics.train_json), summary.to_json())
+        write_epochs_csv(outputs(out.metrics.epochs_csv), records)
+        model_file.save(outputs(out.model))
+        if out.compile_cache is not None:
+            on_gpu = job.placement.device.type == "cuda"  # cuDNN's JIT-built engines too
+            jit = compile_cache.jit_folder(job.root) if on_gpu else None
+            compile_cache.save(outputs(out.compile_cache, compile_cache.KIND), cache_key, jit)
 
 
 @dataclass
@@ -200,6 +208,18 @@ class _Fitting:
             progress.close()
         return repeats
 
+    def _energy_readers(self) -> tuple[Callable[[], float] | None, Callable[[], float] | None]:
+        """NVML's (a CUDA variant's GPU) and RAPL's (the host's share, every variant) energy
+        counters, each None where unreadable."""
+        placement = self.job.placement
+        with phases.phase("device"):
+            gpu = (
+                hardware.gpu_energy_reader(placement.device.index or 0)
+                if self.job.variant.uses_cuda
+                else None
+            )
+            return gpu, hardware.cpu_energy_reader()
+
     def _fit_once(
         self,
         progress: EpochProgress,
@@ -216,11 +236,7 @@ class _Fitting:
         job = self.job
         variant, placement = job.variant, job.placement
         device = placement.device
-        with phases.phase("device"):  # NVML's and RAPL's energy counters
-            gpu_energy_j = (
-                hardware.gpu_energy_reader(device.index or 0) if variant.uses_cuda else None
-            )
-            cpu_energy_j = hardware.cpu_energy_reader()  # the host's share, every variant
+        gpu_energy_j, cpu_energy_j = self._energy_readers()
 
         def on_epoch(record: EpochRecord) -> None:
             progress.epoch_done(record)
@@ -234,13 +250,8 @@ class _Fitting:
         if fresh:
             recipe = job.recipe if seed is None else job.recipe.model_copy(update={"seed": seed})
             self.model = build.fresh_model(job.dataset, recipe, variant, device)
-        spec = engine.FitSpec(
-            job.recipe,
-            variant,
-            device,
-            accumulation_steps=accumulation_steps,
-            distributed=placement.backend is not None,
-        )
+        distributed = placement.backend is not None
+        spec = engine.FitSpec(job.recipe, variant, device, accumulation_steps, distributed)
         # one profile per attempt: an OOM retry starts counting steps again
         with profiling.step_profiler(
             job.out.profile if track else None,
