@@ -55,7 +55,7 @@ def _patch(options: set[str], variant):
     import torch
     from torch import nn
 
-    from accelbench.training import engine, models
+    from accelbench.training import engine, models, step
 
     if "cdt" in options:
         torch._inductor.config.coordinate_descent_tuning = True
@@ -83,7 +83,7 @@ def _patch(options: set[str], variant):
 
         engine.configure_backends = configure_all
     if "eagershift" in options:
-        engine.TrainStep.augment = torch.compiler.disable(engine.TrainStep.augment)
+        step.TrainStep.augment = torch.compiler.disable(step.TrainStep.augment)
     if "im2col" in options:
         models.conv2d_one_channel = conv2d_im2col
     return variant

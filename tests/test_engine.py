@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from accelbench.core.params import TrainParams, VariantParams
 from accelbench.core.results import EpochRecord
 from accelbench.data.datasets import DATASETS
-from accelbench.training import engine
+from accelbench.training import engine, step
 from accelbench.training.models import SeedCNN
 from helpers import fit_small
 
@@ -181,7 +181,7 @@ def test_amp_and_fp32_losses_agree_on_one_batch() -> None:
     y = torch.randint(0, 10, (256,), device=device)
     reference = torch.nn.functional.cross_entropy(model(x), y)
     for precision, tol in (("bf16", 2e-2), ("fp16", 5e-3)):
-        with engine.autocast(VariantParams(device="cuda", precision=precision), device):
+        with step.autocast(VariantParams(device="cuda", precision=precision), device):
             loss = torch.nn.functional.cross_entropy(model(x).float(), y)
         assert abs(loss.item() - reference.item()) / reference.item() < tol
 
@@ -226,7 +226,7 @@ def test_graph_captured_step_matches_eager_steps(prepared) -> None:
 def test_random_shift_translates_each_image_within_bounds() -> None:
     torch.manual_seed(0)
     images = torch.randn(16, 1, 28, 28)
-    shifted = engine.random_shift(images, 2, fill=-9.0)
+    shifted = step.random_shift(images, 2, fill=-9.0)
     padded = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-9.0)
     offsets = set()
     for i in range(16):
@@ -244,7 +244,7 @@ def test_random_shift_translates_each_image_within_bounds() -> None:
 def test_random_shift_moves_every_channel_of_an_image_together() -> None:
     torch.manual_seed(0)
     images = torch.randn(8, 3, 32, 32)
-    shifted = engine.random_shift(images, 2, fill=-1.0)
+    shifted = step.random_shift(images, 2, fill=-1.0)
     assert shifted.shape == images.shape
     padded = torch.nn.functional.pad(images, (2, 2, 2, 2), value=-1.0)
     for i in range(8):
@@ -285,7 +285,7 @@ def _poison_cross_entropy(monkeypatch, bad_calls) -> None:
                 loss = loss * float("inf")
         return loss
 
-    monkeypatch.setattr(engine, "F", types.SimpleNamespace(cross_entropy=cross_entropy, pad=F.pad))
+    monkeypatch.setattr(step, "F", types.SimpleNamespace(cross_entropy=cross_entropy, pad=F.pad))
 
 
 def test_consecutive_nonfinite_losses_fail_naming_epoch_and_step(

@@ -362,7 +362,7 @@ if "LOCAL_RANK" in os.environ and os.getppid() == int(os.environ["ACCELBENCH_PAR
         from torch._dynamo.eval_frame import _get_total_cache_entry_count
         from torch._dynamo.utils import counters
         from torch.nn.parallel import DistributedDataParallel
-        from accelbench.training.engine import TrainStep
+        from accelbench.training.step import TrainStep
 
         try:  # issubclass: isinstance fails on a dead weak proxy
             ddp = sum(issubclass(type(o), DistributedDataParallel) for o in gc.get_objects())

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
 KIND = text_kind("a compile cache written by `accelbench train`", '{"format": "accelbench-')
 # the code torch.compile traces in a step: the loss with its augmentation, and the models;
 # an edit to either makes the saved graphs useless (though harmless: Inductor misses)
-STEP_MODULES = ("accelbench.training.engine", "accelbench.training.models")
+STEP_MODULES = ("accelbench.training.step", "accelbench.training.models")
 
 
 @dataclass(frozen=True)
