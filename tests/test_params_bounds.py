@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from accelbench.core import params as params_module
-from accelbench.core.params import MAX_PROBLEMS, ParamsError, cpu_limit, load_params, parse_params
+from accelbench.core.params import ParamsError, cpu_limit, load_params, parse_params
+from accelbench.core.problems import MAX_PROBLEMS
 from helpers import REPO
 
 TEXT = (REPO / "params.yaml").read_text()

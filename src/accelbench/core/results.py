@@ -34,7 +34,7 @@ from pydantic.dataclasses import dataclass as record
 from accelbench.core import phases
 from accelbench.core.console import DISK_FULL_ERRNOS, InputError, first_sentence
 from accelbench.core.outputs import EVAL_JSON, TRAIN_JSON, a_file, atomic_path, write_json
-from accelbench.core.params import problems
+from accelbench.core.problems import problems
 
 # --- The records: strict pydantic dataclasses, checked where they are built and where read ---
 #
