@@ -4,13 +4,16 @@ the headline figures (as metrics, and the key ones as text tags for the runs tab
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import mlflow
@@ -293,7 +296,6 @@ def log_artifact(path: Path, artifact_path: str | None = None) -> None:
 def log_model(model, input_example, name: str) -> None:
     """The trained model with a signature inferred from an input example, named after its
     variant (the models view lists the variants' models by name)."""
-    import mlflow.pytorch
     import torch
 
     with (
@@ -304,7 +306,7 @@ def log_model(model, input_example, name: str) -> None:
     ):
         output = model(torch.as_tensor(input_example)).numpy()
         signature = mlflow.models.infer_signature(input_example, output)
-        mlflow.pytorch.log_model(
+        pytorch_flavour().log_model(
             model,
             name=name,
             signature=signature,
@@ -315,6 +317,26 @@ def log_model(model, input_example, name: str) -> None:
             serialization_format="pickle",
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
+
+
+def pytorch_flavour() -> ModuleType:
+    """MLflow's PyTorch flavour, imported without PyTorch Lightning. Where Lightning is
+    installed (as on many research machines), `import mlflow.pytorch` imports it for an
+    autologging callback accelbench never uses, and with it torchmetrics, transformers and
+    scipy.signal: 4.6 s of a train stage on an H200 host, the largest import of the stage
+    (docs/results/2026-12-03-h200-stage-anatomy.md). For this one import `pytorch_lightning`
+    is None in `sys.modules`, which makes importing it an ImportError, the case MLflow's
+    flavour handles (Lightning not installed); afterwards it imports as before."""
+    if (flavour := sys.modules.get("mlflow.pytorch")) is not None:
+        return flavour
+    blocked = "pytorch_lightning" not in sys.modules
+    if blocked:
+        sys.modules["pytorch_lightning"] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module("mlflow.pytorch")
+    finally:
+        if blocked and sys.modules.get("pytorch_lightning", False) is None:
+            del sys.modules["pytorch_lightning"]
 
 
 @contextmanager
