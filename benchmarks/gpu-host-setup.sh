@@ -14,3 +14,18 @@ export PYTHONPATH="/tmp/site:$PWD/src" PATH="/tmp/site/bin:$PATH"
 printf '#!/bin/sh\nexec python3 -m accelbench.cli "$@"\n' > /tmp/site/bin/accelbench
 chmod +x /tmp/site/bin/accelbench
 [ -d .git ] || { git init -q && git add -A && git -c user.name=run -c user.email=run@localhost commit -qm run; }
+# The host's own packages (torch, sympy, numpy, ...) came without bytecode and the image sets
+# PYTHONDONTWRITEBYTECODE: every stage compiled them from source again (4,017 compile()
+# calls, 7.6 s of a profiled train stage; docs/results/2026-12-03-h200-stage-anatomy.md).
+# A user's install has bytecode (pip and the Dockerfile compile it), so the host's get the
+# same, once, before anything is timed: the packages a stage and torch.compile import.
+start=$(date +%s)
+python3 -m compileall -q -j 0 $(python3 - <<'EOF'
+import sys, sysconfig
+import accelbench.cli, accelbench.training.loop, mlflow, torch._dynamo, torch._inductor.compile_fx
+host = sysconfig.get_paths()["purelib"] + "/"
+print(*sorted({host + m.__file__.removeprefix(host).split("/")[0] for m in list(sys.modules.values())
+               if (getattr(m, "__file__", None) or "").startswith(host)}))
+EOF
+) > /dev/null
+echo "bytecode for the host's packages: $(( $(date +%s) - start )) s"
