@@ -128,7 +128,7 @@ HEAD_RUN = run="$$(git log -1 --format='%h (%as) %s' HEAD -- reports/metrics 2>/
 # naming those skipped here: without a GPU, DVC's own diff against the H200 run of record
 # listed about 50 rows, most `-` (tools/metrics_diff.py).
 metrics: setup  ## the figures of the variants trained here beside HEAD's run, and those skipped
-	@python tools/metrics_diff.py
+	@python tools/metrics_diff.py "$$($(HEAD_RUN))"
 
 # `dvc plots show` alone loads Vega from a CDN: `make plots` renders with Vega inlined, from
 # the vl-convert-python package, so the page draws offline too. Without REV it draws the

@@ -1,7 +1,7 @@
 """`make metrics`: the figures of the variants trained here beside HEAD's, then one line naming
 the variants skipped here.
 
-    python tools/metrics_diff.py      (what `make metrics` runs, in the repository root)
+    python tools/metrics_diff.py RUN    (what `make metrics` runs; RUN: the Makefile's HEAD_RUN)
 
 `dvc metrics diff` lists every figure that differs between HEAD and the workspace. On a
 machine without a GPU the CUDA variants are skipped and their files are empty, so against the
@@ -64,12 +64,6 @@ def head_figures(root: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-def head_run(root: Path) -> str:
-    """The commit HEAD's figures come from, as the other make targets name it."""
-    run = _git(root, "log", "-1", "--format=%h (%as) %s", "HEAD", "--", METRICS_DIR)
-    return run.strip() if run and run.strip() else "none committed"
-
-
 def results_page(root: Path, head: Mapping[str, Mapping[str, Any]]) -> Path | None:
     """The docs/results/ page of the run HEAD's figures are: the one whose comparison.json has
     every steady epoch that HEAD's files have (None: no page has them)."""
@@ -98,7 +92,7 @@ def skipped_line(root: Path, skipped: list[str], head: Mapping[str, Mapping[str,
     return f"{line}; HEAD's figures for them: {page or '`dvc metrics diff` lists them'}"
 
 
-def main(root: Path) -> int:
+def main(root: Path, head_run: str) -> int:
     head = head_figures(root)
     if not head:
         print(
@@ -106,7 +100,7 @@ def main(root: Path) -> int:
             "(docs/comparing-with-dvc.md)."
         )
         return 0
-    print(f"The workspace's figures against HEAD's, from {head_run(root)}:")
+    print(f"The workspace's figures against HEAD's, from {head_run}:")
     workspace = workspace_figures(root)
     if workspace == head:
         print("the same: no run here since (`make repro` writes this machine's)")
@@ -127,4 +121,6 @@ def main(root: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path.cwd()))
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} RUN (`make metrics` runs it, RUN naming HEAD's run)")
+    sys.exit(main(Path.cwd(), sys.argv[1]))
