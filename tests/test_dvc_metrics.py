@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from accelbench.report import markdown as report
+from accelbench.report.prose import RUN_OF_RECORD  # whose figures the repository ships
 from helpers import DVC, REPO, dvc_repo
 
 
@@ -205,9 +206,9 @@ def _cpu_only_workspace(tmp_path: Path) -> Path:
     whose workspace holds a CPU-only run's, as compare writes them: cpu's figures, each CUDA
     variant's file empty (skipped)."""
     repo = dvc_repo(tmp_path)
-    for name in ["reports/metrics", f"docs/results/{RUN_OF_RECORD}"]:
+    for name in ["reports/metrics", RUN_OF_RECORD.removesuffix(".md")]:
         shutil.copytree(REPO / name, repo / name)
-    shutil.copy2(REPO / f"docs/results/{RUN_OF_RECORD}.md", repo / "docs" / "results")
+    shutil.copy2(REPO / RUN_OF_RECORD, repo / RUN_OF_RECORD)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "the H200 run"], cwd=repo, check=True)
@@ -219,9 +220,6 @@ def _cpu_only_workspace(tmp_path: Path) -> Path:
     here |= {name: skipped for name in names if name != "cpu"}
     report.write_variant_metrics(repo / "reports" / report.METRICS_DIR, here)
     return repo
-
-
-RUN_OF_RECORD = "2026-12-03-h200-run-of-record"  # whose figures the repository ships
 
 
 def test_make_metrics_shows_the_variants_trained_here_and_names_the_skipped(tmp_path) -> None:
@@ -246,9 +244,9 @@ def test_make_metrics_shows_the_variants_trained_here_and_names_the_skipped(tmp_
     assert len(rows) == len(json.loads((REPO / "reports" / "metrics" / "cpu.json").read_text()))
     assert skipped == (
         "Skipped here (reports/comparison.md says why): amp, amp_uncompiled, ddp, gpu, "
-        f"gpu_dataloader, gpu_uncompiled; HEAD's figures for them: docs/results/{RUN_OF_RECORD}.md"
+        f"gpu_dataloader, gpu_uncompiled; HEAD's figures for them: {RUN_OF_RECORD}"
     )
-    assert (REPO / "docs" / "results" / f"{RUN_OF_RECORD}.md").is_file()
+    assert (REPO / RUN_OF_RECORD).is_file()
     raw = subprocess.run(  # DVC's own diff stays as it is
         [DVC, "metrics", "diff"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
     ).stdout.splitlines()

@@ -7,9 +7,9 @@ the variants skipped here.
 machine without a GPU the CUDA variants are skipped and their files are empty, so against the
 committed H200 run of record it listed about 50 rows, most of them `-`. This runs DVC's diff
 on the files of the variants trained here (`--targets`) and names the skipped ones (an empty
-file) in one line, with where HEAD's figures for them are: the docs/results/ page of HEAD's
-run (the page whose comparison.json holds the same figures), else `dvc metrics diff`. Plain
-`dvc metrics diff` stays DVC's own.
+file) in one line, with where HEAD's figures for them are: the run of record's page when HEAD's
+figures are that run's (its comparison.json holds the same figures), else `dvc metrics diff`.
+Plain `dvc metrics diff` stays DVC's own.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from accelbench.report.prose import RUN_OF_RECORD
+
 METRICS_DIR = "reports/metrics"  # dvc.yaml's compare metrics: one file per variant
 COMPARISON_MD = "reports/comparison.md"  # compare's report: why each variant was skipped
-RESULTS = Path("docs") / "results"  # a page per run, its files in the folder of its name
-MATCHED = "steady_epoch_s"  # the figure that identifies a run's page
+MATCHED = "steady_epoch_s"  # the figure that identifies the run of record
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -65,22 +66,18 @@ def head_figures(root: Path) -> dict[str, dict[str, Any]]:
 
 
 def results_page(root: Path, head: Mapping[str, Mapping[str, Any]]) -> Path | None:
-    """The docs/results/ page of the run HEAD's figures are: the one whose comparison.json has
-    every steady epoch that HEAD's files have (None: no page has them)."""
+    """The run of record's page if HEAD's figures are that run's: its comparison.json (in the
+    folder of the page's name) has every steady epoch that HEAD's files have (None: not so)."""
     wanted = {name: f[MATCHED] for name, f in head.items() if isinstance(f.get(MATCHED), float)}
-    if not wanted:
-        return None
-    for comparison in sorted((root / RESULTS).glob("*/comparison.json")):
-        recorded = _figures(comparison.read_text()) or {}
-        if all(
-            isinstance(entry := recorded.get(name), dict)
-            and isinstance(entry.get(MATCHED), float)
-            and math.isclose(entry[MATCHED], steady, rel_tol=1e-9)
-            for name, steady in wanted.items()
-        ):
-            page = comparison.parent.with_suffix(".md")
-            return page.relative_to(root) if page.is_file() else None
-    return None
+    comparison = root / RUN_OF_RECORD.removesuffix(".md") / "comparison.json"
+    recorded = _figures(comparison.read_text()) if comparison.is_file() else None
+    same = bool(wanted) and all(
+        isinstance(entry := (recorded or {}).get(name), dict)
+        and isinstance(entry.get(MATCHED), float)
+        and math.isclose(entry[MATCHED], steady, rel_tol=1e-9)
+        for name, steady in wanted.items()
+    )
+    return Path(RUN_OF_RECORD) if same and (root / RUN_OF_RECORD).is_file() else None
 
 
 def skipped_line(root: Path, skipped: list[str], head: Mapping[str, Mapping[str, Any]]) -> str:
