@@ -60,17 +60,18 @@ _WHOLE_JS = """names => Object.fromEntries(names.map(name => {
 }))"""
 
 
-def _laptop_store(root: Path) -> None:
-    """A tiny real pipeline on the CPU: cpu trains (fake digits, 2 epochs), gpu and amp are
-    skipped on a machine without CUDA (as on the laptop), compare logs the figures."""
-    mirror = root / "mirror"
+@pytest.fixture(scope="module")
+def laptop(tmp_path_factory) -> tuple[Path, dict]:
+    """A tiny real pipeline's inputs on the CPU: fake digits, prepared, and the variants cpu
+    (trains 2 epochs), gpu and amp (skipped on a machine without CUDA, as on the laptop)."""
+    folder = tmp_path_factory.mktemp("digits")
+    mirror, prepared = folder / "mirror", folder / "prepared"
     checksums = write_fake_mnist(mirror)
-    prepared = root / "prepared"
     prepare(prepared, DATASETS["mnist"], lambda f: mnist.prepare_into(mirror, f, checksums))
     variants = {
         k: v for k, v in repo_params_raw()["variants"].items() if k in {"cpu", "gpu", "amp"}
     }
-    run_all_stages(root, small_params(variants), prepared)
+    return prepared, variants
 
 
 def _start_ui(root: Path, port: int) -> tuple[subprocess.Popen, str]:
@@ -102,7 +103,7 @@ def _screenshot_dir(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def seen(tmp_path_factory) -> dict:
+def seen(tmp_path_factory, laptop) -> dict:
     """What a new user saw, and the server's processes while they looked."""
     from playwright.sync_api import sync_playwright
 
@@ -113,7 +114,8 @@ def seen(tmp_path_factory) -> dict:
         patch.setenv("ACCELBENCH_SLOTS_DIR", str(root / "slots"))
         patch.setattr(outage, "_outage", None)
         patch.chdir(root)
-        _laptop_store(root)
+        prepared, variants = laptop
+        run_all_stages(root, small_params(variants), prepared)  # compare logs the figures
     mlflow.set_tracking_uri(None)
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -232,7 +234,7 @@ def _git_checkout(root: Path) -> str:
     ).stdout.strip()
 
 
-def test_an_experiment_opens_beside_its_baseline(tmp_path) -> None:
+def test_an_experiment_opens_beside_its_baseline(tmp_path, laptop) -> None:
     """After `dvc repro` and `dvc exp run -S train.lr=0.002` (tiny real runs on the CPU, as DVC
     runs their stages), the link `make ui` prints opens both pipelines' variants, by variant,
     each row saying whose it is, train.lr the one param column: whole beside the Assistant.
@@ -241,13 +243,7 @@ def test_an_experiment_opens_beside_its_baseline(tmp_path) -> None:
 
     root = tmp_path / "checkout"
     commit = _git_checkout(root)
-    mirror = tmp_path / "mirror"
-    checksums = write_fake_mnist(mirror)
-    prepared = tmp_path / "prepared"
-    prepare(prepared, DATASETS["mnist"], lambda f: mnist.prepare_into(mirror, f, checksums))
-    variants = {
-        k: v for k, v in repo_params_raw()["variants"].items() if k in {"cpu", "gpu", "amp"}
-    }
+    prepared, variants = laptop
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
         patch.setenv("DVC_STAGE", "compare")  # as `dvc repro` runs the stages
