@@ -5,7 +5,7 @@ metrics files."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -198,14 +198,6 @@ def _cell(value: Any, kind: str) -> str:
     }[kind]
 
 
-def _md_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    return [
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-        *("| " + " | ".join(map(str, cells)) + " |" for cells in rows),
-    ]
-
-
 def _columns(names: str, spec: ReportSpec | None = None, **fields: Any) -> list[str]:
     """A table's column names (prose's, as its first line reads), with the report's baseline
     and target filled in."""
@@ -234,7 +226,7 @@ def _answer_table(
     gpu_trained = any(r.trained and r.variant.device == "cuda" for r in rows)
     notes = shared_notes(rows)
     return [
-        *_md_table(head, cells),
+        *prose.table(head, cells),
         "",
         prose.ANSWER_NOTE.format(
             samples=_samples_note(rows, figures), method=spread.METHOD, one_seed=_one_seed(rows)
@@ -317,7 +309,7 @@ def _details_table(
         return []
     head = _columns(prose.DETAILS_COLUMNS, spec)
     shown = [i for i in range(len(head)) if any(cells[i] != "n/a" for cells in table)]
-    return _md_table([head[i] for i in shown], ([cells[i] for i in shown] for cells in table))
+    return prose.table([head[i] for i in shown], ([cells[i] for i in shown] for cells in table))
 
 
 def _details_cells(row: Row, speedups: dict[str, float | None], spec: ReportSpec) -> list[str]:
@@ -378,7 +370,7 @@ def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
             )
     if not cells:
         return []
-    table = _md_table(_columns(prose.SCALING_COLUMNS), cells)
+    table = prose.table(_columns(prose.SCALING_COLUMNS), cells)
     return [prose.SCALING, "", *table, "", prose.SCALING_NOTE, *notes, ""]
 
 
@@ -389,7 +381,7 @@ def _quantized_lines(rows: list[Row]) -> list[str]:
         return []
     q = measured[0].quantized
     head = _columns(prose.QUANTIZED_COLUMNS, batch=q.batch_size)
-    table = _md_table(head, (cells for r in measured for cells in _quantized_cells(r)))
+    table = prose.table(head, (cells for r in measured for cells in _quantized_cells(r)))
     note = prose.QUANTIZED_NOTE.format(q=q)
     return [prose.QUANTIZED, "", *table, "", note, ""]
 
@@ -439,7 +431,7 @@ def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
                 usd_per_1000(upto.total_usd) if upto else prose.NOT_REACHED,
             ]
         )
-    table = _md_table(_columns(prose.COST_COLUMNS, spec), cells)
+    table = prose.table(_columns(prose.COST_COLUMNS, spec), cells)
     return [prose.COST, "", *table, "", prose.COST_NOTE.format(**spec.cost.model_dump()), ""]
 
 

@@ -130,13 +130,13 @@ def _largest(timing: StageTiming, n: int = 3) -> str:
 
 
 def markdown(pipeline: PipelineTime) -> list[str]:
-    lines = [prose.PIPELINE_TIME, prose.PIPELINE_COLUMNS, "|---|---|---|---|---|"]
+    rows = []
     for t in pipeline.stages:
         name = t.stage if t.stage in pipeline.this_run else prose.UP_TO_DATE.format(stage=t.stage)
         if t.stage == pipeline.current:  # logging to MLflow and its outputs come after
             name += prose.UNTIL_THIS_REPORT
-        cells = (name, _s(t.wall_s), _s(t.training_s), _s(t.overhead_s), _largest(t))
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append((name, _s(t.wall_s), _s(t.training_s), _s(t.overhead_s), _largest(t)))
+    lines = [prose.PIPELINE_TIME, *prose.table(prose.PIPELINE_COLUMNS.split(" | "), rows)]
     wall, training, overhead = map(_s, (pipeline.wall_s, pipeline.training_s, pipeline.overhead_s))
     lines += [prose.PIPELINE_TOTAL.format(wall=wall, training=training, overhead=overhead), ""]
     if pipeline.span_s is not None:

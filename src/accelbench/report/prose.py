@@ -1,12 +1,24 @@
 """The wording of reports/comparison.md, as plain text blocks: `{name}` is a field that
 markdown.py and answer.py fill with a figure already computed and formatted. A block written
-over several lines here is one line in the report (a paragraph), unless it says otherwise."""
+over several lines here is one line in the report (a paragraph), unless it says otherwise.
+`table` lays out every markdown table: the report's and `accelbench runs`'."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 
 def _paragraph(text: str) -> str:
     return " ".join(text.split())
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A markdown table's lines: its head, the rule under it, a line per row."""
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(map(str, cells)) + " |" for cells in rows),
+    ]
 
 
 TITLE = "# accelbench comparison"
@@ -173,7 +185,7 @@ Each stage's wall time from its process's start to its end, the timed epochs in 
 *overhead*, split into phases (seconds). Stages DVC found up to date are shown as last
 run, in italics, and are not in the totals.
 """
-PIPELINE_COLUMNS = "| stage | wall | timed epochs | overhead | largest overhead phases (s) |"
+PIPELINE_COLUMNS = "stage | wall | timed epochs | overhead | largest overhead phases (s)"
 UP_TO_DATE = "*{stage} (up to date)*"
 UNTIL_THIS_REPORT = " (until this report)"
 PIPELINE_TOTAL = "| **all stages that ran** | **{wall}** | **{training}** | **{overhead}** | |"

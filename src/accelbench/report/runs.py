@@ -11,6 +11,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from accelbench.core.console import AccelbenchError, InputError, redact
+from accelbench.report import prose
 from accelbench.system.tracking.baseline import beside_of
 from accelbench.system.tracking.logs import FIGURE_TAGS, SPEEDUP_BASELINE_TAG, figure_text
 from accelbench.system.tracking.outage import describe_failure, logs_held, remedy, tracking_errors
@@ -46,7 +47,7 @@ def _figures(run: Any) -> dict[str, str | None]:
     return {tag: figure_text(run.data.metrics, *keys) for tag, keys in FIGURE_TAGS.items()}
 
 
-def _summary_row(run: Any) -> str:
+def _summary_row(run: Any) -> list[str]:
     metrics, tags = run.data.metrics, run.data.tags
     # compare's evaluation of the trained model; else the last epoch the run logged (an
     # older run, or one whose evaluation was not logged)
@@ -63,7 +64,7 @@ def _summary_row(run: Any) -> str:
         run.info.status,
         run.info.run_id,
     ]
-    return "| " + " | ".join("n/a" if c is None else c for c in cells) + " |"
+    return ["n/a" if c is None else c for c in cells]
 
 
 def _result(status: str, run_status: str) -> str:
@@ -77,16 +78,9 @@ def _result(status: str, run_status: str) -> str:
 
 _UNFINISHED = {"KILLED": "interrupted", "FAILED": "failed", "RUNNING": "unfinished"}
 
-SUMMARY_COLUMNS = (
-    "variant",
-    "speedup vs {baseline} (95% interval)",
-    "steady epoch (95% interval)",
-    "test accuracy",
-    "time to target",
-    "result",
-    "device",
-    "run status",
-    "run id",
+SUMMARY_COLUMNS = (  # as the table's first line reads
+    "variant | speedup vs {baseline} (95% interval) | steady epoch (95% interval) | test accuracy"
+    " | time to target | result | device | run status | run id"
 )
 
 
@@ -135,15 +129,14 @@ def summary_markdown(root: Path) -> str:
     # fastest first (as the UI's view); variants without a steady epoch after them, in order
     ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
     skipped = [r for r in children if r.data.tags.get("status") == "skipped"]
+    head = SUMMARY_COLUMNS.format(baseline=_speedup_baseline(children)).split(" | ")
     lines = [
         f"MLflow: {uri}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
         f"Its variants {where}",
         *([beside.line()[:1].upper() + beside.line()[1:]] if beside else []),
         "",
-        "| " + " | ".join(SUMMARY_COLUMNS).format(baseline=_speedup_baseline(children)) + " |",
-        "|" + "---|" * len(SUMMARY_COLUMNS),
-        *(_summary_row(run) for run in ranked),
+        *prose.table(head, map(_summary_row, ranked)),
     ]
     if skipped:
         lines += ["", "Skipped on this machine:"]
