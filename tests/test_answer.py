@@ -344,6 +344,8 @@ def test_time_to_target_and_accuracy_over_seeds_come_from_the_repeats() -> None:
         [[0.2, 0.97], [0.15, 0.98], [0.15, 0.985]],  # never
     ]
     row.train = replace(row.train, repeats=3, repeat_epochs=repeats)
+    # the stage's timed epochs, for where the pipeline's time goes: every seed's
+    assert row.train.timed_s == pytest.approx(row.train.total_train_s + 1.0)
     figures = variant_figures([row], None, 0.99)
     spread = figures["amp_uncompiled"].seeds
     run_to_target = figures["amp_uncompiled"].to_target.value
@@ -373,4 +375,7 @@ def test_each_repeat_trains_at_the_next_seed(tmp_path, prepared, mlflow_store) -
     (repeat,) = trained["cpu"].repeat_epochs
     assert trained["cpu"].repeats == 2 and len(repeat) == 2
     assert [accuracy for _, accuracy in repeat] != run  # another seed: other weights, order
+    timing = json.loads((tmp_path / ".accelbench" / "timings" / "train@cpu.json").read_text())
+    seeds_s = trained["cpu"].total_train_s + sum(seconds for seconds, _ in repeat)
+    assert timing["training_s"] == pytest.approx(seeds_s)  # the repeat's epochs are timed too
     assert trained["one"].repeats == 1 and trained["one"].repeat_epochs == []

@@ -66,7 +66,7 @@ class Recorder:
     started_boot: float = field(default_factory=lambda: process_started() or _IMPORTED)
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # dvc.yaml's name of the stage ("train@amp"), set as soon as it is known
-    training_s: float | None = None  # a training stage's timed epochs, summed
+    training_s: float | None = None  # a training stage's timed epochs (every seed), summed
     _stack: list[tuple[str, float]] = field(default_factory=list)
 
     @contextlib.contextmanager

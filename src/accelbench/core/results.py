@@ -162,6 +162,13 @@ class TrainSummary(RunFigures):
     shared_machine: Str | None = None
     status: Literal["trained"] = "trained"
 
+    @property
+    def timed_s(self) -> float:
+        """Every timed epoch of the stage: the run's and its repeats' (the other seeds)."""
+        return self.total_train_s + sum(
+            epoch[0] for repeat in self.repeat_epochs for epoch in repeat
+        )
+
     def metrics(self) -> dict[str, float | int | None]:
         """The numeric figures, for a tracker (`epochs` is a count, not a figure)."""
         return {

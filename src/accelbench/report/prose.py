@@ -181,7 +181,7 @@ PIPELINE_TIME = """\
 ## Where the pipeline's time goes
 
 Each stage's wall time from its process's start to its end, the timed epochs in it
-(first epoch included: compilation, autotuning and graph capture), and the rest:
+(every seed's; first epochs included: compilation, autotuning and graph capture), and the rest:
 *overhead*, split into phases (seconds). Stages DVC found up to date are shown as last
 run, in italics, and are not in the totals.
 """

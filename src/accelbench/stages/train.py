@@ -145,7 +145,7 @@ def _launch(
         return None
     summary = read_train(out.metrics.train_json)
     if isinstance(summary, TrainSummary):
-        phases.RECORDER.training_s = summary.total_train_s
+        phases.RECORDER.training_s = summary.timed_s
     return record_sharing(summary, shared(), out)
 
 

@@ -82,7 +82,7 @@ def train(job: TrainJob) -> TrainSummary | None:
             compile_cache=cache_state,
         )
         model_file = ModelFile(job.name, "trained", run_id, job.run_params, state_dict)
-        phases.RECORDER.training_s = summary.total_train_s
+        phases.RECORDER.training_s = summary.timed_s
         _write_outputs(job, summary, records, model_file, cache_key)
         _track_outputs(job, summary, model_file, fitting.test_batches.images[:4])
     log(
