@@ -19,7 +19,7 @@ chmod +x /tmp/site/bin/accelbench
 # calls, 7.6 s of a profiled train stage; docs/results/2026-12-03-h200-stage-anatomy.md).
 # A user's install has bytecode (pip and the Dockerfile compile it), so the host's get the
 # same, once, before anything is timed: the packages a stage and torch.compile import.
-start=$(date +%s)
+compiling=$(date +%s)
 python3 -m compileall -q -j 0 $(python3 - <<'EOF'
 import sys, sysconfig
 import accelbench.cli, accelbench.training.loop, mlflow, torch._dynamo, torch._inductor.compile_fx
@@ -28,4 +28,4 @@ print(*sorted({host + m.__file__.removeprefix(host).split("/")[0] for m in list(
                if (getattr(m, "__file__", None) or "").startswith(host)}))
 EOF
 ) > /dev/null
-echo "bytecode for the host's packages: $(( $(date +%s) - start )) s"
+echo "bytecode for the host's packages: $(( $(date +%s) - compiling )) s"
