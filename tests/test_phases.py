@@ -196,3 +196,25 @@ def test_a_thread_holding_the_gil_is_not_a_stopped_process() -> None:
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     assert wall > 0.5, "the loop is too short to hold the tick off on this machine"
     assert heartbeat.stopped_s() <= wall - cpu + 0.3, (wall, cpu)
+
+
+def test_a_slow_ending_is_the_stage_s_own_time(tmp_path) -> None:
+    """An H200 repro's report put 21.7 s between train@gpu_dataloader's "done" and the next
+    stage into DVC's time: a stage's process ending (exit handlers, workers) is its own
+    `ending` phase, in its timing and its wall time."""
+    params = write_params(tmp_path)
+    script = (
+        "import atexit, sys, time\n"
+        "atexit.register(time.sleep, 1.5)  # an exit handler that takes its time\n"
+        "from accelbench.cli import main\n"
+        f"sys.argv = ['accelbench', '--params', {str(params)!r}, 'env', '--out', 'env']\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    said_s = float(re.search(r"done in (\S+) s \(wall\)", done.stderr)[1])
+    timing = json.loads((tmp_path / phases.TIMINGS_DIR / "env.json").read_text())
+    assert timing["phases"]["ending"] >= 1.5
+    assert timing["wall_s"] >= said_s + 1.5

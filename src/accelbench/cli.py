@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib
 import os
 import resource
@@ -214,6 +215,10 @@ def _end_process(code: int) -> NoReturn:
       exit handlers run (logging, temporary files, worker processes, MLflow), the streams
       are flushed, and the process ends.
 
+    What it takes is the stage's `ending` phase: its timing file is written again last (not
+    where the process ends by the usual exit, waiting for a thread), so a slow ending shows
+    in the report as the stage's, not as DVC's time between the stages.
+
     All of it has `lifetime.ENDING_LIMIT_S`: a handler or thread that hangs (a DDP
     communicator, say) cannot keep a finished stage alive. So Ctrl-C and SIGTERM wait for
     it: arriving now, they would cut the exit handlers short (a run left open, a traceback
@@ -221,17 +226,22 @@ def _end_process(code: int) -> NoReturn:
     for interrupt in (signal.SIGINT, signal.SIGTERM):
         signal.signal(interrupt, signal.SIG_IGN)
     lifetime.end_within(lifetime.ENDING_LIMIT_S, code, "the finished stage's process")
-    lifetime.end_compile_workers()
-    futures = sys.modules.get("concurrent.futures.thread")
-    if futures is not None:
-        futures._python_exit()  # what threading's shutdown calls: idle workers end, busy finish
-    if any(
-        t.is_alive() and not t.daemon
-        for t in threading.enumerate()
-        if t is not threading.main_thread()
-    ):
-        sys.exit(code)
-    atexit._run_exitfuncs()
+    recorder = phases.RECORDER
+    with recorder.phase("ending"):
+        lifetime.end_compile_workers()
+        futures = sys.modules.get("concurrent.futures.thread")
+        if futures is not None:
+            futures._python_exit()  # threading's shutdown does it: idle workers end, busy finish
+        if any(
+            t.is_alive() and not t.daemon
+            for t in threading.enumerate()
+            if t is not threading.main_thread()
+        ):
+            sys.exit(code)
+        atexit._run_exitfuncs()
+    if recorder.root is not None:  # the stage's timing, its wall now up to here
+        with contextlib.suppress(OSError):
+            phases.write(recorder.root, recorder.timing())
     lifetime.end_now(code)
 
 
@@ -326,6 +336,7 @@ def _run(
     if args.stage in STAGES and "LOCAL_RANK" not in os.environ:  # not a torchrun child
         timing = recorder.timing()
         phases.write(root, timing)
+        recorder.root = root  # `_end_process` adds the ending
         print(f"accelbench {timing.stage}: done in {timing.wall_s:.1f} s (wall)", file=sys.stderr)
     return 0
 

@@ -37,6 +37,7 @@ PHASES = (
     "outputs",
     "model_logging",
     "launch",
+    "ending",
 )
 DERIVED = ("fit_setup",)  # training minus the timed epochs (`StageTiming.overhead_phases`)
 
@@ -67,6 +68,7 @@ class Recorder:
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # dvc.yaml's name of the stage ("train@amp"), set as soon as it is known
     training_s: float | None = None  # a training stage's timed epochs (every seed), summed
+    root: Path | None = None  # where the stage wrote its timing, which its ending adds to
     _stack: list[tuple[str, float]] = field(default_factory=list)
 
     @contextlib.contextmanager

@@ -30,6 +30,8 @@ PHASE_LEGEND = {
     "outputs": "writing the stage's files and figures",
     "model_logging": "logging the model to MLflow",
     "launch": "waiting for torchrun's processes (a distributed stage)",
+    "ending": "the process ending after the stage's work: exit handlers, worker threads and "
+    "processes (DataLoader's, Inductor's, MLflow's)",
 }
 
 # dvc.yaml's order; a stage of another name (a variant) sorts by its prefix.

@@ -191,7 +191,7 @@ UNTIL_THIS_REPORT = " (until this report)"
 PIPELINE_TOTAL = "| **all stages that ran** | **{wall}** | **{training}** | **{overhead}** | |"
 PIPELINE_SPAN = _paragraph("""
 `dvc repro` from its first stage's start to this report: {span}; DVC's own work between the
-stages (hashing, dvc.lock, starting and ending each stage's process): {between}.""")
+stages (hashing, dvc.lock, starting each stage's process and waiting for it to exit): {between}.""")
 PIPELINE_PHASES = "Overhead by phase, over the stages that ran: {phases}."
 PHASES = "Phases: {legend}."
 
