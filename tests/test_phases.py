@@ -79,8 +79,8 @@ def test_the_pipeline_table_totals_this_repro_and_marks_stages_that_were_up_to_d
     assert "| train@gpu | 20.0 s | 12.0 s | 8.0 s | imports 10.0, other 10.0 |" in text
     assert "| compare (until this report) | 3.0 s |" in text  # its MLflow logging comes after
     assert (
-        "DVC's own work between the stages (hashing, dvc.lock, starting and ending each "
-        "stage's process): 3.0 s" in text
+        "DVC's own work between the stages (hashing, dvc.lock, starting each stage's process "
+        "and waiting for it to exit): 3.0 s" in text
     )
     stages = json.loads(json.dumps(pipeline.to_json()))["stages"]
     assert stages["train@cpu"]["this_run"] is False
