@@ -16,6 +16,8 @@ import resource
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -215,9 +217,9 @@ def _end_process(code: int) -> NoReturn:
       exit handlers run (logging, temporary files, worker processes, MLflow), the streams
       are flushed, and the process ends.
 
-    What it takes is the stage's `ending` phase: its timing file is written again last (not
-    where the process ends by the usual exit, waiting for a thread), so a slow ending shows
-    in the report as the stage's, not as DVC's time between the stages.
+    What it takes is the stage's `ending` phase: its timing file is written again last (by the
+    usual exit, once the threads are done), so a slow ending shows in the report as the
+    stage's, not as DVC's time between the stages.
 
     All of it has `lifetime.ENDING_LIMIT_S`: a handler or thread that hangs (a DDP
     communicator, say) cannot keep a finished stage alive. So Ctrl-C and SIGTERM wait for
@@ -226,23 +228,35 @@ def _end_process(code: int) -> NoReturn:
     for interrupt in (signal.SIGINT, signal.SIGTERM):
         signal.signal(interrupt, signal.SIG_IGN)
     lifetime.end_within(lifetime.ENDING_LIMIT_S, code, "the finished stage's process")
-    recorder = phases.RECORDER
-    with recorder.phase("ending"):
-        lifetime.end_compile_workers()
-        futures = sys.modules.get("concurrent.futures.thread")
-        if futures is not None:
-            futures._python_exit()  # threading's shutdown does it: idle workers end, busy finish
-        if any(
-            t.is_alive() and not t.daemon
-            for t in threading.enumerate()
-            if t is not threading.main_thread()
-        ):
-            sys.exit(code)
-        atexit._run_exitfuncs()
-    if recorder.root is not None:  # the stage's timing, its wall now up to here
-        with contextlib.suppress(OSError):
-            phases.write(recorder.root, recorder.timing())
+    ending = _ending_recorder()
+    lifetime.end_compile_workers()
+    futures = sys.modules.get("concurrent.futures.thread")
+    if futures is not None:
+        futures._python_exit()  # what threading's shutdown calls: idle workers end, busy finish
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
+        atexit.register(ending)  # the first handler to run, once the threads are done
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    ending()
     lifetime.end_now(code)
+
+
+def _ending_recorder() -> Callable[[], None]:
+    """Counts from now; called, it adds the time since as the stage's `ending` phase and
+    writes the stage's timing again (its wall time then up to here)."""
+    started, recorder = time.perf_counter(), phases.RECORDER
+
+    def ending() -> None:
+        recorder.add("ending", time.perf_counter() - started)
+        if recorder.root is not None:
+            with contextlib.suppress(OSError):
+                phases.write(recorder.root, recorder.timing())
+
+    return ending
 
 
 def _print_out(text: str, code: int = 0) -> int:
