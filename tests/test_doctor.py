@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,6 +142,24 @@ def test_gather_without_a_driver(monkeypatch) -> None:
     facts = doctor.gather()
     assert facts.driver is None and facts.nvml_gpus == ()
     assert doctor.diagnose(facts).exit_code == doctor.EXIT_CPU_ONLY
+
+
+def test_torch_without_bytecode_is_named_with_what_to_run() -> None:
+    """An H200 host's torch had no .pyc and PYTHONDONTWRITEBYTECODE set: every stage
+    compiled it from source (docs/results/2026-12-03-h200-stage-anatomy.md)."""
+    facts = _replace(torch_bytecode=False, torch_folder="/opt/venv/site-packages/torch")
+    report = doctor.diagnose(facts)
+    assert report.exit_code == doctor.EXIT_OK  # slower, not wrong
+    assert "python -m compileall -q -j 0 /opt/venv/site-packages/torch" in doctor.render(report)
+    assert "torch bytecode" not in doctor.render(doctor.diagnose(GOOD))
+
+
+def test_gather_finds_this_environment_s_torch_bytecode(monkeypatch) -> None:
+    _fake_pynvml(monkeypatch, driver=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    facts = doctor.gather()
+    assert facts.torch_bytecode is True  # make setup and the image compile it
+    assert facts.torch_folder == str(Path(torch.__file__).parent)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's answer")

@@ -10,7 +10,9 @@ for a GPU; 1 something is wrong (each problem is printed with what to do).
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from accelbench.system.hardware import GpuProbe, probe_gpus
 
@@ -34,6 +36,10 @@ class Facts:
     bf16: bool | None = None
     kernel_ok: bool | None = None  # a small kernel ran and gave the right answer
     kernel_error: str | None = None
+    # torch's compiled bytecode (.pyc), which Python writes on the first import where it may;
+    # without it every stage compiles torch from source again
+    torch_bytecode: bool | None = None
+    torch_folder: str | None = None
 
 
 @dataclass
@@ -103,6 +109,15 @@ def _rows(facts: Facts) -> list[tuple[str, str]]:
     if facts.kernel_ok is not None:
         kernel = "passed" if facts.kernel_ok else f"FAILED: {facts.kernel_error}"
         rows.append(("CUDA kernel test", kernel))
+    if facts.torch_bytecode is False:
+        rows.append(
+            (
+                "torch bytecode",
+                "none: every process compiles torch from source, seconds of each stage "
+                "(PYTHONDONTWRITEBYTECODE, or a read-only install); compile it once: "
+                f"python -m compileall -q -j 0 {facts.torch_folder}",
+            )
+        )
     return rows
 
 
@@ -161,6 +176,8 @@ def gather(probe: GpuProbe | None = None) -> Facts:
         driver_cuda=probe.driver_cuda,
         nvml_gpus=probe.nvml_gpus,
         cuda_available=probe.cuda_available,
+        torch_bytecode=Path(importlib.util.cache_from_source(torch.__file__)).exists(),
+        torch_folder=str(Path(torch.__file__).parent),
     )
     if not probe.cuda_available:
         return facts
