@@ -198,15 +198,12 @@ def test_a_thread_holding_the_gil_is_not_a_stopped_process() -> None:
     assert heartbeat.stopped_s() <= wall - cpu + 0.3, (wall, cpu)
 
 
-def test_a_slow_ending_is_the_stage_s_own_time(tmp_path) -> None:
-    """An H200 repro's report put 21.7 s between train@gpu_dataloader's "done" and the next
-    stage into DVC's time: a stage's process ending (exit handlers, workers) is its own
-    `ending` phase, in its timing and its wall time."""
+def _env_stage_as_the_program(tmp_path: Path, prelude: str) -> tuple[float, dict]:
+    """`accelbench env` run as the program (so its process ends as a stage's does), after
+    `prelude`; the wall time it said when done, and its timing file."""
     params = write_params(tmp_path)
     script = (
-        "import atexit, sys, time\n"
-        "atexit.register(time.sleep, 1.5)  # an exit handler that takes its time\n"
-        "from accelbench.cli import main\n"
+        f"{prelude}\nimport sys\nfrom accelbench.cli import main\n"
         f"sys.argv = ['accelbench', '--params', {str(params)!r}, 'env', '--out', 'env']\n"
         "main()\n"
     )
@@ -215,7 +212,15 @@ def test_a_slow_ending_is_the_stage_s_own_time(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     said_s = float(re.search(r"done in (\S+) s \(wall\)", done.stderr)[1])
-    timing = json.loads((tmp_path / phases.TIMINGS_DIR / "env.json").read_text())
+    return said_s, json.loads((tmp_path / phases.TIMINGS_DIR / "env.json").read_text())
+
+
+def test_a_slow_ending_is_the_stage_s_own_time(tmp_path) -> None:
+    """An H200 repro's report put 21.7 s between train@gpu_dataloader's "done" and the next
+    stage into DVC's time: a stage's process ending (exit handlers, workers) is its own
+    `ending` phase, in its timing and its wall time."""
+    slow_handler = "import atexit, time\natexit.register(time.sleep, 1.5)"
+    said_s, timing = _env_stage_as_the_program(tmp_path, slow_handler)
     assert timing["phases"]["ending"] >= 1.5
     assert timing["wall_s"] >= said_s - 0.05 + 1.5  # "done in 1.5 s" is rounded
 
@@ -223,20 +228,11 @@ def test_a_slow_ending_is_the_stage_s_own_time(tmp_path) -> None:
 def test_an_ending_that_waits_for_a_thread_is_recorded_too(tmp_path) -> None:
     """A thread still at work when the stage is done: the process ends by the usual exit,
     which waits for it, and that wait is the stage's `ending` too."""
-    params = write_params(tmp_path)
-    script = (
-        "import sys, threading, time\n"
-        "from accelbench import cli\n"
+    thread_at_work = (
+        "import threading, time\nfrom accelbench import cli\n"
         "def worker_still_at_work():  # as the stage's ending starts\n"
         "    threading.Thread(target=time.sleep, args=(1.5,)).start()\n"
-        "cli.lifetime.end_compile_workers = worker_still_at_work\n"
-        "from accelbench.cli import main\n"
-        f"sys.argv = ['accelbench', '--params', {str(params)!r}, 'env', '--out', 'env']\n"
-        "main()\n"
+        "cli.lifetime.end_compile_workers = worker_still_at_work"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    timing = json.loads((tmp_path / phases.TIMINGS_DIR / "env.json").read_text())
+    _, timing = _env_stage_as_the_program(tmp_path, thread_at_work)
     assert timing["phases"]["ending"] >= 1.5
