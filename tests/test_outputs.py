@@ -20,7 +20,7 @@ from accelbench.core.outputs import MetricsFiles, write_json
 from accelbench.core.results import ClassScores, EvalSummary, RunRecord, Skipped, write_epochs_csv
 from accelbench.data import mnist
 from accelbench.data.datasets import DATASETS
-from accelbench.data.prepared import MANIFEST, prepare, verify_prepared
+from accelbench.data.prepared import MANIFEST, prepare, prepared_dataset
 from accelbench.stages import compare, quantize
 from accelbench.system import tracking
 from helpers import shared_mnist, small_params, trained_summary, write_params
@@ -78,7 +78,7 @@ def test_prepare_runs_again_over_its_own_folder_and_into_an_empty_one(
     mnist_data = DATASETS["mnist"]
     write = functools.partial(mnist.prepare_into, mirror, checksums=checksums)
     prepare(prepared, mnist_data, write)  # dvc repro's normal case, run by hand
-    verify_prepared(prepared)
+    assert prepared_dataset(prepared) == mnist_data  # its manifest verifies
     empty = tmp_path / "empty"
     empty.mkdir()
     prepare(empty, mnist_data, write)

@@ -176,10 +176,6 @@ def _manifest(prepared_dir: Path) -> dict:
     return manifest
 
 
-def verify_prepared(prepared_dir: Path) -> None:
-    _manifest(prepared_dir)
-
-
 def prepared_dataset(prepared_dir: Path) -> Dataset:
     """The dataset a verified prepared folder holds, as its manifest names it."""
     manifest = _manifest(prepared_dir)
