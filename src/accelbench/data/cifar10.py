@@ -11,6 +11,7 @@ else made (with `data.cifar10_md5` changed) can hold wrong data but never run co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import pickle
@@ -22,14 +23,8 @@ from typing import Any
 import numpy as np
 
 from accelbench.core.console import InputError
-from accelbench.data.datasets import Split
-from accelbench.data.download import (
-    ChecksumError,
-    download_file,
-    output_folder,
-    refuse_foreign_download,
-    remove_leftovers,
-)
+from accelbench.data.datasets import Split, save_splits
+from accelbench.data.download import ChecksumError, download_files
 
 ARCHIVE = "cifar-10-python.tar.gz"
 FOLDER = "cifar-10-batches-py"  # inside the archive; torchvision's CIFAR10 reads this folder
@@ -64,20 +59,17 @@ def download(
 ) -> list[Path]:
     """The archive in `out_dir`, from the first mirror whose copy has MD5 `md5`. A file of
     the same name that does not verify is refused before the download."""
-
-    def check(path: Path) -> None:
-        check_archive(path, md5)
-
-    output_folder(out_dir)
-    here = refuse_foreign_download(out_dir / ARCHIVE, check, f"the verified {ARCHIVE}")
-    remove_leftovers(out_dir, [ARCHIVE])
+    checks = {ARCHIVE: functools.partial(check_archive, expected_md5=md5)}
     limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
-    return [
-        download_file(
-            ARCHIVE, check, out_dir, mirrors,
-            variable=MIRROR_ENV, setting="data.cifar10_mirrors", verified=here, **limits,
-        )
-    ]  # fmt: skip
+    return download_files(
+        out_dir,
+        checks,
+        mirrors,
+        "the verified {}",
+        variable=MIRROR_ENV,
+        setting="data.cifar10_mirrors",
+        **limits,
+    )
 
 
 # What a CIFAR-10 batch pickle may build: NumPy arrays (their reconstructor, type and dtype;
@@ -162,9 +154,4 @@ def prepare_into(raw_dir: Path, out_dir: Path, expected_md5: str | None) -> dict
     torchvision_dir.mkdir(parents=True, exist_ok=True)
     for name, content in members.items():
         (torchvision_dir / name).write_bytes(content)
-    counts = {}
-    for split, arrays in splits.items():
-        np.save(out_dir / f"{split}_images.npy", arrays.images)
-        np.save(out_dir / f"{split}_labels.npy", arrays.labels)
-        counts[split] = len(arrays.labels)
-    return counts
+    return save_splits(out_dir, splits)

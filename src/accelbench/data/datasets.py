@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +21,15 @@ from accelbench.core.console import InputError
 class Split:
     images: np.ndarray  # uint8 [n, 28, 28] (MNIST) or [n, 3, 32, 32] (CIFAR-10)
     labels: np.ndarray  # uint8 [n]
+
+
+def save_splits(out_dir: Path, splits: Mapping[str, Split]) -> dict[str, int]:
+    """Each split as `<split>_images.npy` and `<split>_labels.npy` (what a prepared folder
+    holds); returns the samples per split."""
+    for split, arrays in splits.items():
+        np.save(out_dir / f"{split}_images.npy", arrays.images)
+        np.save(out_dir / f"{split}_labels.npy", arrays.labels)
+    return {split: len(arrays.labels) for split, arrays in splits.items()}
 
 
 @dataclass(frozen=True)

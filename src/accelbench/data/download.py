@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -296,3 +297,26 @@ def download_file(
         f"file:// or http(s) URL), or list one in {setting} in params.yaml "
         f"(docs/air-gapped.md). Each mirror: {'; '.join(failures)}"
     )
+
+
+def download_files(
+    out_dir: Path,
+    checks: Mapping[str, Callable[[Path], None]],
+    mirrors: list[str],
+    what: str,
+    **options: Any,
+) -> list[Path]:
+    """A dataset's files (`checks`: each name's check) in `out_dir`, each from the first mirror
+    that has it (`download_file`, with `options`). A file of the same name that does not
+    verify (`what`, formatted with the name, says what it should be) is refused before the
+    first download."""
+    output_folder(out_dir)
+    here = {  # every file checked before the first download: a foreign one stops it all
+        name: refuse_foreign_download(out_dir / name, check, what.format(name))
+        for name, check in checks.items()
+    }
+    remove_leftovers(out_dir, checks)
+    return [
+        download_file(name, check, out_dir, mirrors, verified=here[name], **options)
+        for name, check in checks.items()
+    ]

@@ -9,6 +9,7 @@ decompressed files in the layout torchvision's MNIST reads.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import zlib
@@ -18,15 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from accelbench.core.console import InputError
-from accelbench.data.datasets import Split
-from accelbench.data.download import (
-    ChecksumError,
-    DamagedError,
-    download_file,
-    output_folder,
-    refuse_foreign_download,
-    remove_leftovers,
-)
+from accelbench.data.datasets import Split, save_splits
+from accelbench.data.download import ChecksumError, DamagedError, download_files
 
 MIRROR_ENV = "ACCELBENCH_MNIST_MIRROR"
 
@@ -77,22 +71,12 @@ def download(
 ) -> list[Path]:
     """The four verified `.gz` files in `out_dir`, each from the first mirror that has it.
     A file of the same name that is not MNIST's is refused before the first download."""
-    output_folder(out_dir)
     checks = {
-        f"{stem}.gz": lambda path, sha=sha: check_gz(path, sha) for stem, sha in FILES.items()
+        f"{stem}.gz": functools.partial(check_gz, expected_sha256=sha)
+        for stem, sha in FILES.items()
     }
-    here = {  # every file checked before the first download: a foreign one stops it all
-        name: refuse_foreign_download(out_dir / name, check, f"MNIST's {name}")
-        for name, check in checks.items()
-    }
-    remove_leftovers(out_dir, checks)
     limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
-    return [
-        download_file(
-            name, check, out_dir, mirrors, variable=MIRROR_ENV, verified=here[name], **limits
-        )
-        for name, check in checks.items()
-    ]
+    return download_files(out_dir, checks, mirrors, "MNIST's {}", variable=MIRROR_ENV, **limits)
 
 
 # --- IDX decoding -----------------------------------------------------------------------
@@ -166,12 +150,9 @@ def prepare_into(
     checked against `checksums` first (None: unchecked). Returns the samples per split."""
     tv_raw = out_dir / "MNIST" / "raw"  # the layout torchvision.datasets.MNIST reads
     tv_raw.mkdir(parents=True, exist_ok=True)
-    counts = {}
+    splits = {}
     for split, prefix in SPLITS.items():
-        arrays, raw = read_split(raw_dir, prefix, checksums)
-        np.save(out_dir / f"{split}_images.npy", arrays.images)
-        np.save(out_dir / f"{split}_labels.npy", arrays.labels)
+        splits[split], raw = read_split(raw_dir, prefix, checksums)
         for stem, content in raw.items():
             (tv_raw / stem).write_bytes(content)
-        counts[split] = len(arrays.labels)
-    return counts
+    return save_splits(out_dir, splits)
