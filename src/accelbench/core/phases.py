@@ -16,6 +16,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter
+from pydantic.dataclasses import dataclass as record
 
 TIMINGS_DIR = Path(".accelbench") / "timings"
 
@@ -111,13 +115,15 @@ class Recorder:
         )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StageTiming:
     """One stage's wall time, its phases and, for a training stage, its timed epochs."""
 
     stage: str  # dvc.yaml's name: "train@amp"
     started: float  # Unix time the process started (a stamp: ordering, people)
-    wall_s: float  # on the boot clock, as every duration here
+    # on the boot clock, as every duration here; one below zero (the wall clock's, set back
+    # mid-stage, in a file an earlier version wrote) measured nothing
+    wall_s: Annotated[float, Field(ge=0)]
     phases: dict[str, float]
     training_s: float | None = None  # sum of the timed epochs (train stages)
     launcher: str | None = None  # the `dvc` process that ran it ("pid@start"), if any
@@ -145,26 +151,6 @@ class StageTiming:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> StageTiming:
-        return cls(
-            stage=str(data["stage"]),
-            started=float(data["started"]),
-            wall_s=_duration(data["wall_s"]),
-            phases={str(k): float(v) for k, v in data["phases"].items()},
-            training_s=None if data.get("training_s") is None else float(data["training_s"]),
-            launcher=None if data.get("launcher") is None else str(data["launcher"]),
-            started_boot=None if data.get("started_boot") is None else float(data["started_boot"]),
-        )
-
-
-def _duration(value: object) -> float:
-    """A duration read back: one below zero (the wall clock's, set back mid-stage, in a file an
-    earlier version wrote) measured nothing."""
-    if (seconds := float(value)) < 0:
-        raise ValueError(f"negative duration {seconds}")
-    return seconds
 
 
 def is_dvc(cmdline: list[str]) -> bool:
@@ -211,7 +197,7 @@ def read_all(root: Path) -> list[StageTiming]:
     timings = []
     for path in sorted((root / TIMINGS_DIR).glob("*.json")):
         try:
-            timings.append(StageTiming.from_json(json.loads(path.read_text())))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            timings.append(TypeAdapter(StageTiming).validate_json(path.read_bytes()))
+        except (OSError, ValueError):
             continue
     return timings
