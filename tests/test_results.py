@@ -23,14 +23,15 @@ from accelbench.core.results import (
     ModelFile,
     QuantizedSummary,
     Skipped,
-    eval_from_json,
+    TrainSummary,
+    parse,
     read_epoch_records,
     read_quantized,
     read_train,
     scaling_efficiency,
     speedup,
+    stage_result,
     steady_epochs,
-    train_from_json,
     write_epochs_csv,
 )
 from helpers import trained_summary
@@ -48,8 +49,9 @@ def test_eval_summary_round_trips_with_sklearn_key_names() -> None:
     summary = EvalSummary(0.99, 0.03, 0.98, 1e5, {"3": ClassScores(0.9, 0.95, 0.925)})
     payload = json.loads(json.dumps(summary.to_json()))
     assert payload["per_class"]["3"]["f1-score"] == 0.925
-    assert eval_from_json(payload) == summary
-    assert eval_from_json({"status": "skipped", "reason": "r", "device": None}) == Skipped("r")
+    assert stage_result(EvalSummary, payload, "eval.json") == summary
+    skipped = {"status": "skipped", "reason": "r", "device": None}
+    assert stage_result(EvalSummary, skipped, "eval.json") == Skipped("r")
 
 
 def test_a_renamed_key_fails_loudly_where_it_is_read() -> None:
@@ -57,7 +59,7 @@ def test_a_renamed_key_fails_loudly_where_it_is_read() -> None:
     payload["steady_epoch_seconds"] = payload.pop("steady_epoch_s")
     with pytest.raises(ValueError, match=r"metrics/x/train.json is invalid: steady_epoch_s: "
                        r"required key is missing; steady_epoch_seconds: unknown key"):  # fmt: skip
-        train_from_json(payload, "metrics/x/train.json")
+        stage_result(TrainSummary, payload, "metrics/x/train.json")
 
 
 def test_the_model_file_round_trips(tmp_path) -> None:
@@ -200,7 +202,7 @@ CUDA_MISFITS = {
 @pytest.mark.parametrize("payload", CUDA_MISFITS.values(), ids=CUDA_MISFITS)
 def test_cuda_facts_that_do_not_fit_are_refused(payload) -> None:
     with pytest.raises(InputError, match=r"^env/cuda\.json is invalid: "):
-        CudaFacts.from_json(payload, "env/cuda.json")
+        parse(CudaFacts, payload, "env/cuda.json")
 
 
 def test_quantized_figures_round_trip_and_a_renamed_figure_is_refused(tmp_path) -> None:
@@ -285,7 +287,7 @@ def test_a_tampered_train_json_names_the_field_before_compare_uses_it(field, val
     reported as it said ("Test accuracy 700.00%")."""
     payload = trained_summary(1.0).to_json() | {field: value}
     with pytest.raises(InputError) as raised:
-        train_from_json(payload, "metrics/cpu/train.json")
+        stage_result(TrainSummary, payload, "metrics/cpu/train.json")
     assert str(raised.value) == (
         f"metrics/cpu/train.json is invalid: {says}; re-run the stage that writes it"
     )
@@ -294,10 +296,10 @@ def test_a_tampered_train_json_names_the_field_before_compare_uses_it(field, val
 def test_a_tampered_eval_json_names_the_field() -> None:
     scores = {str(d): ClassScores(0.99, 0.99, 0.99) for d in range(10)}
     payload = EvalSummary(0.99, 0.03, 0.99, 5000.0, scores).to_json()
-    assert eval_from_json(payload, "eval.json").test_accuracy == 0.99
+    assert stage_result(EvalSummary, payload, "eval.json").test_accuracy == 0.99
     for value, says in (
         ("high", "'high': Input should be a valid number"),
         (7.0, "7.0: not a fraction in 0..1"),
     ):
         with pytest.raises(InputError, match=f"eval.json is invalid: test_accuracy = {says}"):
-            eval_from_json(payload | {"test_accuracy": value}, "eval.json")
+            stage_result(EvalSummary, payload | {"test_accuracy": value}, "eval.json")

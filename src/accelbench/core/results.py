@@ -33,7 +33,7 @@ from pydantic.dataclasses import dataclass as record
 
 from accelbench.core import phases
 from accelbench.core.console import DISK_FULL_ERRNOS, InputError, first_sentence
-from accelbench.core.outputs import EVAL_JSON, TRAIN_JSON, a_file, atomic_path, write_json
+from accelbench.core.outputs import a_file, atomic_path, write_json
 from accelbench.core.problems import problems
 
 # --- The records: strict pydantic dataclasses, checked where they are built and where read ---
@@ -92,11 +92,6 @@ def parse(cls: type[R], payload: Any, source: str, redo: str = REDO) -> R:
 
 class Record:
     """A stage file's record: read back with `parse`, written with `to_json`."""
-
-    @classmethod
-    def from_json(cls, payload: Any, source: str) -> Any:
-        """The record its file's JSON holds (`parse`)."""
-        return parse(cls, payload, source)
 
     def to_json(self) -> dict[str, Any]:
         """The record as its file holds it (a key's alias, where it has one)."""
@@ -181,14 +176,10 @@ class TrainSummary(RunFigures):
 TrainResult = TrainSummary | Skipped
 
 
-def _result(summary: type[R], payload: Any, source: str) -> R | Skipped:
+def stage_result(summary: type[R], payload: Any, source: str) -> R | Skipped:
     """A stage's results file: `summary`, or `Skipped` where its status says so."""
     skipped = isinstance(payload, dict) and payload.get("status") == "skipped"
     return parse(Skipped if skipped else summary, payload, source)
-
-
-def train_from_json(payload: Mapping[str, Any], source: str = TRAIN_JSON) -> TrainResult:
-    return _result(TrainSummary, payload, source)
 
 
 def read_json(path: Path) -> Mapping[str, Any]:
@@ -204,7 +195,7 @@ def read_json(path: Path) -> Mapping[str, Any]:
 
 
 def read_train(path: Path) -> TrainResult:
-    return train_from_json(read_json(path), str(path))
+    return stage_result(TrainSummary, read_json(path), str(path))
 
 
 def speedup(baseline: TrainResult | None, result: TrainResult) -> float | None:
@@ -274,12 +265,8 @@ def write_per_class_csv(path: Path, result: EvalResult) -> None:
             writer.writerow([digit, scores.precision, scores.recall, scores.f1_score])
 
 
-def eval_from_json(payload: Mapping[str, Any], source: str = EVAL_JSON) -> EvalResult:
-    return _result(EvalSummary, payload, source)
-
-
 def read_eval(path: Path) -> EvalResult:
-    return eval_from_json(read_json(path), str(path))
+    return stage_result(EvalSummary, read_json(path), str(path))
 
 
 QuantMethod = Literal["fp32", "dynamic_int8", "static_int8"]
@@ -331,7 +318,7 @@ QuantizedResult = QuantizedSummary | Skipped
 
 
 def read_quantized(path: Path) -> QuantizedResult:
-    return _result(QuantizedSummary, read_json(path), str(path))
+    return stage_result(QuantizedSummary, read_json(path), str(path))
 
 
 @record(frozen=True, config=RECORD)
