@@ -207,19 +207,12 @@ def _persistent_compile_cache(root: Path) -> None:
 def _end_process(code: int) -> NoReturn:
     """End a stage's process as the interpreter would, without its teardown. With torch or
     MLflow imported, freeing every module's objects takes 0.5-1.3 s after the stage is done;
-    DVC waits for it, and the report counts it between the stages. In order:
+    DVC waits for it, and the report counts it between the stages. Threads still at work get
+    the usual exit, which waits for them; otherwise the exit handlers run (logging, temporary
+    files, worker processes, MLflow) and the process ends.
 
-    - Inductor's compile workers are ended, not shut down in order
-      (`lifetime.end_compile_workers`).
-    - Thread pools (Inductor's in-process compile threads) shut down as the interpreter's
-      exit does it: queued work done, idle workers ended.
-    - Other threads still at work get the usual exit, which waits for them. Otherwise the
-      exit handlers run (logging, temporary files, worker processes, MLflow), the streams
-      are flushed, and the process ends.
-
-    What it takes is the stage's `ending` phase: its timing file is written again last (by the
-    usual exit, once the threads are done), so a slow ending shows in the report as the
-    stage's, not as DVC's time between the stages.
+    What it takes is the stage's `ending` phase: its timing file is written again last, so a
+    slow ending shows in the report as the stage's, not as DVC's time between the stages.
 
     All of it has `lifetime.ENDING_LIMIT_S`: a handler or thread that hangs (a DDP
     communicator, say) cannot keep a finished stage alive. So Ctrl-C and SIGTERM wait for

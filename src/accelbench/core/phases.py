@@ -178,12 +178,8 @@ RECORDER = Recorder()
 phase = RECORDER.phase
 
 
-def timing_file(root: Path, stage: str) -> Path:
-    return root / TIMINGS_DIR / f"{stage}.json"
-
-
 def write(root: Path, timing: StageTiming) -> Path:
-    path = timing_file(root, timing.stage)
+    path = root / TIMINGS_DIR / f"{timing.stage}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(timing.to_json(), indent=2) + "\n")

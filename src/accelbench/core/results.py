@@ -4,8 +4,9 @@ train@V writes a `TrainSummary` (or `Skipped`) to `train.json`, its epochs to `e
 and a `ModelFile`; evaluate@V an `EvalSummary` (or `Skipped`) to `eval.json`; quantize@V a
 `QuantizedSummary` (or `Skipped`) to `quantized.json` (env's `EnvFacts`: env_facts.py).
 Compare, tracking and the benchmarks read them back through these types (strict pydantic
-dataclasses, checked as params.yaml is), so a renamed field fails loudly where it is read
-instead of becoming an "n/a" in the report.
+dataclasses, checked as params.yaml is): a renamed or retyped key fails where it is read, in
+one line naming the file, the key, the value and what is allowed, never later as an "n/a" or
+a TypeError in the report.
 """
 
 from __future__ import annotations
@@ -36,12 +37,8 @@ from accelbench.core.console import DISK_FULL_ERRNOS, InputError, first_sentence
 from accelbench.core.outputs import a_file, atomic_path, write_json
 from accelbench.core.problems import problems
 
-# --- The records: strict pydantic dataclasses, checked where they are built and where read ---
-#
-# A file is read back through the type that wrote it: a renamed or retyped key fails where it
-# is read, in one line naming the file, the key, the value and what is allowed (params.py's
-# messages), never later as an "n/a" or a TypeError in the report. Scalars are strict: a
-# number is never text, a count never a fraction or a boolean (an int is a float).
+# Scalars are strict: a number is never text, a count never a fraction or a boolean (an int
+# is a float).
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]

@@ -42,13 +42,8 @@ def prepare(
     out_dir: Path, dataset: Dataset, write: Callable[[Path], Mapping[str, int]]
 ) -> dict[str, int]:
     """The prepared folder `out_dir` of `dataset`: `write(folder)` fills a new folder (and
-    returns the samples per split), then its manifest is written and it replaces `out_dir`.
-
-    The folder is built beside `out_dir` and renamed into place: all new or all old. An
-    existing `out_dir` is replaced only when it is a prepared folder (every file in it is in
-    its manifest) or empty; anything else is refused, untouched. Returns the number of
-    samples per split.
-    """
+    returns the samples per split), then its manifest is written and it replaces `out_dir`
+    (`refuse_foreign_prepared` says which it may replace). Returns the samples per split."""
     refuse_foreign_prepared(out_dir)
     parent = out_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
