@@ -18,29 +18,21 @@ def select(params: Params) -> DataParams:
     return params.data
 
 
+# The download limits every dataset's code takes, as params.data names them.
+LIMITS = {"timeout_s", "retries", "deadline_s"}
+
+
 def _mnist(inputs: DataParams, out_dir: Path) -> list[Path]:
     mirrors = mirrors_with_override(inputs.mirrors, mnist.MIRROR_ENV, "the four MNIST .gz files")
     log(f"download: mirrors in order: {', '.join(mirrors)}")
-    return mnist.download(
-        out_dir,
-        mirrors,
-        timeout_s=inputs.timeout_s,
-        retries=inputs.retries,
-        deadline_s=inputs.deadline_s,
-    )
+    return mnist.download(out_dir, mirrors, **inputs.model_dump(include=LIMITS))
 
 
 def _cifar10(inputs: DataParams, out_dir: Path) -> list[Path]:
     mirrors = mirrors_with_override(inputs.cifar10_mirrors, cifar10.MIRROR_ENV, cifar10.ARCHIVE)
     log(f"download: CIFAR-10 mirrors in order: {', '.join(mirrors)}")
-    return cifar10.download(
-        out_dir,
-        mirrors,
-        inputs.cifar10_md5,
-        timeout_s=inputs.timeout_s,
-        retries=inputs.retries,
-        deadline_s=inputs.deadline_s,
-    )
+    limits = inputs.model_dump(include=LIMITS)
+    return cifar10.download(out_dir, mirrors, inputs.cifar10_md5, **limits)
 
 
 # Each dataset's download (datasets.DATASETS names them): its mirrors and checksum from
