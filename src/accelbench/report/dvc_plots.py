@@ -46,28 +46,30 @@ def write_plot_data(
     if outputs is None:
         with staged() as outputs:
             return write_plot_data(out_dir, epochs, per_class, outputs)
-    epochs_csv, per_class_csv = out_dir / EPOCHS_CSV, out_dir / PER_CLASS_CSV
-    epochs_header = ["variant", "epoch", *EPOCH_FIELDS]
-    _write(
-        outputs(epochs_csv, _kind(epochs_header)),
-        epochs_header,
-        (
-            [name, record.epoch, *(_number(getattr(record, key)) for key in EPOCH_FIELDS)]
-            for name, records in epochs.items()
-            for record in records
+    tables = {
+        out_dir / EPOCHS_CSV: (
+            ["variant", "epoch", *EPOCH_FIELDS],
+            [
+                [name, record.epoch, *(_number(getattr(record, key)) for key in EPOCH_FIELDS)]
+                for name, records in epochs.items()
+                for record in records
+            ],
         ),
-    )
-    per_class_header = ["variant", "digit", *CLASS_FIELDS]
-    _write(
-        outputs(per_class_csv, _kind(per_class_header)),
-        per_class_header,
-        (
-            [name, digit, *map(_number, (s.precision, s.recall, s.f1_score))]
-            for name, digits in (per_class or {}).items()
-            for digit, s in sorted(digits.items(), key=lambda item: int(item[0]))
+        out_dir / PER_CLASS_CSV: (
+            ["variant", "digit", *CLASS_FIELDS],
+            [
+                [name, digit, *map(_number, (s.precision, s.recall, s.f1_score))]
+                for name, digits in (per_class or {}).items()
+                for digit, s in sorted(digits.items(), key=lambda item: int(item[0]))
+            ],
         ),
-    )
-    return [epochs_csv, per_class_csv]
+    }
+    for path, (header, rows) in tables.items():
+        with outputs(path, _kind(header)).open("w", newline="") as handle:
+            writer = csv.writer(handle, lineterminator="\n")
+            writer.writerow(header)
+            writer.writerows(rows)
+    return list(tables)
 
 
 def _kind(header: list[str]) -> Kind:
@@ -78,13 +80,6 @@ def _kind(header: list[str]) -> Kind:
 def _number(value: float | None) -> float | str:
     """A blank cell for a figure not measured (None or NaN), which Vega leaves out."""
     return "" if value is None or value != value else value
-
-
-def _write(path: Path, header: list[str], rows) -> None:
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 PAGE = """<!DOCTYPE html>
