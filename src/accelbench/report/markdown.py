@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from accelbench.core.outputs import (
     json_payload,
     staged,
     text_kind,
+    write_json,
 )
 from accelbench.core.params import CostParams, VariantParams
 from accelbench.core.progress import fmt_seconds
@@ -119,69 +120,14 @@ def write_variant_metrics(
             outputs.remove(stale, VARIANT_METRICS)
     for name, values in metrics.items():
         numbers = {k: v for k, v in values.items() if isinstance(v, int | float)}
-        outputs(folder / f"{name}.json", VARIANT_METRICS).write_text(
-            json.dumps(numbers, indent=2, sort_keys=True) + "\n"
-        )
-
-
-@dataclass(frozen=True)
-class CostFigures:
-    """A trained variant's cost at `cost:`'s prices (comparison.json, MLflow)."""
-
-    cost_usd: float  # the whole run's training
-    energy_j: float
-    energy_source: str  # "measured: " its counters, or "estimated: " stated watts × time
-    cost_to_target_usd: float | None  # up to the epoch that reached the target; None: none did
-
-
-@dataclass(frozen=True)
-class ComparisonEntry:
-    """One variant in comparison.json: its status and, as far as it got, its figures (with
-    their 95% intervals where the figures have them)."""
-
-    status: str  # trained | skipped
-    speedup_baseline: str | None  # names the speedup figure
-    figures: VariantFigures | None = None  # trained, with a steady epoch
-    first_epoch_s: float | None = None  # trained
-    repeats: int | None = None  # trained
-    test_accuracy: float | None = None  # evaluated
-    cost: CostFigures | None = None  # trained, with prices
-    shared_machine: str | None = None  # measured while other work ran on the machine
-    reason: str | None = None  # skipped: what this machine lacks
-    quantized: dict[str, float] | None = None  # quantized inference: `quant_<method>_<figure>`
-    quantized_unsupported: dict[str, str] | None = None  # method -> why this torch cannot
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status}
-        if self.figures is not None:
-            out |= self.figures.metrics(self.speedup_baseline)
-            out["steady_epoch_samples"] = self.figures.steady_epoch.samples
-        if self.cost is not None:
-            out |= asdict(self.cost)
-        given = {
-            "reason": self.reason,
-            "quantized": self.quantized or None,  # nested: the pipeline run's metrics are flat
-            "quantized_unsupported": self.quantized_unsupported or None,
-            "first_epoch_s": self.first_epoch_s,
-            "repeats": self.repeats,
-            "test_accuracy": self.test_accuracy,
-            "shared_machine": self.shared_machine,
-        }
-        return out | {key: value for key, value in given.items() if value is not None}
-
-    def dvc_metrics(self) -> dict[str, float]:
-        """DVC's metrics (`dvc metrics show`): the figures a user compares across variants,
-        numbers only (a skipped variant's: none)."""
-        out = self.figures.compared(self.speedup_baseline) if self.figures is not None else {}
-        out["test_accuracy"] = self.test_accuracy
-        return {k: v for k, v in out.items() if v is not None}
+        write_json(outputs(folder / f"{name}.json", VARIANT_METRICS), numbers)
 
 
 @dataclass
 class ReportResult:
     files: list[Path]
     pipeline_metrics: dict[str, float]  # the pipeline run's: `<variant>.<figure>`
-    comparison: dict[str, ComparisonEntry]  # comparison.json, by variant
+    comparison: dict[str, dict[str, Any]]  # comparison.json, by variant
 
 
 def _cell(value: Any, kind: str) -> str:
@@ -435,19 +381,6 @@ def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
     return [prose.COST, "", *table, "", prose.COST_NOTE.format(**spec.cost.model_dump()), ""]
 
 
-def _cost_figures(row: Row, spec: ReportSpec) -> CostFigures | None:
-    """A trained variant's run cost and cost to the target (None: no prices, or no epochs)."""
-    if spec.cost is None or not (row.trained and row.epochs):
-        return None
-    whole, upto = _costs(row, spec)
-    return CostFigures(
-        cost_usd=whole.total_usd,
-        energy_j=whole.energy_j,
-        energy_source=whole.energy_source,
-        cost_to_target_usd=upto.total_usd if upto else None,
-    )
-
-
 def _env_lines(env: EnvFacts) -> list[str]:
     cuda, gpu = env.cuda, env.cuda.gpu
     machine = prose.GPU if gpu is not None else prose.NO_GPU
@@ -521,17 +454,18 @@ def write_report(
     figure.savefig(outputs(out_dir / SUMMARY_PNG, FIGURE), dpi=130)
     md = document(rows, figures, env, spec, pipeline)
     outputs(out_dir / "comparison.md", COMPARISON_MD).write_text(md)
-    comparison = {row.name: _comparison_entry(row, figures.get(row.name), spec) for row in rows}
-    write_variant_metrics(
-        out_dir / METRICS_DIR,
-        {n: e.dvc_metrics() for n, e in comparison.items()},
-        outputs,
-        earlier=reported_variants(out_dir / "comparison.json"),
-    )
-    entries = {name: entry.to_json() for name, entry in comparison.items()}
-    outputs(out_dir / "comparison.json", COMPARISON_JSON).write_text(
-        json.dumps(entries, indent=2, sort_keys=True) + "\n"
-    )
+    entries = {row.name: _comparison_entry(row, figures.get(row.name), spec) for row in rows}
+    # DVC's metrics (`dvc metrics show`): the figures a user compares across variants
+    dvc_metrics = {
+        name: {
+            **(f.compared(spec.speedup_baseline) if (f := figures.get(name)) else {}),
+            "test_accuracy": entry.get("test_accuracy"),
+        }
+        for name, entry in entries.items()
+    }
+    earlier = reported_variants(out_dir / "comparison.json")
+    write_variant_metrics(out_dir / METRICS_DIR, dvc_metrics, outputs, earlier)
+    write_json(outputs(out_dir / "comparison.json", COMPARISON_JSON), entries)
     files = [out_dir / "comparison.md", out_dir / SUMMARY_PNG, out_dir / "comparison.json"]
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
@@ -544,25 +478,34 @@ def write_report(
         for key, value in values.items()
         if isinstance(value, int | float)
     }
-    return ReportResult(files, pipeline_metrics, comparison)
+    return ReportResult(files, pipeline_metrics, entries)
 
 
-def _comparison_entry(
-    row: Row, figures: VariantFigures | None, spec: ReportSpec
-) -> ComparisonEntry:
-    """A variant's status and figures with their intervals, as far as it got."""
+def _comparison_entry(row: Row, figures: VariantFigures | None, spec: ReportSpec) -> dict[str, Any]:
+    """A variant's entry in comparison.json: its status and, as far as it got, its figures
+    (with their 95% intervals where the figures have them)."""
+    out: dict[str, Any] = {"status": row.train.status}
+    if figures is not None:  # trained, with a steady epoch
+        out |= figures.metrics(spec.speedup_baseline)
+        out["steady_epoch_samples"] = figures.steady_epoch.samples
+    if spec.cost is not None and row.trained and row.epochs:  # at `cost:`'s prices
+        whole, upto = _costs(row, spec)
+        out |= {
+            "cost_usd": whole.total_usd,  # the whole run's training
+            "energy_j": whole.energy_j,
+            "energy_source": whole.energy_source,  # "measured: " counters, or "estimated: "
+            "cost_to_target_usd": upto.total_usd if upto else None,  # None: none reached it
+        }
     trained = row.train if isinstance(row.train, TrainSummary) else None
     quantized = row.quantized if isinstance(row.quantized, QuantizedSummary) else None
-    return ComparisonEntry(
-        status=row.train.status,
-        speedup_baseline=spec.speedup_baseline,
-        figures=figures,
-        first_epoch_s=trained.first_epoch_s if trained else None,
-        repeats=trained.repeats if trained else None,
-        test_accuracy=row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
-        cost=_cost_figures(row, spec),
-        shared_machine=shared_machine(row),
-        reason=row.train.reason if isinstance(row.train, Skipped) else None,
-        quantized=quantized.metrics() if quantized else None,
-        quantized_unsupported=quantized.unsupported if quantized else None,
-    )
+    given = {
+        "reason": row.train.reason if isinstance(row.train, Skipped) else None,
+        # nested: the pipeline run's metrics are flat
+        "quantized": (quantized.metrics() or None) if quantized else None,
+        "quantized_unsupported": (quantized.unsupported or None) if quantized else None,
+        "first_epoch_s": trained.first_epoch_s if trained else None,
+        "repeats": trained.repeats if trained else None,
+        "test_accuracy": row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
+        "shared_machine": shared_machine(row),  # measured while other work ran on the machine
+    }
+    return out | {key: value for key, value in given.items() if value is not None}

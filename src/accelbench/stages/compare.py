@@ -136,7 +136,7 @@ def _require_inputs(inputs: CompareInputs, env_dir: Path, metrics_dir: Path) -> 
 def _track_variants(
     root: Path,
     tracked: list[tuple[RunRecord, Row, MetricsFiles]],
-    comparison: Mapping[str, markdown.ComparisonEntry],
+    comparison: Mapping[str, Mapping[str, Any]],
     speedup_baseline: str | None,
 ) -> list[str]:
     """Each variant's evaluation and figures in the run that trained it (logged without
@@ -156,7 +156,7 @@ def _track_variants(
                 artifacts.append(files.quantized_json)
                 more = row.quantized.metrics()
             tracking.log_evaluation(root, record.mlflow_run_id, row.eval, artifacts, more)
-            by_run[record.mlflow_run_id] = comparison[row.name].to_json()
+            by_run[record.mlflow_run_id] = comparison[row.name]
         elif record.status == "skipped":
             run_id = tracking.record_skipped(
                 root, record.variant, record.params or {}, record.reason or "no reason recorded"
