@@ -3,8 +3,7 @@ speedup, beside its test accuracy. Every epoch's figures are dvc.yaml's plots (`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -13,22 +12,6 @@ from matplotlib.ticker import FormatStrFormatter
 from accelbench.report.answer import Row, VariantFigures, fmt_speedup, fmt_time
 
 NOTHING = "no variant has a steady epoch: nothing to compare"
-
-
-@dataclass(frozen=True)
-class TimeAxis:
-    log: bool
-    lo: float
-    hi: float
-
-
-def time_axis(values: Sequence[float], upper: Sequence[float]) -> TimeAxis:
-    """An axis for bars of `values` with error bars to `upper`, and room for their labels: a
-    log axis only where the times span decades."""
-    low, high = min(values), max(upper)
-    if high / low > 10:
-        return TimeAxis(True, low / 2, high * 8)
-    return TimeAxis(False, 0.0, high * 1.8)
 
 
 def summary_figure(
@@ -74,13 +57,14 @@ def _time_bars(
         ax.annotate(
             label, (hi, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8
         )
-    axis = time_axis(values, upper)
-    if axis.log:
+    low, high = min(values), max(upper)
+    log = high / low > 10  # a log axis only where the times span decades
+    if log:
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.set_xlim(axis.lo, axis.hi)
+    ax.set_xlim(*((low / 2, high * 8) if log else (0.0, high * 1.8)))  # room for the labels
     ax.invert_yaxis()
-    scale = "log scale; " if axis.log else ""
+    scale = "log scale; " if log else ""
     ax.set_xlabel(f"steady-state training time per epoch (s, {scale}95% interval)")
 
 
