@@ -381,16 +381,6 @@ def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
     return [prose.COST, "", *table, "", prose.COST_NOTE.format(**spec.cost.model_dump()), ""]
 
 
-def _env_lines(env: EnvFacts) -> list[str]:
-    cuda, gpu = env.cuda, env.cuda.gpu
-    machine = prose.GPU if gpu is not None else prose.NO_GPU
-    return [
-        prose.CPU.format(cpu=env.cpu),
-        prose.SOFTWARE.format(software=env.cpu.software),
-        machine.format(gpu=gpu, cuda=cuda),
-    ]
-
-
 SUMMARY_PNG = "summary.png"
 
 
@@ -417,7 +407,9 @@ def document(
         prose.SUMMARY_FIGURE.format(path=SUMMARY_PNG),
         "",
         prose.DETAILS,
-        *_env_lines(env),
+        prose.CPU.format(cpu=env.cpu),
+        prose.SOFTWARE.format(software=env.cpu.software),
+        (prose.GPU if env.cuda.gpu else prose.NO_GPU).format(gpu=env.cuda.gpu, cuda=env.cuda),
         prose.DATASET.format(dataset=dataset),
         prose.RECIPE.format(recipe=spec.recipe),
         "",
