@@ -39,10 +39,9 @@ def write_plot_data(
     per_class: Mapping[str, Mapping[str, ClassScores]] | None = None,
     outputs: StagedOutputs | None = None,
 ) -> list[Path]:
-    """Write `out_dir/epochs.csv` (from each variant's epoch records, as read from its
-    epochs.csv) and `out_dir/per_class.csv` (from each variant's scores keyed by digit), in the
-    variants' order; returns the two paths. A variant with no rows (skipped) adds none.
-    Written through `outputs` (by default, its own `staged()`): all new or all old."""
+    """`out_dir`'s epochs.csv and per_class.csv, a row per variant and epoch (or digit), in the
+    variants' order; returns their paths. Written through `outputs` (by default, its own
+    `staged()`): all new or all old."""
     if outputs is None:
         with staged() as outputs:
             return write_plot_data(out_dir, epochs, per_class, outputs)

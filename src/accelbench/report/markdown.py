@@ -104,13 +104,11 @@ def write_variant_metrics(
     outputs: StagedOutputs | None = None,
     earlier: Collection[str] = (),
 ) -> None:
-    """One small file per variant with the figures a user compares, numbers only, the same
-    keys in each: `dvc metrics show` prints a row per variant (120 columns wide for the default
-    variants) and `dvc exp show` a column per figure. A skipped variant's file is empty; every
-    other figure is in comparison.json, the report and MLflow. The file of a variant the
-    earlier report had (`earlier`) and this one has not is removed; any other file stays,
-    however much it looks like one. Written through `outputs` (by default, its own
-    `staged()`): all new or all old."""
+    """One small file per variant with the figures a user compares, numbers only (a skipped
+    variant's: none): `dvc metrics show` prints a row per variant (120 columns wide for the
+    default variants), `dvc exp show` a column per figure. Of the other files there, only
+    those of variants the `earlier` report had and this one has not are removed. Written
+    through `outputs` (by default, its own `staged()`): all new or all old."""
     if outputs is None:
         with staged() as outputs:
             return write_variant_metrics(folder, metrics, outputs, earlier)
