@@ -11,7 +11,7 @@ for a GPU; 1 something is wrong (each problem is printed with what to do).
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from accelbench.system.hardware import GpuProbe, probe_gpus
@@ -22,18 +22,11 @@ EXIT_CPU_ONLY = 3
 
 
 @dataclass(frozen=True)
-class Facts:
-    torch_version: str
-    torch_cuda: str | None  # CUDA runtime torch was built with ("13.0"), None for CPU builds
-    cudnn: int | None
-    arch_list: tuple[str, ...]  # e.g. ("sm_75", "sm_80", "sm_90", "compute_90")
-    driver: str | None  # NVIDIA driver version through NVML, None without a driver
-    driver_cuda: str | None  # newest CUDA the driver supports ("13.0")
-    nvml_gpus: tuple[str, ...] = ()  # GPUs the driver sees
-    cuda_available: bool = False
-    torch_gpus: tuple[str, ...] = ()
-    capability: tuple[int, int] | None = None
-    bf16: bool | None = None
+class Facts(GpuProbe):
+    """The probe's facts, and what the doctor finds out itself."""
+
+    torch_version: str = ""
+    arch_list: tuple[str, ...] = ()  # e.g. ("sm_75", "sm_80", "sm_90", "compute_90")
     kernel_ok: bool | None = None  # a small kernel ran and gave the right answer
     kernel_error: str | None = None
     # torch's compiled bytecode (.pyc), which Python writes on the first import where it may;
@@ -168,14 +161,9 @@ def gather(probe: GpuProbe | None = None) -> Facts:
 
     probe = probe if probe is not None else probe_gpus()
     facts = Facts(
+        **asdict(probe),
         torch_version=torch.__version__,
-        torch_cuda=probe.torch_cuda,
-        cudnn=probe.cudnn,
         arch_list=tuple(torch.cuda.get_arch_list()) if probe.torch_cuda else (),
-        driver=probe.driver,
-        driver_cuda=probe.driver_cuda,
-        nvml_gpus=probe.nvml_gpus,
-        cuda_available=probe.cuda_available,
         torch_bytecode=Path(importlib.util.cache_from_source(torch.__file__)).exists(),
         torch_folder=str(Path(torch.__file__).parent),
     )
@@ -187,14 +175,7 @@ def gather(probe: GpuProbe | None = None) -> Facts:
         kernel_error = None if kernel_ok else "wrong result from a sum on the GPU"
     except RuntimeError as exc:
         kernel_ok, kernel_error = False, str(exc).splitlines()[0]
-    return replace(
-        facts,
-        torch_gpus=probe.torch_gpus,
-        capability=probe.capability,
-        bf16=probe.bf16,
-        kernel_ok=kernel_ok,
-        kernel_error=kernel_error,
-    )
+    return replace(facts, kernel_ok=kernel_ok, kernel_error=kernel_error)
 
 
 def render(report: Report) -> str:

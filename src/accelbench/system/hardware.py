@@ -72,8 +72,8 @@ class GpuProbe:
     torch_cuda: str | None  # the CUDA runtime torch was built with ("13.0"); None: CPU build
     driver: str | None  # NVIDIA driver version (NVML); None without a driver
     driver_cuda: str | None  # newest CUDA the driver supports ("13.0")
-    nvml_gpus: tuple[str, ...]  # GPUs the driver sees
-    cuda_available: bool
+    nvml_gpus: tuple[str, ...] = ()  # GPUs the driver sees
+    cuda_available: bool = False
     torch_gpus: tuple[str, ...] = ()  # GPUs torch can use (CUDA_VISIBLE_DEVICES applies)
     capability: tuple[int, int] | None = None  # of GPU 0
     memory_gib: float | None = None  # of GPU 0
