@@ -1,18 +1,13 @@
 """`accelbench server`: a team's MLflow tracking server, its runs in PostgreSQL, its artifacts
 proxied (docs/teams.md).
 
-A launcher with checks, not a server. It refuses, in one line and before anything starts, a
-database URI that is not PostgreSQL, a database it cannot reach or log in to, an artifact
-destination that is not a writable folder, a port another program holds, and arguments meant
-for MLflow that would undo what it sets; then it *becomes* `mlflow server --serve-artifacts
---artifacts-destination DEST` with the checked database (exec: MLflow's process, signals and
-exit code are the server's). Clients reach runs, metrics and artifacts through the server alone
-(`mlflow-artifacts:/` locations), so a user sets `MLFLOW_TRACKING_URI=http://HOST:5000` and
-needs no database driver, credentials or access to the artifact store.
+A launcher with checks, not a server: it refuses in one line (exit 2) what would fail or undo
+its settings (a database it cannot use, an artifact folder it cannot write, a port in use, a
+clashing MLflow option), then *becomes* `mlflow server --serve-artifacts` (exec). Clients need
+only `MLFLOW_TRACKING_URI=http://HOST:5000`: no database driver, credentials or artifact store.
 
 The database URI reaches MLflow through its own environment variable, never the command line,
 so a password in it is not shown by `ps`; messages show its user info as `***` (`redact`).
-Exit codes: 2 for anything refused here (fix what the line names), else MLflow's.
 """
 
 from __future__ import annotations
@@ -69,10 +64,11 @@ def check_database_uri(uri: str | None) -> str:
         }.get(scheme.split("+", 1)[0], "write postgresql://USER@HOST:5432/DB")
         raise InputError(f"--database {redact(uri)}: not a postgresql:// URI; {hint}")
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     try:
         url = make_url(uri)
-    except Exception as exc:
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
         raise InputError(f"--database {redact(uri)}: not a database URI ({exc})") from None
     if not url.database:
         raise InputError(
@@ -82,8 +78,7 @@ def check_database_uri(uri: str | None) -> str:
 
 
 def check_artifacts(destination: str | None) -> str:
-    """The artifact destination for MLflow: a local folder (created, and writable) as a
-    file:// URI; another scheme (s3://, gs://, ...) as given, for MLflow's store of it."""
+    """A local folder (created, and writable) as a file:// URI; s3://, gs://... as given."""
     if not destination:
         raise InputError(
             f"no artifact store: pass --artifacts FOLDER (or s3://BUCKET/PATH) or set {ARTIFACTS_ENV}"
@@ -135,9 +130,8 @@ def _advice(message: str, url) -> str:
 
 
 def check_connection(uri: str) -> None:
-    """Log in to the database once, as MLflow will (SQLAlchemy, with the driver the URI
-    names: psycopg 3 for postgresql://), with a short timeout; InputError naming the database
-    and what to do when that fails."""
+    """Log in to the database once, as MLflow will (SQLAlchemy, the URI's driver), with a short
+    timeout; InputError naming the database and what to do when that fails."""
     import sqlalchemy
     from sqlalchemy.engine import make_url
     from sqlalchemy.pool import NullPool
@@ -207,9 +201,8 @@ def users_url(host: str, port: int) -> str:
 
 
 def _given_allowed_hosts(extra: list[str]) -> str | None:
-    """The allowed hosts the user gave: `-- --allowed-hosts LIST` (the last, as MLflow reads
-    it), else $MLFLOW_SERVER_ALLOWED_HOSTS; None for neither (empty counts as not set, as
-    MLflow reads it)."""
+    """The allowed hosts the user gave, as MLflow reads them: the last `--allowed-hosts`
+    after `--`, else $MLFLOW_SERVER_ALLOWED_HOSTS; None for neither (or empty)."""
     given = None
     for i, arg in enumerate(extra):
         if arg == "--allowed-hosts" and i + 1 < len(extra):
@@ -220,9 +213,8 @@ def _given_allowed_hosts(extra: list[str]) -> str | None:
 
 
 def default_allowed_hosts(url: str = "") -> str:
-    """MLflow's own default allowed hosts (localhost, private addresses), which a list of one's
-    own replaces, plus this machine's host name and FQDN and the host of `url` (what users are
-    told to set: `--host mlbox.lab.example`, a public address), bare and with any port."""
+    """MLflow's default allowed hosts (which a list of one's own replaces), plus this machine's
+    names and the host of `url` (what users are told to set), bare and with any port."""
     from mlflow.server.security_utils import get_default_allowed_hosts
 
     given = urlsplit(url).netloc.rsplit(":", 1)[0] if url else ""
@@ -247,9 +239,7 @@ def refused_url(allowed: str, url: str) -> str | None:
 
 
 def mlflow_server_env() -> dict[str, str]:
-    """The environment of an MLflow server accelbench starts (`accelbench server`, `make ui`):
-    the user's, with MLflow's job runner and usage telemetry off unless the user set them, and
-    UI_WARNINGS before the user's own PYTHONWARNINGS (the later wins)."""
+    """The environment of an MLflow server accelbench starts (`accelbench server`, `make ui`)."""
     env = {**os.environ}
     # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
     # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
@@ -262,8 +252,7 @@ def mlflow_server_env() -> dict[str, str]:
 
 
 def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
-    """The environment `mlflow server` runs in, and a warning if the hosts it allows refuse
-    `url` (what users are told to set)."""
+    """The environment `mlflow server` runs in, and a warning if its allowed hosts refuse `url`."""
     env = {**mlflow_server_env(), DATABASE_ENV: database}
     allowed = _given_allowed_hosts(extra)
     if allowed is None:  # MLflow's defaults refuse the host name users are told to type
