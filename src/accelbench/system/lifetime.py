@@ -1,15 +1,12 @@
 """A training stage's processes: they end with the process that started them, and only one
 process at a time trains into the same outputs.
 
-- Under DVC (DVC sets `DVC_STAGE` for every stage command) a stage ends when DVC does, so
-  killing only DVC (a process manager, `kill <dvc pid>`) leaves no training behind to
-  fight the next `dvc repro` over its checkpoint, model and MLflow run. Run by hand, a
-  stage is left alone (`nohup accelbench train ... &` keeps running after a logout).
+- Under DVC a stage ends when DVC does, so killing only DVC (`kill <dvc pid>`) leaves no
+  training behind to fight the next `dvc repro` over its checkpoint, model and MLflow run.
+  Run by hand, a stage is left alone (`nohup accelbench train ... &` outlives a logout).
 - A DDP stage's torchrun ends with the stage, and torchrun's workers with torchrun.
-- "Ends" means SIGTERM, which the CLI turns into the same unwinding as `kill` or Ctrl-C:
-  the MLflow run ended as KILLED, the checkpoint of the last finished epoch kept.
-- How soon: the parent-death signal at once, a watchdog within WATCH_INTERVAL_S; the
-  unwinding then has STOP_LIMIT_S (the CLI's SIGTERM handler): within 2 s in all.
+- "Ends" means SIGTERM, unwound by the CLI as Ctrl-C is (the MLflow run ended as KILLED, the
+  last finished epoch's checkpoint kept), within STOP_LIMIT_S: within 2 s in all.
 """
 
 from __future__ import annotations
@@ -44,26 +41,30 @@ def is_torchrun_worker() -> bool:
     return "LOCAL_RANK" in os.environ
 
 
+def under_dvc() -> bool:
+    """Whether DVC runs this stage (it sets `DVC_STAGE`; torchrun's workers inherit it)."""
+    return "DVC_STAGE" in os.environ
+
+
 _ENDING_WITH_LAUNCHER = False  # set by the first end_with_launcher of this process
 
 
 def ending_with_launcher() -> bool:
     """Whether this process ends with its launcher: SIGTERM then gets STOP_LIMIT_S (the CLI)."""
-    return _ENDING_WITH_LAUNCHER and (is_torchrun_worker() or "DVC_STAGE" in os.environ)
+    return _ENDING_WITH_LAUNCHER and (is_torchrun_worker() or under_dvc())
 
 
 def end_with_launcher() -> None:
     """Call first thing in a stage: a torchrun worker ends with torchrun, a stage run by DVC
-    ends with DVC (and with whatever runs between, such as DVC's `sh -c`); a stage run by
-    hand is left alone. Once per process: a second watchdog would send a second SIGTERM,
-    which could cut short the first one's clean-up."""
+    with DVC (and DVC's `sh -c` between). Once per process: a second watchdog would send a
+    second SIGTERM, which could cut short the first one's clean-up."""
     global _ENDING_WITH_LAUNCHER
     if _ENDING_WITH_LAUNCHER:
         return
     _ENDING_WITH_LAUNCHER = True
     if is_torchrun_worker():
         end_with_parent(_expected_parent())
-    elif "DVC_STAGE" in os.environ:
+    elif under_dvc():
         parent = os.getppid()
         end_with_parent(parent)
         dvc = _dvc_ancestor()
@@ -72,13 +73,10 @@ def end_with_launcher() -> None:
 
 
 def end_with_parent(parent: int) -> None:
-    """SIGTERM to this process once `parent` (the process that started it) has ended.
-
-    Linux: the kernel's parent-death signal, which fires when the parent *thread* that
-    started this process ends (DVC, the stage and torchrun start theirs from a thread that
-    waits for them). A parent that ended before the signal was set is seen only as a changed
-    parent, so that is checked right after. Elsewhere: a thread that watches the parent pid.
-    """
+    """SIGTERM to this process once `parent` has ended: on Linux the kernel's parent-death
+    signal (it fires when the parent *thread* ends: DVC, the stage and torchrun start theirs
+    from a thread that waits for them), checked once for a parent gone before it was set;
+    elsewhere a thread that watches the parent pid."""
     if _set_parent_death_signal(signal.SIGTERM):
         if os.getppid() != parent:
             log(f"accelbench: the process that started this one (pid {parent}) is gone")
@@ -88,7 +86,7 @@ def end_with_parent(parent: int) -> None:
 
 
 def _expected_parent() -> int:
-    """The pid a torchrun child must not outlive: what our torchrun wrapper recorded (so a
+    """The pid a torchrun child must not outlive: as our torchrun wrapper recorded it (a
     parent that died before this process looked is caught), else the current parent."""
     try:
         return int(os.environ[PARENT_ENV])
@@ -154,8 +152,8 @@ def end_now(code: int) -> NoReturn:
 
 
 def end_within(limit_s: float, code: int, what: str) -> None:
-    """Give this process `limit_s` to end, from now. Past that, a daemon thread ends it
-    with `code` and one line naming `what` was ending and the threads still running."""
+    """Give this process `limit_s` to end, from now; past that, end it with `code` and one
+    line naming `what` was ending and the threads still running."""
 
     def deadline() -> None:
         time.sleep(limit_s)
@@ -181,13 +179,11 @@ def lock_path(output: Path) -> Path:
 
 @contextlib.contextmanager
 def sole_writer(name: str, *outputs: Path | None) -> Iterator[tuple[int, ...]]:
-    """Inside: this process alone writes `outputs` (the file descriptors of its locks).
+    """Inside: this process alone writes `outputs` (yields its locks' descriptors).
 
-    An exclusive `flock` on a lock file beside each output, holding this pid: the kernel
-    releases it when the process ends however it ends, so a lock left by a killed process
-    never blocks. Another live holder is a one-line error naming the variant, its pid and
-    what to do. A torchrun worker takes none: its launcher holds them for it.
-    """
+    An exclusive `flock` on a lock file beside each output, naming this pid: the kernel
+    releases it however the process ends, so a killed one's never blocks. Another live holder
+    is a one-line error naming it. A torchrun worker takes none: its launcher holds them."""
     if is_torchrun_worker():
         yield ()
         return
@@ -246,16 +242,11 @@ def _release(path: Path, fd: int) -> None:
 
 
 def end_compile_workers() -> None:
-    """End torch.compile's compile workers now, once a stage is done with them.
-
-    Inductor compiles in a sidecar process with a pool of workers. Its exit handler shuts
-    them down in order and waits for each worker's interpreter teardown. On an H200 host,
-    that kept a finished compiled stage alive for 0.8-3.1 s while DVC waited. The workers
-    are idle by then and hold no results, so they are killed.
-
-    The pool is marked stopped first. Its reader then takes the closed pipe as a shutdown,
-    and the exit handler returns at once. Inductor's pool attributes are internal, so with
-    another layout the handler's own shutdown runs as before."""
+    """Kill torch.compile's idle compile workers once a stage is done with them: Inductor's
+    exit handler shuts them down one by one, which kept a finished compiled stage alive for
+    0.8-3.1 s on an H200 host while DVC waited. The pool is marked stopped first, so its
+    reader takes the closed pipe as a shutdown; with another layout of Inductor's internal
+    pool attributes the handler's own shutdown runs as before."""
     compiling = sys.modules.get("torch._inductor.async_compile")
     for pool in list(getattr(compiling, "_pool_set", ())):
         sidecar, lock = getattr(pool, "process", None), getattr(pool, "write_lock", None)

@@ -1,22 +1,18 @@
 """A `dvc repro`'s runs: one parent run ("pipeline") holding one child run per variant.
 
-Stages are separate processes, so the first one to need the parent writes its run id to
-`.accelbench/pipeline-run` in the checkout, and the others read it there: the same checkout
-finds its run from the host and from a container alike, whatever the path or host name. The
-compare stage, which runs last, logs the report to it, finishes it and removes the file.
-A stage run by hand (no `DVC_STAGE`: a profiled training, one of a benchmark's sweep) gets
-a pipeline run of its own ("by hand"), which ends with its process: no `dvc repro` adopts
-runs it did not make, and no stage run by hand joins a repro that stopped part way (the
-next repro resumes that one). A variant run starts and ends with its train stage, so the
-UI's Duration is that stage's; compare logs into it without re-opening it (`logs.py`).
-
-Each DVC experiment (`--temp`, `dvc queue start`) keeps its own pipeline run pointer in its
-copy of the repository, so every experiment is one pipeline run, named after the experiment.
+The first stage to need the parent writes its run id to `.accelbench/pipeline-run` in the
+checkout and the others read it there (from the host and a container alike); compare, which
+runs last, finishes it and removes the file. A DVC experiment's copy of the repository keeps
+its own pointer: one pipeline run per experiment, named after it. A stage run by hand (no
+`DVC_STAGE`) gets a pipeline run of its own ("by hand") that ends with its process: no repro
+adopts runs it did not make, and no stage run by hand joins a repro that stopped part way.
+A variant run starts and ends with its train stage, so the UI's Duration is that stage's.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import subprocess
@@ -30,6 +26,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from accelbench.system import lifetime
 from accelbench.system.tracking import outage
 from accelbench.system.tracking.dead_runs import (
     BY_HAND_TAG,
@@ -69,44 +66,30 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def git_commit(root: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def _common_tags(root: Path, role: str) -> dict[str, str]:
     tags = {ROLE_TAG: role, WORKDIR_TAG: str(root.resolve()), HOST_TAG: socket.gethostname()}
-    if commit := git_commit(root):
-        tags["mlflow.source.git.commit"] = commit
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        git = ["git", "rev-parse", "HEAD"]
+        out = subprocess.run(git, cwd=root, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            tags["mlflow.source.git.commit"] = out.stdout.strip()
     if exp_name := os.environ.get("DVC_EXP_NAME"):
         tags[EXP_NAME_TAG] = exp_name
     return tags
 
 
-def under_dvc(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process is a stage `dvc repro` runs (DVC sets `DVC_STAGE` for every stage
-    command; torchrun's workers inherit it), not one run by hand."""
-    return "DVC_STAGE" in environ
-
-
-# This process's own pipeline run, by experiment, where it runs by hand (`under_dvc` false):
-# ended as the process ends.
+# This process's own pipeline run, by experiment, where it runs by hand: ended as it ends.
 _by_hand: dict[str, str] = {}
 
 
 def open_pipeline_run_id(root: Path) -> str | None:
-    """The RUNNING pipeline run this checkout's `dvc repro` started (a stage run by hand:
-    the one this process started), if the current store has it. A pointer to a run the store
-    does not have (a deleted mlflow.db) is removed: the next stage starts a new pipeline run
-    in the new store."""
+    """The RUNNING pipeline run this checkout's `dvc repro` (by hand: this process) started, if
+    the store has it; a pointer to a run it has not (a deleted mlflow.db) is removed."""
     pointer = root / PIPELINE_RUN_FILE
     try:
-        run_id = pointer.read_text().strip() if under_dvc() else _by_hand[_experiment_key()]
+        run_id = (
+            pointer.read_text().strip() if lifetime.under_dvc() else _by_hand[_experiment_key()]
+        )
     except (OSError, KeyError):
         return None
     try:
@@ -132,7 +115,7 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     if run_id := open_pipeline_run_id(root):
         return run_id
     # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
-    by_hand = not under_dvc()
+    by_hand = not lifetime.under_dvc()
     kind = "by hand" if by_hand else (os.environ.get("DVC_EXP_NAME") or "pipeline")
     client = MlflowClient()
     tags = _common_tags(root, "pipeline")
@@ -159,8 +142,7 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
 
 
 def end_by_hand_runs() -> None:
-    """End the pipeline runs this process started by hand (at its exit): FINISHED, their
-    variants' runs saying how each went. Tracking that is down ends nothing, and says so once."""
+    """End the pipeline runs this process started by hand (at its exit) FINISHED."""
     while _by_hand:
         _, run_id = _by_hand.popitem()
         with outage.reported():
@@ -180,13 +162,9 @@ def variant_run(
     *,
     system_metrics: bool = False,
 ) -> Iterator[str]:
-    """A child run of the pipeline run for one variant; yields its run id (None when tracking
-    is down: the body then runs untracked).
-
-    The run ends FINISHED, FAILED or KILLED as the body did. With `system_metrics`,
-    MLflow samples CPU, host memory and (through NVML, where there is a GPU) GPU utilization,
-    memory and power every second; without a GPU those series are absent, not zeros.
-    """
+    """A child run of the pipeline run for one variant, ended FINISHED, FAILED or KILLED as
+    the body did; yields its run id (None when tracking is down: the body runs untracked).
+    With `system_metrics`, MLflow samples CPU, memory and (through NVML) GPU every second."""
     with _ended_as_it_went(
         _start_variant_run(root, variant, params, tags, system_metrics)
     ) as run_id:
@@ -235,10 +213,7 @@ def _end_run(status: str) -> None:
 
 @contextmanager
 def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
-    """End the active run as what happened: FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED.
-
-    With no run (tracking is down) the body runs untracked.
-    """
+    """End the active run as the body went: FINISHED, KILLED (Ctrl-C, SIGTERM) or FAILED."""
     if run_id is None:
         yield None
         return
@@ -273,10 +248,8 @@ def _reopen_run(root: Path, run_id: str) -> str:
 
 
 def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> str | None:
-    """A variant this machine could not run, as a run of the pipeline that says why: tagged
-    (`status` skipped, `skip_reason`), with no metric, so that it adds no empty column to a
-    comparison; the saved view of the pipeline shows it last. Returns its run id (None when
-    tracking is down)."""
+    """A variant this machine could not run, as a run tagged with why (`status` skipped,
+    `skip_reason`) and no metric, so it adds no empty column to a comparison."""
     with variant_run(root, variant, params, {"status": "skipped", "skip_reason": reason}) as run:
         return run
 
@@ -288,13 +261,10 @@ def finish_pipeline(
     metrics: Mapping[str, float],
     variant_runs: Sequence[str] = (),
 ) -> str | None:
-    """Log the comparison to the open pipeline run, or to a new one where none is open (a
-    `dvc repro` that re-ran compare alone), and finish it; returns its id.
-
-    `variant_runs`: the variants' runs the comparison reports on, skipped ones too. Where some
-    trained under an earlier pipeline run, this one names them all (`VARIANT_RUNS_TAG`), and
-    the saved view shows them: the newest pipeline's variants are the ones its report compares.
-    """
+    """Log the comparison to the open pipeline run (a new one where a repro re-ran compare
+    alone) and finish it; returns its id. Where some of `variant_runs` (those the comparison
+    reports on) trained under an earlier pipeline run, this one names them all
+    (`VARIANT_RUNS_TAG`) and the saved view shows them."""
     experiment_id = setup(root)
     run_id = pipeline_run_id(root, experiment_id)
     client = MlflowClient()
@@ -313,7 +283,7 @@ def finish_pipeline(
         for path in artifacts:
             mlflow.log_artifact(str(path))
         log_metrics(metrics)
-    if under_dvc():
+    if lifetime.under_dvc():
         (root / PIPELINE_RUN_FILE).unlink(missing_ok=True)
     else:
         _by_hand.pop(_experiment_key(), None)  # ended just now
