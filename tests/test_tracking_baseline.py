@@ -23,7 +23,7 @@ from accelbench.system.tracking.view import (
     VIEW_ID,
     VIEW_TAG,
     WHOSE_TAG,
-    training_view_url,
+    training_view,
     ui_path,
 )
 from helpers import repo_params_raw, run_all_stages, small_params
@@ -123,7 +123,7 @@ def test_a_dvc_experiment_is_shown_beside_its_baseline(
     assert {"tags.`steady_epoch`", "tags.`speedup`", "tags.`status`"} <= set(state["columnOrder"])
     assert set(state["selectedColumns"]) <= set(state["columnOrder"])
 
-    link = training_view_url("http://ui", tmp_path / "mlflow.db")
+    link = training_view("http://ui", tmp_path / "mlflow.db")[0]
     assert link.endswith(f"viewStateShareKey={VIEW_ID}")  # the saved view above
     where = printed.index("compare: experiment lr-high")
     beside, there = printed[where:].splitlines()[:2]
@@ -137,7 +137,7 @@ def test_a_dvc_experiment_is_shown_beside_its_baseline(
 
     # the view gone (another store's copy wrote its own): the link filters the same rows
     client.set_experiment_tag(experiment_id, VIEW_TAG, "{}")
-    fallback = training_view_url("http://ui", tmp_path / "mlflow.db")
+    fallback = training_view("http://ui", tmp_path / "mlflow.db")[0]
     query = parse_qs(urlsplit(fallback.split("#", 1)[1]).query)
     assert query["searchFilter"] == [state["searchFilter"]]
     assert query["orderByKey"] == [state["orderByKey"]]
@@ -160,6 +160,6 @@ def test_a_dvc_experiment_is_shown_beside_its_baseline(
     ]
     assert not [c for c in state["columnOrder"] if c.startswith("params.")]
     # the link opens that view, not a filter of its own (the UI's default columns)
-    assert training_view_url("http://ui", tmp_path / "mlflow.db").endswith(
+    assert training_view("http://ui", tmp_path / "mlflow.db")[0].endswith(
         f"viewStateShareKey={VIEW_ID}"
     )

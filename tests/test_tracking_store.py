@@ -34,7 +34,7 @@ from accelbench.system.tracking.view import (
     VIEW_ID,
     VIEW_TAG,
     named_variant_runs,
-    training_view_url,
+    training_view,
     ui_path,
     variants_filter,
 )
@@ -376,7 +376,7 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
     ]
     assert set(state["selectedColumns"]) <= set(state["columnOrder"])
     store = tmp_path / "mlflow.db"
-    link = training_view_url("http://ui", store)
+    link = training_view("http://ui", store)[0]
     assert link == (
         f"http://ui/#/experiments/{experiment.experiment_id}/runs?"
         f"workflowType=machine_learning&viewStateShareKey={VIEW_ID}"
@@ -387,11 +387,11 @@ def test_the_saved_view_shows_the_newest_pipelines_variants(tmp_path, mlflow_sto
         pass
     newer_parent = client.get_run(newer).data.tags["mlflow.parentRunId"]
     assert f"'{newer_parent}'" in client.get_experiment(experiment.experiment_id).tags[VIEW_TAG]
-    assert training_view_url("http://ui", store) == link
+    assert training_view("http://ui", store)[0] == link
     # a view that is not the newest pipeline's (written by another store's copy, or deleted):
     # the link filters and sorts by itself
     client.set_experiment_tag(experiment.experiment_id, VIEW_TAG, "{}")
-    fallback = training_view_url("http://ui", store)
+    fallback = training_view("http://ui", store)[0]
     assert "viewStateShareKey" not in fallback
     query = parse_qs(urlsplit(fallback.split("#", 1)[1]).query)
     assert query["searchFilter"] == [variants_filter(newer_parent)]
@@ -428,7 +428,7 @@ def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
         [experiment_id], json.loads(json.loads(view)["state"])["searchFilter"]
     )
     assert sorted(r.info.run_name for r in shown) == ["amp", "cpu", "gpu"]
-    link = training_view_url("http://ui", tmp_path / "mlflow.db")
+    link = training_view("http://ui", tmp_path / "mlflow.db")[0]
     assert link.endswith(f"viewStateShareKey={VIEW_ID}")
     # the link without the saved view filters by the same runs
     path = ui_path(experiment_id, second, None, named_variant_runs(run.data.tags))
@@ -444,11 +444,11 @@ def test_a_repro_of_compare_alone_is_a_pipeline_run_of_the_variants_it_reports(
 @pytest.mark.slow
 def test_the_link_before_any_pipeline(tmp_path, mlflow_store) -> None:
     store = tmp_path / "mlflow.db"
-    assert training_view_url("http://ui", store).endswith(
+    assert training_view("http://ui", store)[0].endswith(
         "/#/experiments?workflowType=machine_learning"
     )
     experiment_id = setup(tmp_path)
-    assert training_view_url("http://ui", store) == (
+    assert training_view("http://ui", store)[0] == (
         f"http://ui/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
     )
 

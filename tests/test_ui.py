@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from accelbench.system import tracking
 from accelbench.system.tracking.store import EXPERIMENT
-from accelbench.system.tracking.view import training_view_url
+from accelbench.system.tracking.view import training_view
 from helpers import REPO, run_all_stages, small_params, write_params
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -108,7 +108,7 @@ def test_compare_view_shows_the_variants_side_by_side(tmp_path, prepared, monkey
     trained = client.search_runs([experiment_id], "tags.status = 'trained'")
     # `make ui` and `accelbench runs` link the newest pipeline's trained variants in the
     # model-training view (not MLflow 3's GenAI overview of traces), with their figures
-    assert training_view_url(url, moved / "mlflow.db") == seen["link"]
+    assert training_view(url, moved / "mlflow.db")[0] == seen["link"]
     _on_first_screen(seen, trained)
     lines = seen["variants"].splitlines()
     for name in params.variants:  # skipped ones too, after the trained
@@ -167,7 +167,7 @@ def test_the_printed_link_ranks_the_variants(tmp_path, monkeypatch) -> None:
     with mlflow_ui.mlflow_server(store) as url:
         seen = mlflow_ui.visit_link(url, _screenshot(tmp_path))
 
-    assert training_view_url(url, store) == seen["link"]
+    assert training_view(url, store)[0] == seen["link"]
     client = MlflowClient(f"sqlite:///{store}")
     trained = [client.get_run(i) for i in ids.values()]
     _on_first_screen(seen, trained)

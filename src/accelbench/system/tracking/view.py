@@ -2,11 +2,8 @@
 and the links `make ui` and `accelbench runs` print.
 
 The experiment keeps one saved view of the runs table (`VIEW_ID`), rewritten whenever a new
-pipeline run starts: that pipeline's variants, fastest first (the skipped ones last, with
-their reason), their steady epoch, speedup, time to target and test accuracy as the first
-columns. A DVC experiment's compare rewrites it to show the experiment beside its baseline
-(`baseline.py`): both runs' variants, a row per variant run saying whose it is, and the
-params that differ between the two.
+pipeline run starts: its variants, fastest first (skipped ones last), the headline figures as
+the first columns. A DVC experiment's compare shows it beside its baseline (`baseline.py`).
 """
 
 from __future__ import annotations
@@ -73,8 +70,7 @@ VIEW_COLUMNS = {  # column -> width (px), None: the UI's
 
 
 def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
-    """The runs-table filter for a pipeline run's variants, trained and skipped (a skipped one
-    has no figure, so sorts last, and says why): its children, or the runs it names
+    """The runs-table filter for a pipeline run's variants: its children, or the runs it names
     (`VARIANT_RUNS_TAG`: some trained under an earlier pipeline run)."""
     if variant_runs:
         ids = ", ".join(f"'{run_id}'" for run_id in variant_runs)
@@ -92,27 +88,24 @@ def _ids(tags: Mapping[str, str], key: str) -> list[str]:
 
 
 def shown_runs(tags: Mapping[str, str]) -> tuple[list[str], str]:
-    """The variant runs a link to a pipeline run shows, and their order: an experiment's
-    beside its baseline's (COMPARED_RUNS_TAG) by variant, else those it names
-    (VARIANT_RUNS_TAG; none: its children) fastest first."""
+    """The variant runs a link to a pipeline run shows, and their order: an experiment's beside
+    its baseline's by variant, else those it names (none: its children) fastest first."""
     if compared := _ids(tags, COMPARED_RUNS_TAG):
         return compared, BESIDE_SORT
     return named_variant_runs(tags), VIEW_SORT
 
 
 def variants_view(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
-    """The VIEW_TAG value that shows `pipeline_run_id`'s variants, fastest first: a
-    saved view's envelope (name, creation time in ms, the view state as a JSON string)."""
+    """The VIEW_TAG value that shows `pipeline_run_id`'s variants, fastest first."""
     return _view(VIEW_NAME, variants_filter(pipeline_run_id, variant_runs), VIEW_SORT, VIEW_COLUMNS)
 
 
 def experiment_view(
     name: str, pipeline_run_id: str, rows: Sequence[str], params: Sequence[str] | None
 ) -> str:
-    """The VIEW_TAG value for a DVC experiment (`baseline.py`), named `name`: the variant runs
-    `rows` (its own, none given: its children), a first column saying whose each row is
-    (WHOSE_TAG); beside a baseline (`params` not None) a column per param that differs, and
-    the rows by variant, else fastest first."""
+    """The VIEW_TAG value for a DVC experiment (`baseline.py`): the variant runs `rows` (none:
+    its children), a first column saying whose each row is; beside a baseline (`params` not
+    None) a column per param that differs, and the rows by variant, else fastest first."""
     whose = {f"tags.`{WHOSE_TAG}`": BESIDE_WHOSE_WIDTH}
     differing = {f"params.`{param}`": BESIDE_PARAM_WIDTH for param in params or ()}
     sort = VIEW_SORT if params is None else BESIDE_SORT
@@ -150,13 +143,9 @@ def ui_path(
     variant_runs: Sequence[str] = (),
     sort: str = VIEW_SORT,
 ) -> str:
-    """The experiment's runs in the UI's model-training view, relative to the server's URL.
-
-    With `pipeline_run_id`: that pipeline's variants (`variant_runs` where it names
-    them), fastest first (or by `sort`); through the saved view where `view` (the
-    experiment's VIEW_TAG value) shows them (the key columns shown), else by the link's own
-    filter and sort (the UI's default columns).
-    """
+    """The experiment's runs in the UI's model-training view, relative to the server's URL;
+    with `pipeline_run_id` that pipeline's variants, through the saved `view` where it shows
+    them (its key columns), else by the link's own filter and `sort`."""
     runs = f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
     if pipeline_run_id is None:
         return runs
@@ -172,24 +161,17 @@ def ui_path(
 
 
 def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) -> str:
-    """`ui_path` for a pipeline run as MLflow's client returns it (None: there is none yet):
-    its variants, those it names (VARIANT_RUNS_TAG) where it does, an experiment's beside its
-    baseline's (`shown_runs`)."""
+    """`ui_path` for a pipeline run as MLflow's client returns it (None: there is none yet)."""
     if pipeline is None:
         return ui_path(experiment_id)
     rows, sort = shown_runs(pipeline.data.tags)
     return ui_path(experiment_id, pipeline.info.run_id, view, rows, sort)
 
 
-def training_view_url(base_url: str, store: Path) -> str:
-    """Where `make ui` sends a user: the newest pipeline's variants (`ui_path`), read from the
-    SQLite `store` without writing to it; the experiment while it has no pipeline run, the
-    list of experiments while the store has none (both in the model-training view)."""
-    return training_view(base_url, store)[0]
-
-
 def training_view(base_url: str, store: Path) -> tuple[str, str]:
-    """`training_view_url`, and what it shows, in words."""
+    """Where `make ui` sends a user, and what it shows in words: the newest pipeline's variants
+    (`ui_path`), read from the SQLite `store` without writing to it; the experiment while it
+    has no pipeline run, the list of experiments while the store has none."""
     pipeline = view = None
     try:
         with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
@@ -258,9 +240,8 @@ def server_view_url(uri: str) -> str:
 def pipeline_variants(
     client: MlflowClient, experiment_id: str, pipeline_id: str | None = None
 ) -> tuple[Any, list[Any]]:
-    """A pipeline run (`pipeline_id`, else the experiment's newest) and its variant runs: its
-    children (skipped ones too), after the trained runs it names (VARIANT_RUNS_TAG) from
-    earlier pipeline runs; (None, []) where there is no such pipeline run."""
+    """A pipeline run (`pipeline_id`, else the newest) and its variant runs: its children,
+    after the runs it names from earlier pipeline runs; (None, []) where there is none."""
     role = f"tags.`{ROLE_TAG}` = 'pipeline'"
     wanted = f" and attributes.run_id = '{pipeline_id}'" if pipeline_id else ""
     parents = client.search_runs(
