@@ -1,23 +1,16 @@
 """A timed stage's share of the host, its GPUs or the CPU, taken by a lock each, so that
 experiments run side by side (`dvc queue start -j N`, several `dvc exp run`) never time each
-other's kernels (docs/teams.md, "Sweeps on one GPU box"). `tenancy(name, stage=...)` is the
-one way in: train@V takes what its variant trains on, evaluate@V what it evaluates on (one
-GPU, a DDP variant's too, or the CPU), quantize@V the CPU; a skipped variant takes nothing.
+other's kernels (docs/teams.md, "Sweeps on one GPU box"). `tenancy()` is the one way in.
 
-- A stage that needs k GPUs takes k free ones among those CUDA_VISIBLE_DEVICES lists (all
-  the driver's where it is unset) and narrows CUDA_VISIBLE_DEVICES to them before anything
-  starts CUDA, so torch, and torchrun's workers, which inherit it, see those alone.
-- A stage timed on the CPU takes the host's CPU lock: such stages run one at a time per host.
-- A lock is an exclusive `flock` on a file in one host-wide folder (`ACCELBENCH_SLOTS_DIR`,
-  else /tmp/accelbench-slots-<uid>); the kernel releases it when its holder ends, however it
-  ends. The file says who holds it: the stage, its pid and working directory.
-- Where too few are free, the stage waits, saying for what and who holds it, for at most
-  `ACCELBENCH_SLOT_WAIT_S` seconds (two minutes by default), then fails saying so: it never
-  shares. It names the holder by stage and pid, never by another checkout's path.
-- Meanwhile it notes which other stages held a lock on this host (at its start or at any time
-  during it) and how busy other processes kept the CPUs: `Tenancy.shared()` says it on the
-  console, train.json and eval.json keep it as `shared_machine`, and the report prints it
-  beside the variant.
+- A stage that needs k GPUs takes k free ones among those CUDA_VISIBLE_DEVICES lists and
+  narrows CUDA_VISIBLE_DEVICES to them before anything starts CUDA (torchrun's workers
+  inherit it); a stage timed on the CPU takes the host's one CPU lock.
+- A lock is an exclusive `flock` on a file in one host-wide folder, released by the kernel
+  however its holder ends; the file names the holder (stage, pid, working directory).
+- Where too few are free, the stage waits up to `ACCELBENCH_SLOT_WAIT_S`, then fails: it never
+  shares. It names a holder by stage and pid, never by another checkout's path.
+- Meanwhile it notes which other stages held a lock here and how busy other processes kept
+  the CPUs (`Tenancy.shared()`; train.json and eval.json keep it as `shared_machine`).
 """
 
 from __future__ import annotations
@@ -49,10 +42,9 @@ SHARED_CPUS = 0.5
 CPU_SLOT = "cpu.lock"
 
 
-def slots_dir(environ: MutableMapping[str, str] | None = None) -> Path:
+def slots_dir(environ: MutableMapping[str, str] = os.environ) -> Path:
     """The host-wide folder of the locks (created): `ACCELBENCH_SLOTS_DIR`, else this user's
     /tmp/accelbench-slots-<uid> (a folder of this user's alone, never a link)."""
-    environ = os.environ if environ is None else environ
     chosen = environ.get(SLOTS_DIR_ENV)
     if chosen:
         path = Path(chosen)
@@ -70,9 +62,8 @@ def slots_dir(environ: MutableMapping[str, str] | None = None) -> Path:
     return path
 
 
-def wait_limit(environ: MutableMapping[str, str] | None = None) -> float:
+def wait_limit(environ: MutableMapping[str, str] = os.environ) -> float:
     """How long a stage waits for its GPUs or the CPU: `ACCELBENCH_SLOT_WAIT_S` seconds."""
-    environ = os.environ if environ is None else environ
     raw = environ.get(WAIT_ENV)
     if raw is None or raw == "":
         return DEFAULT_WAIT_S
@@ -88,10 +79,9 @@ def wait_limit(environ: MutableMapping[str, str] | None = None) -> float:
     return seconds
 
 
-def gpu_candidates(environ: MutableMapping[str, str] | None = None) -> list[str] | None:
+def gpu_candidates(environ: MutableMapping[str, str] = os.environ) -> list[str] | None:
     """The GPUs a stage may take, as CUDA_VISIBLE_DEVICES names them (where it is unset,
     every GPU the driver sees, by index); None where nothing can tell (no NVML)."""
-    environ = os.environ if environ is None else environ
     listed = environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
         return list(dict.fromkeys(entry.strip() for entry in listed.split(",") if entry.strip()))
@@ -178,8 +168,7 @@ def take(
 ) -> list[tuple[Path, int]]:
     """`count` of the locks `paths`, all at once (never some held while waiting for the rest,
     so two stages cannot each hold half of what the other needs), tried every POLL_S until
-    `wait_s` has passed. Says once (starting with `label`) that it waits for `what`, who holds
-    it (and `why`), and raises a StageError naming them when the wait is over."""
+    `wait_s` has passed. Says once that it waits for `what` and who holds it (and `why`)."""
     started = time.monotonic()
     waiting = False
     while True:
@@ -221,9 +210,8 @@ def take(
 
 
 def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
-    """Who holds a lock in `folder` now, other than this stage (`mine`). A look is a
-    shared lock taken and let go at once: free locks stay free, held ones are seen. A held
-    lock whose file names no one (its holder is writing it; a waiter trying it) is left out."""
+    """Who holds a lock in `folder` now, other than this stage (`mine`). A look is a shared
+    lock taken and let go at once: free locks stay free, held ones are seen."""
     found = []
     for path in sorted(folder.glob("*.lock")):
         if path in mine:
@@ -244,9 +232,8 @@ def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
 
 
 def cpu_seconds() -> tuple[float, float]:
-    """CPU-seconds since boot: the host's busy ones (every CPU: user, system, interrupts, and
-    time the hypervisor gave to other machines), and this process tree's (itself, the
-    descendants it has waited for, the ones still running)."""
+    """CPU-seconds since boot: the host's busy ones (steal included: time the hypervisor gave
+    to other machines), and this process tree's (waited-for and running descendants too)."""
     import psutil
 
     host = psutil.cpu_times()
@@ -284,8 +271,8 @@ def sharing_note(
 
 @dataclass
 class Tenancy:
-    """What a stage holds on this host (`fds`: its locks, for torchrun to hold too), and
-    who else it finds there until `note()`."""
+    """What a stage holds on this host (`fds`: for torchrun to hold too), and who else it
+    finds there until `note()`."""
 
     folder: Path | None = None
     label: str = ""  # "evaluate cpu": how its console lines start
@@ -351,18 +338,12 @@ def tenancy(
     gpus: int = 0,
     cpu: bool = False,
     stage: str = "train",
-    environ: MutableMapping[str, str] | None = None,
+    environ: MutableMapping[str, str] = os.environ,
 ) -> Iterator[Tenancy]:
-    """Inside: `stage` of variant `name` (train, evaluate, quantize: what dvc.yaml calls it)
-    holds `gpus` GPUs (CUDA_VISIBLE_DEVICES names them alone) or, with `cpu`, the host's CPU
-    lock, and watches who else holds one here. Enter it before anything starts CUDA and leave
-    it once what it times is measured.
-
-    Takes nothing in a torchrun worker (its launcher holds them), for a stage that needs
-    neither (a skipped variant's), nor where fewer GPUs are listed than it needs (placement
-    then skips or refuses it). Where no NVML can count the GPUs and CUDA_VISIBLE_DEVICES is
-    unset, it says so and takes none."""
-    environ = os.environ if environ is None else environ
+    """Inside: `stage` of variant `name` holds `gpus` GPUs (CUDA_VISIBLE_DEVICES names them
+    alone) or, with `cpu`, the host's CPU lock, and watches who else holds one here. Enter it
+    before anything starts CUDA; leave it once what it times is measured. Takes nothing in a
+    torchrun worker (its launcher holds them) or for a stage that needs neither."""
     label = f"{stage} {name}"
     if lifetime.is_torchrun_worker() or not (gpus or cpu):
         yield Tenancy(label=label)
@@ -397,8 +378,8 @@ def tenancy(
 
 def _take_gpus(here: Tenancy, count: int, wait_s: float, environ: MutableMapping[str, str]) -> str:
     """Takes `count` free GPUs for `here` and narrows CUDA_VISIBLE_DEVICES to them; says what
-    it holds ("GPU 3", "GPUs 2,3"), or "" where it takes none: NVML cannot count the GPUs, or
-    fewer are listed than `count` (placement then skips or refuses the stage)."""
+    it holds ("GPU 3"), or "" where NVML cannot count the GPUs or fewer are listed than `count`
+    (placement then skips or refuses the stage)."""
     candidates = gpu_candidates(environ)
     if candidates is None:
         log(

@@ -1,15 +1,11 @@
 """A DVC experiment beside its baseline in MLflow: after `dvc exp run`, the saved view (and so
-the link `make ui`, `accelbench runs` and compare print) lists the experiment's variant runs
-and its baseline's, a row per variant run saying whose it is, with a column per param that
-differs between the two.
+the links printed) lists the experiment's variant runs and its baseline's, a row per variant
+run saying whose it is, with a column per param that differs between the two.
 
-The baseline is the newest FINISHED pipeline run in the same store that a `dvc repro` made
-from the experiment's baseline commit: the commit DVC names in `$DVC_EXP_BASELINE_REV` (the
-workspace's HEAD, without the `-S` changes), matched against the git commit tag every run
-carries (`mlflow.source.git.commit`). Neither another experiment (`dvc.exp_name`) nor a stage
-run by hand is one. The params compared are those the variants' runs hold (`train.*`,
-`variant.*`, `data.dataset`), variant by variant: a change the runs do not hold (a workspace
-edit not committed, a compare-only key such as `report.*`) shows no column.
+The baseline is the newest FINISHED pipeline run of a `dvc repro` (not an experiment, not by
+hand) of the commit DVC names in `$DVC_EXP_BASELINE_REV`, matched by each run's git commit tag.
+The params compared are those the variants' runs hold: a change they do not hold (a
+compare-only key such as `report.*`) shows no column.
 """
 
 from __future__ import annotations
@@ -121,8 +117,8 @@ def differing_params(ours: Sequence[Any], theirs: Sequence[Any]) -> tuple[str, .
 def _whose(
     experiment: str, commit: str, ours: Sequence[str], theirs: Sequence[str]
 ) -> dict[str, str]:
-    """Each row's WHOSE_TAG: the experiment's name, or the baseline and its commit; a run the
-    experiment reused from the baseline (its stage did not re-run) says both."""
+    """Each row's WHOSE_TAG: the experiment's name, the baseline and its commit, or both for a
+    run the experiment reused from the baseline."""
     baseline = f"baseline {commit[:7]}"
     return {
         run_id: (
@@ -138,11 +134,9 @@ def _whose(
 
 @tolerant
 def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
-    """Where `pipeline_run_id` is a DVC experiment's (its `dvc.exp_name` tag): find its
-    baseline, mark whose each variant run is, and point the saved view (VIEW_TAG) at both
-    pipelines' variants with the params that differ, or at the experiment alone where the
-    store has no baseline. None for a pipeline run that is no experiment's (or tracking that
-    is down)."""
+    """Where `pipeline_run_id` is a DVC experiment's: find its baseline, mark whose each variant
+    run is, and point the saved view at both pipelines' variants with the params that differ
+    (at the experiment alone without a baseline). None for a pipeline run of no experiment."""
     experiment_id = setup(root)
     client = MlflowClient()
     pipeline, ours = pipeline_variants(client, experiment_id, pipeline_run_id)
@@ -189,8 +183,8 @@ def beside_of(client: MlflowClient, pipeline: Any) -> Beside | None:
 
 
 def ui_link(root: Path, experiment_id: str, pipeline: Any, view: str | None) -> str:
-    """The link to `pipeline`'s view: on the tracking server, or through `make ui` (its
-    default address) for this checkout's own store; no secret of the URI in it."""
+    """The link to `pipeline`'s view on the tracking server, or through `make ui` for this
+    checkout's own store; no secret of the URI in it."""
     uri = redact(tracking_uri(root))
     path = pipeline_path(experiment_id, pipeline, view)
     return f"{uri.rstrip('/')}{path}" if is_server(uri) else f"{MAKE_UI_URL}{path}"

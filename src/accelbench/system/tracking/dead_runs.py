@@ -27,8 +27,8 @@ BY_HAND_TAG = "accelbench.by_hand"  # "true" on the pipeline run of a stage run 
 
 
 def machine_id() -> str:
-    """The running kernel's boot id: the same on the host and in each of its containers (whose
-    host names change with every `docker run`), new after a reboot; else the host name."""
+    """The running kernel's boot id (the same on the host and in its containers, whose host
+    names change with every `docker run`; new after a reboot); else the host name."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -36,10 +36,9 @@ def machine_id() -> str:
 
 
 def process_start(pid: int) -> str | None:
-    """An opaque mark of process `pid`'s start, the same for its whole life and another for a
-    later process given the same pid (None: no such process). On Linux the boot id and the
-    start in clock ticks since boot (/proc/<pid>/stat, field 22): no wall-clock time, which
-    NTP or a date set by hand would move; elsewhere psutil's creation time."""
+    """An opaque mark of process `pid`'s start, another for a later process given the same pid
+    (None: no such process). On Linux the boot id and the start in clock ticks since boot
+    (/proc/<pid>/stat, field 22), which no NTP or date set by hand moves; else psutil's."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -66,13 +65,11 @@ def process_tags() -> dict[str, str]:
 
 
 def why_gone(tags: Mapping[str, str]) -> str | None:
-    """Why the process that has a run open is gone (None: alive, or on another machine, where
-    this process cannot tell).
+    """Why the process that has a run open is gone (None: alive, or another machine's).
 
-    A run opened in a container and checked from the host or another container (same kernel,
-    another pid namespace) counts as gone unless the same pid with the same start is visible
-    here (`process_start`): DVC's lock on the checkout never lets two stages of it run at once.
-    """
+    A run opened in another pid namespace of this kernel (a container) counts as gone unless
+    the same pid with the same start is visible here: DVC's lock on the checkout never lets
+    two stages of it run at once."""
     host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
     if tags.get(MACHINE_TAG, host) not in (machine_id(), socket.gethostname()):
         return None
@@ -84,8 +81,8 @@ def why_gone(tags: Mapping[str, str]) -> str | None:
 
 
 def close_zombies(experiment_id: str, parent: str, variant: str, keep: str | None = None) -> None:
-    """End as KILLED, tagged with why, every RUNNING run of `variant` in pipeline run `parent`
-    whose process is gone, so that no run stays RUNNING after a rerun."""
+    """End as KILLED every RUNNING run of `variant` in pipeline run `parent` whose process is
+    gone."""
     _close_gone(
         experiment_id,
         f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}'",
@@ -95,7 +92,7 @@ def close_zombies(experiment_id: str, parent: str, variant: str, keep: str | Non
 
 def close_gone_by_hand(experiment_id: str) -> None:
     """End as KILLED the pipeline runs of stages run by hand whose process was killed
-    outright (no exit to end them), and their variants' runs left RUNNING with them."""
+    outright, and their variants' runs left RUNNING with them."""
     for parent in _close_gone(
         experiment_id, f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{BY_HAND_TAG}` = 'true'"
     ):

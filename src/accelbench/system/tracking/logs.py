@@ -35,11 +35,9 @@ SHARE_WORDS = ("accuracy", "f1", "fraction")
 
 
 def rounded(name: str, value: float) -> float:
-    """`value` as precise as it is meaningful, for every metric accelbench logs: a share
-    (`SHARE_WORDS`) to 4 decimals; seconds (`*_s`, not rates `*_per_s`) to 4 significant
-    digits and at least to the millisecond (0.08341, 122.103); anything else (rates, ratios,
-    losses, joules, dollars) to 4 significant digits. Whole numbers (counts, epochs, bytes)
-    and NaN/inf are kept as they are."""
+    """`value` as precise as it is meaningful: a share (`SHARE_WORDS`) to 4 decimals, anything
+    else to 4 significant digits, seconds (`*_s`, not `*_per_s`) at least to the millisecond
+    (0.08341, 122.103); whole numbers and NaN/inf as they are."""
     if not math.isfinite(value) or value.is_integer():
         return value
     if any(word in name for word in SHARE_WORDS):
@@ -79,8 +77,8 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 @tolerant
 def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
-    """The data a run used, as an MLflow dataset input of arrays (digest from the verified
-    checksums, so the training and the evaluation stage name the same data alike)."""
+    """The data a run used, as an MLflow dataset input (its digest from the verified checksums:
+    the training and the evaluation stage name the same data alike)."""
     import mlflow.data
 
     with warnings.catch_warnings():
@@ -100,11 +98,9 @@ def log_evaluation(
     artifacts: list[Path],
     more_metrics: Mapping[str, float | int | None] | None = None,
 ) -> None:
-    """An evaluated variant's figures and files, in the run that trained it, which stays as
-    its train stage ended it. The figures, prefixed `eval_` where a training metric has the
-    same name, are logged against the run's model and the test set the training stage logged
-    as the run's evaluation dataset (so MLflow's models view lists and ranks every variant's
-    model by them); `more_metrics` (the quantized models' figures) as plain run metrics."""
+    """An evaluated variant's figures and files, in the run that trained it (left as its train
+    stage ended it). The figures are logged against the run's model and evaluation dataset,
+    so MLflow's models view ranks the variants' models by them; `more_metrics` plainly."""
     setup(root)
     client = MlflowClient()
     run = run_in_store(client, run_id)
@@ -153,11 +149,9 @@ def catch_up(
     summary: TrainSummary,
     ended_ms: int,
 ) -> None:
-    """What a trained variant's run lacks because tracking was down while its train stage
-    ran: the epochs and summary figures it could not log (from its epochs.csv and
-    train.json), and, where the stage ended before the server was back (the run still
-    RUNNING, its process gone), the run's end: FINISHED at `ended_ms`, as the stage ended.
-    Says so in one line; a run that lacks nothing is left as it is."""
+    """What a trained variant's run lacks because tracking was down while its train stage ran:
+    the epochs and summary figures it could not log, and, where the run is still RUNNING with
+    its process gone, its end (FINISHED at `ended_ms`). Says so in one line."""
     setup(root)
     client = MlflowClient()
     run = run_in_store(client, run_id)
@@ -202,9 +196,8 @@ def _evaluation_dataset(run):
     return None
 
 
-# The headline figures a variant run also carries as text, for the runs table, written as
-# the report writes them: tag -> (figure in comparison.json, its formatter). A figure's 95%
-# interval is `<figure>_lo` .. `<figure>_hi`.
+# The headline figures a variant run also carries as text for the runs table, as the report
+# writes them: tag -> (figure in comparison.json, its formatter).
 FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
     "speedup": ("speedup_vs_cpu", fmt_ratio),
     "steady_epoch": ("steady_epoch_s", fmt_seconds),
@@ -224,9 +217,8 @@ def figure_tags(speedup_baseline: str | None) -> dict[str, tuple[str, Callable[[
 
 
 def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], str]) -> str | None:
-    """`figures[name]` and, where both ends are there, its 95% interval: "148× (140–156×)",
-    "0.083 s (0.081–0.086 s)"; None where the variant has no such figure (skipped, a single
-    epoch, the target not reached, no fp32 twin)."""
+    """`figures[name]` and, where both ends are there, its 95% interval ("148× (140–156×)");
+    None where the variant has no such figure."""
     value = figures.get(name)
     if value is None:
         return None
@@ -239,17 +231,11 @@ def log_variant_figures(
     figures: Mapping[str, Mapping[str, float | None]],
     speedup_baseline: str | None = "cpu",
 ) -> None:
-    """Each variant's headline figures (`steady_epoch_s`, `speedup_vs_<baseline>`, their
-    `_lo`/`_hi` 95% interval, ...), keyed by the variant's MLflow run id, as metrics of that
-    run, and the key ones as text tags (`figure_tags`), with the baseline the speedup is over;
-    None (a figure this variant has not) is left out, and a tag an earlier comparison wrote
-    for it is removed.
-
-    Logged through the client, so the runs keep their train stage's start and end. A figure
-    the run already has with the same value (training logged `steady_epoch_s`) is not logged
-    again, nor is one the training logs per epoch (`test_accuracy`): its series keeps its
-    shape. Another comparison's figures (a new target, another baseline) are logged anew.
-    """
+    """Each variant's headline figures, keyed by its run id, as metrics of that run and the
+    key ones as text tags (`figure_tags`); a tag an earlier comparison wrote for a figure now
+    None is removed. Through the client, so the runs keep their train stage's start and end.
+    A figure the run has with the same value is not logged again, nor one the training logs
+    per epoch (`test_accuracy`): its series keeps its shape."""
     setup(root)
     client = MlflowClient()
     now = get_current_time_millis()
@@ -320,13 +306,11 @@ def log_model(model, input_example, name: str) -> None:
 
 
 def pytorch_flavour() -> ModuleType:
-    """MLflow's PyTorch flavour, imported without PyTorch Lightning. Where Lightning is
-    installed (as on many research machines), `import mlflow.pytorch` imports it for an
-    autologging callback accelbench never uses, and with it torchmetrics, transformers and
-    scipy.signal: 4.6 s of a train stage on an H200 host, the largest import of the stage
-    (docs/results/2026-12-03-h200-stage-anatomy.md). For this one import `pytorch_lightning`
-    is None in `sys.modules`, which makes importing it an ImportError, the case MLflow's
-    flavour handles (Lightning not installed); afterwards it imports as before."""
+    """MLflow's PyTorch flavour, imported without PyTorch Lightning: where Lightning is
+    installed, `import mlflow.pytorch` imports it (and torchmetrics, transformers...) for an
+    autologging callback accelbench never uses, 4.6 s of a train stage on an H200 host
+    (docs/results/2026-12-03-h200-stage-anatomy.md). A None in `sys.modules` makes that one
+    import an ImportError, which MLflow's flavour handles as Lightning not installed."""
     if (flavour := sys.modules.get("mlflow.pytorch")) is not None:
         return flavour
     blocked = "pytorch_lightning" not in sys.modules
@@ -341,8 +325,8 @@ def pytorch_flavour() -> ModuleType:
 
 @contextmanager
 def _without_pickle_caution() -> Iterator[None]:
-    """Without MLflow's caution about pickled models, on every trained variant. It is for
-    models from elsewhere; these are this pipeline's own, loaded back by its evaluate stage."""
+    """Without MLflow's caution about pickled models: it is for models from elsewhere, these
+    are this pipeline's own."""
     logger = logging.getLogger("mlflow.pytorch")
     caution = "by Pickle or CloudPickle format requires exercising caution"
     logger.addFilter(quiet := lambda record: caution not in str(record.msg))
@@ -354,12 +338,9 @@ def _without_pickle_caution() -> Iterator[None]:
 
 @contextmanager
 def _no_distribution_scan() -> Iterator[None]:
-    """MLflow checks a logged model's requirements against the environment, and first maps
-    every installed distribution to its modules for that (`packages_distributions`: 0.5 s
-    for 194 distributions, most of logging the model). Ours, torch and mlflow, are modules
-    of the same name, which the check finds without the map: an empty one keeps the check
-    and spares the scan. MLflow's own map is restored afterwards (inferring requirements
-    needs it)."""
+    """MLflow maps every installed distribution to its modules to check a logged model's
+    requirements (0.5 s for 194 distributions, most of logging the model). Ours, torch and
+    mlflow, are found without the map: an empty one keeps the check and spares the scan."""
     from mlflow.utils import requirements_utils
 
     if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:  # built, or renamed

@@ -32,10 +32,9 @@ _outage: str | None = None  # set once tracking failed: the rest of this process
 
 
 def tracking_errors() -> tuple[type[BaseException], ...]:
-    """What the outside of tracking raises: MLflow, the network (requests), a file or lock
-    (OSError), a SQLite store, a proxy's HTML page where MLflow expects JSON, and SQLAlchemy
-    under MLflow's SQL stores (looked up only where a store loaded it: importing it costs a
-    quarter of a second, and an error of a module never loaded was never raised)."""
+    """What the outside of tracking raises: MLflow, the network, a file or lock, a SQLite
+    store, a proxy's HTML page where MLflow expects JSON, and SQLAlchemy (only where a store
+    loaded it: importing it costs a quarter of a second)."""
     named = (MlflowException, RequestException, OSError, sqlite3.Error, json.JSONDecodeError)
     sql = sys.modules.get("sqlalchemy.exc")
     return named if sql is None else (*named, sql.SQLAlchemyError)
@@ -47,8 +46,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def describe_failure(exc: BaseException) -> str:
-    """What went wrong, in a few words: the innermost cause says it ("OperationalError:
-    database is locked"), where MLflow's own exception wraps it in a line of SQLAlchemy advice."""
+    """What went wrong, in a few words, from the innermost cause ("OperationalError: database
+    is locked"): MLflow's own exception wraps it in a line of SQLAlchemy advice."""
     root, seen = exc, {id(exc)}
     while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
         root = cause
@@ -110,12 +109,10 @@ def report(exc: BaseException) -> None:
 
 
 class _HeldBack(logging.Filter):
-    """On one of MLflow's log handlers: MLflow's warnings and errors (a traceback each, six
-    on a locked store) wait while a tracking call runs (`logs_held`), and go once tracking
-    failed: the outage is one warning line (`report`). Those of MLflow's own threads (system
-    metrics sampling, which stops at its first failure) go at once: what they failed to reach
-    fails the stage's next tracking call too, which says it in that line. Every line shown
-    has its URIs' secrets masked."""
+    """On one of MLflow's log handlers: MLflow's warnings and errors (a traceback each, six on
+    a locked store) wait while a tracking call runs (`logs_held`) and are dropped once it
+    failed: the outage is one line (`report`). Those of MLflow's own threads (system metrics)
+    go at once. Every line shown has its URIs' secrets masked."""
 
     def __init__(self, handler: logging.Handler) -> None:
         super().__init__()
@@ -172,8 +169,8 @@ def reported() -> Iterator[None]:
 
 
 def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
-    """Run a tracking call unless tracking already failed; its failure is reported once, in
-    one line, instead of MLflow's own tracebacks, and it returns None."""
+    """Run a tracking call unless tracking already failed; a failure is reported (`report`)
+    and the call returns None."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> T | None:

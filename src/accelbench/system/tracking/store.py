@@ -3,12 +3,9 @@ them up.
 
 The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
 *relative* location, so the store and its artifacts can move together: to another path, or
-into a container that mounts the checkout at /workspace.
-
-DVC experiments run with `--temp` or from the queue (`dvc queue start`) run the pipeline in a
-copy of the repository under `.dvc/tmp/exps/`, deleted afterwards. Their runs go to the store
-of the workspace the copy was made from (`store_root`), their artifacts through a link to its
-`mlartifacts/`.
+into a container that mounts the checkout at /workspace. A `--temp` or queued DVC experiment
+runs in a throwaway copy of the repository; its runs go to the store of the workspace the copy
+was made from (`store_root`), its artifacts through a link to that `mlartifacts/`.
 """
 
 from __future__ import annotations
@@ -46,12 +43,9 @@ HTTP_DEFAULTS = {
 
 
 def store_root(root: Path) -> Path:
-    """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`.
-
-    DVC sets $DVC_ROOT for every stage it runs: the repository root for `dvc repro` and
-    `dvc exp run`, and for `--temp` and queued experiments, which run in a throwaway copy,
-    the workspace the copy was made from. Without it (a stage run by hand) it is `root`.
-    """
+    """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`:
+    $DVC_ROOT, which DVC sets to the workspace even for an experiment run in a throwaway copy;
+    without it (a stage run by hand) `root`."""
     workspace = os.environ.get(WORKSPACE_ENV)
     if not workspace:
         return root
@@ -62,17 +56,15 @@ def store_root(root: Path) -> Path:
 
 
 def workspace_root(start: Path, params: Path | None = None) -> Path:
-    """The workspace a command run in `start` belongs to, found as DVC finds its root: the
-    nearest folder upwards that holds `.dvc/`; outside one, the folder of the params file
-    (`accelbench --params ../params.yaml runs` from a subfolder), else `start`."""
-    for origin in (start, (start / params).parent if params is not None else None):
-        if origin is None:
-            continue
-        origin = origin.resolve()
+    """The workspace a command run in `start` belongs to: the nearest folder upwards that
+    holds `.dvc/` (as DVC finds its root) from `start` or the params file, else the params
+    file's folder, else `start`."""
+    beside_params = [] if params is None else [(start / params).parent.resolve()]
+    for origin in [start.resolve(), *beside_params]:
         for folder in (origin, *origin.parents):
             if (folder / ".dvc").is_dir():
                 return folder
-    return (start / params).parent.resolve() if params is not None else start
+    return beside_params[0] if beside_params else start
 
 
 def tracking_uri(root: Path) -> str:
@@ -129,10 +121,9 @@ def setup(root: Path) -> str:
 
 @contextmanager
 def _locked(path: Path | None, store: Path | None) -> Iterator[None]:
-    """Hold `path`'s lock (flock: released by the kernel when the process dies, however it
-    dies), waiting up to STORE_LOCK_TIMEOUT_S for another process to release it. Where the
-    lock cannot be made and the `store` is one this process cannot write either (a read-only
-    mount, a colleague's folder), it can only read the store, and readers need no lock."""
+    """Hold `path`'s lock, waiting up to STORE_LOCK_TIMEOUT_S. Where the lock cannot be made
+    and this process cannot write the `store` either (a read-only mount, a colleague's folder),
+    it can only read the store, and readers need no lock."""
     if path is None:
         yield
         return
@@ -198,13 +189,10 @@ _LOCATIONS = (
 def relative_artifacts(store: Path) -> int:
     """Make the store's artifact locations under `mlartifacts/` relative; returns rows changed.
 
-    MLflow turns a local artifact location into an absolute path when it creates an experiment
-    and copies that path into every run and logged model, so a store moved to another folder,
-    or opened in a container that mounts the checkout elsewhere, points at artifacts that are
-    not there. A relative location (`mlartifacts/<experiment>/...`) resolves against the
-    working directory, which is the repository root for every stage, `make ui` and the image's
-    commands. Absolute locations written before (by older versions, or on another machine)
-    are rewritten too; other stores and remote locations are left alone.
+    MLflow copies an experiment's absolute artifact path into every run and logged model, so
+    a moved store (or one a container mounts elsewhere) points at artifacts that are not
+    there. A relative location resolves against the working directory: the repository root
+    for every stage, `make ui` and the image's commands. Other locations are left alone.
     """
     changed = 0
     with closing(sqlite3.connect(store)) as db, db:
@@ -228,8 +216,8 @@ def relative_artifacts(store: Path) -> int:
 
 
 def run_in_store(client: MlflowClient, run_id: str) -> Any | None:
-    """The run, or None where this store does not have it: mlflow.db was deleted or replaced
-    since (a new store starts empty), or the id comes from another store."""
+    """The run, or None where this store does not have it (mlflow.db replaced since, or the id
+    is another store's)."""
     try:
         return client.get_run(run_id)
     except MlflowException as exc:
