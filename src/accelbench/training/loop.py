@@ -329,7 +329,7 @@ def _log_datasets(job: TrainJob) -> None:
 def _track_outputs(
     job: TrainJob, summary: TrainSummary, model_file: ModelFile, example_images: torch.Tensor
 ) -> None:
-    tracking.log_train_summary(summary)
+    tracking.log_metrics(summary.metrics())
     tracking.log_artifact(job.out.metrics.epochs_csv)
     profile = job.out.profile
     for path in sorted(profile.glob(f"{job.name}-rank0.*")) if profile else ():

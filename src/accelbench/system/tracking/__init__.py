@@ -15,7 +15,6 @@ from accelbench.system.tracking.logs import (
     log_evaluation,
     log_metrics,
     log_model,
-    log_train_summary,
     log_variant_figures,
 )
 from accelbench.system.tracking.runs import finish_pipeline, record_skipped, resume_run, variant_run
@@ -28,7 +27,6 @@ __all__ = [
     "log_evaluation",
     "log_metrics",
     "log_model",
-    "log_train_summary",
     "log_variant_figures",
     "record_skipped",
     "resume_run",

@@ -56,11 +56,6 @@ def log_metrics(metrics: Mapping[str, float | int | None], step: int | None = No
         mlflow.log_metrics(clean, step=step)
 
 
-def log_train_summary(summary: TrainSummary) -> None:
-    """A trained variant's run-level figures, as summary metrics of its run."""
-    log_metrics(summary.metrics())
-
-
 def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The finite numbers of `metrics` (None, NaN and non-numbers are left out)."""
     return {
@@ -111,30 +106,21 @@ def log_evaluation(
             "train@<variant>` tracks the variant again"
         )
         return
-    model_id = logged_model_id(run.info.experiment_id, run_id)
     dataset = _evaluation_dataset(run)
+    against = {
+        "model_id": logged_model_id(run.info.experiment_id, run_id),
+        "dataset_name": dataset.name if dataset else None,
+        "dataset_digest": dataset.digest if dataset else None,
+        "run_id": run_id,
+    }
+    evaluation = {
+        "eval_test_accuracy": summary.test_accuracy,
+        "eval_test_loss": summary.test_loss,
+        "eval_macro_f1": summary.macro_f1,
+        "inference_samples_per_s": summary.inference_samples_per_s,
+    }
     now = get_current_time_millis()
-    evaluation = _numbers(
-        {
-            "eval_test_accuracy": summary.test_accuracy,
-            "eval_test_loss": summary.test_loss,
-            "eval_macro_f1": summary.macro_f1,
-            "inference_samples_per_s": summary.inference_samples_per_s,
-        }
-    )
-    metrics = [
-        Metric(
-            key,
-            value,
-            now,
-            0,
-            model_id=model_id,
-            dataset_name=dataset.name if dataset else None,
-            dataset_digest=dataset.digest if dataset else None,
-            run_id=run_id,
-        )
-        for key, value in evaluation.items()
-    ]
+    metrics = [Metric(k, v, now, 0, **against) for k, v in _numbers(evaluation).items()]
     metrics += [Metric(k, v, now, 0) for k, v in _numbers(more_metrics or {}).items()]
     client.log_batch(run_id, metrics=metrics)
     for path in artifacts:

@@ -17,7 +17,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -153,7 +153,6 @@ def end_by_hand_runs() -> None:
                     raise
 
 
-@contextmanager
 def variant_run(
     root: Path,
     variant: str,
@@ -161,14 +160,11 @@ def variant_run(
     tags: Mapping[str, str],
     *,
     system_metrics: bool = False,
-) -> Iterator[str]:
+) -> AbstractContextManager[str | None]:
     """A child run of the pipeline run for one variant, ended FINISHED, FAILED or KILLED as
     the body did; yields its run id (None when tracking is down: the body runs untracked).
     With `system_metrics`, MLflow samples CPU, memory and (through NVML) GPU every second."""
-    with _ended_as_it_went(
-        _start_variant_run(root, variant, params, tags, system_metrics)
-    ) as run_id:
-        yield run_id
+    return _ended_as_it_went(_start_variant_run(root, variant, params, tags, system_metrics))
 
 
 @tolerant
@@ -228,11 +224,9 @@ def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
     _end_run("FINISHED")
 
 
-@contextmanager
-def resume_run(root: Path, run_id: str) -> Iterator[str]:
+def resume_run(root: Path, run_id: str) -> AbstractContextManager[str | None]:
     """Re-open a variant's run (evaluation, or training resumed from a checkpoint)."""
-    with _ended_as_it_went(_reopen_run(root, run_id)) as reopened:
-        yield reopened
+    return _ended_as_it_went(_reopen_run(root, run_id))
 
 
 @tolerant
