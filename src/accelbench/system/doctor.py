@@ -1,8 +1,7 @@
 """`accelbench doctor`: does this machine's NVIDIA driver, GPU and torch build fit together?
 
-`gather()` takes `hardware.probe_gpus()` (NVML and torch, asked once; the env stage shares
-its probe) and runs a small kernel; `diagnose()` is pure and decides. Tests feed
-`diagnose()` (and `gather()`, through fakes) every case a CPU-only machine cannot show.
+`gather()` takes the facts (the env stage shares its probe) and runs a small kernel;
+`diagnose()` is pure and decides, so tests feed it every case a CPU-only machine cannot show.
 
 Exit codes: 0 the GPU is ready; 3 CPU only (no NVIDIA driver, or no GPU) and nothing asked
 for a GPU; 1 something is wrong (each problem is printed with what to do).

@@ -63,11 +63,8 @@ NO_DRIVER = "no NVIDIA driver found (NVML could not start): no GPU on this machi
 
 @dataclass(frozen=True)
 class GpuProbe:
-    """What NVML (the driver) and torch say about this machine's GPUs, asked once.
-
-    The env stage records it (`cuda_facts`), `accelbench doctor` diagnoses it, and a stage
-    that cannot place a CUDA variant quotes `unavailable_reason`.
-    """
+    """What NVML (the driver) and torch say about this machine's GPUs, asked once: the env
+    stage records it, `accelbench doctor` diagnoses it."""
 
     torch_cuda: str | None  # the CUDA runtime torch was built with ("13.0"); None: CPU build
     driver: str | None  # NVIDIA driver version (NVML); None without a driver
@@ -209,12 +206,9 @@ def peak_tflops(device_name: str, precision: str, tf32: bool) -> float | None:
 def gpu_energy_reader(device: int = 0):
     """A function returning CUDA device `device`'s energy counter in joules (NVML), or None.
 
-    NVML counts millijoules since the driver loaded (Volta and newer); differences between two
-    readings are the energy the board used in between. NVML numbers GPUs as the driver does,
-    torch as CUDA_VISIBLE_DEVICES lists them: the board is found by its UUID, and where that
-    fails the index is trusted only when no CUDA_VISIBLE_DEVICES reorders the devices (no
-    reading rather than another GPU's).
-    """
+    NVML numbers GPUs as the driver does, torch as CUDA_VISIBLE_DEVICES lists them: the board
+    is found by its UUID, else by index only where no CUDA_VISIBLE_DEVICES reorders them (no
+    reading rather than another GPU's)."""
     try:
         import pynvml
 
@@ -235,7 +229,7 @@ def _nvml_handle(pynvml, device: int):
         uuid = str(torch.cuda.get_device_properties(device).uuid)
         prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"
         return pynvml.nvmlDeviceGetHandleByUUID(prefix + uuid)
-    except Exception:
+    except Exception:  # torch without the UUID, or NVML without that board: many types
         if os.environ.get("CUDA_VISIBLE_DEVICES"):
             return None
         return pynvml.nvmlDeviceGetHandleByIndex(device)
@@ -247,12 +241,8 @@ RAPL_ROOT = Path("/sys/class/powercap")
 def cpu_energy_reader(root: Path = RAPL_ROOT) -> Callable[[], float] | None:
     """A function returning the CPU packages' energy in joules since it was made (RAPL), or
     None where no package counter is readable (no RAPL, a VM, or root-only `energy_uj`, the
-    kernel's default since 5.10).
-
-    Reads the top-level `intel-rapl:<n>` zones (one per package; recent kernels list AMD's
-    packages there too), summed; each counter wraps at its `max_energy_range_uj`, which is
-    undone between readings (readings at least every few minutes: an epoch).
-    """
+    kernel's default since 5.10). Sums the top-level zones, one per package (AMD's too),
+    undoing each counter's wrap between readings (at least every few minutes: an epoch)."""
     zones = []
     for zone in sorted(root.glob("intel-rapl:*")):
         if zone.name.count(":") != 1:  # intel-rapl:0:0 is a subzone (core, uncore, dram)

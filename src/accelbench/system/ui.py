@@ -1,11 +1,8 @@
 """`accelbench ui` (`make ui`): the MLflow UI over this checkout's own store.
 
-It refuses, in one line on stderr and before any link, a port another program holds, an
-address that is not one, and a MLFLOW_TRACKING_URI that names another store or a tracking
-server (the runs are there); then it prints the link to the newest pipeline's variants and
-*becomes* `mlflow server` over `mlflow.db` (exec): one worker, plenty for one person's
-browser (MLflow's default of 4 printed every start-up line four times), without MLflow's job
-runner (7 more workers, for GenAI jobs) and its usage telemetry, as `accelbench server`.
+After its checks (`ui_intro`) it prints the link to the newest pipeline's variants and
+*becomes* `mlflow server` over `mlflow.db` (exec): one worker, plenty for one person's browser
+(MLflow's default of 4 printed every start-up line four times), set up as `accelbench server`.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ def _ui_address_problem(host: str, port: str) -> str | None:
 
 
 def ui_intro(host: str, port: str, store: Path) -> int:
-    """`make ui`'s first step: refuse a port another program holds (one line on stderr, exit
-    1, before any link that would open that program), or a MLFLOW_TRACKING_URI that is not
-    `store` (a tracking server, another store: the runs are there), else print the link."""
+    """`make ui`'s first step: refuse (one line, exit 1, before a link that would open another
+    program) a port in use, or a MLFLOW_TRACKING_URI that is not `store`; else print the link."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if is_server(uri):
         log(

@@ -51,10 +51,8 @@ BESIDE_SORT = "tags.`mlflow.runName`"
 BESIDE_WHOSE_WIDTH = 170  # "baseline 1a2b3c4" whole; a reused run's longer text on hover
 BESIDE_PARAM_WIDTH = 110  # wide enough for the group's header, "Parameters"
 # The first columns: what answers "who is fastest", as text with its interval, wide enough
-# for an H200 run's figures at 1600 px; then whether a variant trained and why not, and the
-# numbers to sort and chart by. Beside the Assistant panel MLflow opens on a first visit
-# (no setting turns it off) the first two are whole; the rest once it is closed.
-# `duration` (always shown) is the run's train stage.
+# for an H200 run's figures at 1600 px (the first two beside the Assistant panel MLflow opens
+# on a first visit); then whether a variant trained and why not, and the numbers to sort by.
 VIEW_COLUMNS = {  # column -> width (px), None: the UI's
     "tags.`steady_epoch`": 172,  # "2.600 s (2.576–2.789 s)"
     "tags.`speedup`": 160,  # "90.0× (85.8–94.1×)"
@@ -128,14 +126,6 @@ def _view(name: str, search: str, sort: str, columns: Mapping[str, int | None]) 
     )
 
 
-def _view_filter(view: str | None) -> str | None:
-    """The search filter of a saved view (a VIEW_TAG value); None if it is not one."""
-    try:
-        return json.loads(json.loads(view)["state"])["searchFilter"]
-    except (TypeError, ValueError, KeyError):
-        return None
-
-
 def ui_path(
     experiment_id: str,
     pipeline_run_id: str | None = None,
@@ -150,13 +140,13 @@ def ui_path(
     if pipeline_run_id is None:
         return runs
     wanted = variants_filter(pipeline_run_id, variant_runs)
-    if _view_filter(view) == wanted:
+    try:  # the saved view's search filter
+        shown = json.loads(json.loads(view)["state"])["searchFilter"]
+    except (TypeError, ValueError, KeyError):  # no view, or not one of ours
+        shown = None
+    if shown == wanted:
         return f"{runs}&viewStateShareKey={VIEW_ID}"
-    facets = {
-        "searchFilter": wanted,
-        "orderByKey": sort,
-        "orderByAsc": "true",
-    }
+    facets = {"searchFilter": wanted, "orderByKey": sort, "orderByAsc": "true"}
     return f"{runs}&{urlencode(facets, quote_via=quote)}"
 
 
