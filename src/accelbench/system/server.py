@@ -185,14 +185,6 @@ def check_port(host: str, port: int) -> None:
         )
 
 
-def server_command(host: str, port: int, artifacts: str, extra: list[str]) -> list[str]:
-    """`mlflow server` as this interpreter's module (the database comes through DATABASE_ENV)."""
-    return [
-        sys.executable, "-m", "mlflow", "server", "--serve-artifacts",
-        "--artifacts-destination", artifacts, "--host", host, "--port", str(port), *extra,
-    ]  # fmt: skip
-
-
 def users_url(host: str, port: int) -> str:
     """What users set MLFLOW_TRACKING_URI to."""
     if host in ("0.0.0.0", "::", ""):
@@ -309,7 +301,10 @@ def main(argv: list[str]) -> int:
     except InputError as exc:
         print_error("accelbench server", str(exc))
         return EXIT_INPUT
-    command = server_command(args.host, args.port, artifacts, extra)
+    command = [  # the database comes through DATABASE_ENV
+        sys.executable, "-m", "mlflow", "server", "--serve-artifacts", "--artifacts-destination",
+        artifacts, "--host", args.host, "--port", str(args.port), *extra,
+    ]  # fmt: skip
     url = users_url(args.host, args.port)
     env, warning = server_env(database, extra, url)
     print(

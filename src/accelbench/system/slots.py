@@ -91,12 +91,6 @@ def gpu_candidates(environ: MutableMapping[str, str] = os.environ) -> list[str] 
     return None if counted is None else [str(index) for index in range(counted[0])]
 
 
-def gpu_lock_name(gpu: str) -> str:
-    """The lock file of a GPU as CUDA_VISIBLE_DEVICES names it: `gpu-3.lock`,
-    `gpu-GPU-8a1f….lock`."""
-    return "gpu-" + re.sub(r"[^A-Za-z0-9_.-]", "_", gpu) + ".lock"
-
-
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lock, as its lock file says."""
@@ -143,18 +137,6 @@ def _try_lock(path: Path) -> int | None:
         with contextlib.suppress(OSError):
             os.fchmod(fd, 0o666)
     return fd
-
-
-def _write_holder(fd: int, holder: Holder) -> None:
-    with contextlib.suppress(OSError):  # opened read-only: the lock holds all the same
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(asdict(holder)) + "\n").encode(), 0)
-
-
-def _release(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)  # a free lock names no holder
-    os.close(fd)
 
 
 def take(
@@ -362,13 +344,17 @@ def tenancy(
     holder = Holder(f"{stage}@{name}", holds, os.getpid(), os.getcwd())
     try:
         for _, fd in here.held:
-            _write_holder(fd, holder)
+            with contextlib.suppress(OSError):  # opened read-only: the lock holds all the same
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(asdict(holder)) + "\n").encode(), 0)
         here.watch()
         yield here
     finally:
         here.note()  # ends the watch
         for _, fd in reversed(here.held):
-            _release(fd)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # a free lock names no holder
+            os.close(fd)
         if gpus and here.held:
             if before is None:
                 environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -389,7 +375,8 @@ def _take_gpus(here: Tenancy, count: int, wait_s: float, environ: MutableMapping
         return ""
     if len(candidates) < count:
         return ""
-    paths = [here.folder / gpu_lock_name(gpu) for gpu in candidates]
+    # a lock file per GPU as CUDA_VISIBLE_DEVICES names it: gpu-3.lock, gpu-GPU-8a1f….lock
+    paths = [here.folder / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', gpu)}.lock" for gpu in candidates]
     wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
     what = f"{wanted} among {','.join(candidates)}"
     here.held = take(paths, count, here.label, wait_s=wait_s, what=what)

@@ -214,17 +214,10 @@ def server_view_url(uri: str) -> str:
             experiment = client.get_experiment_by_name(EXPERIMENT)
             if experiment is None:
                 return f"{base}/#/experiments?{TRAINING_VIEW}"
-            pipelines = client.search_runs(
-                [experiment.experiment_id],
-                filter_string=f"tags.`{ROLE_TAG}` = 'pipeline'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
+            pipeline = pipeline_variants(client, experiment.experiment_id)[0]
     except tracking_errors():  # down, or refusing: the server's own page says why
         return base
-    return base + pipeline_path(
-        experiment.experiment_id, pipelines[0] if pipelines else None, experiment.tags.get(VIEW_TAG)
-    )
+    return base + pipeline_path(experiment.experiment_id, pipeline, experiment.tags.get(VIEW_TAG))
 
 
 def pipeline_variants(
