@@ -121,14 +121,9 @@ def test_a_fit_resumed_from_its_state_ends_with_the_uninterrupted_weights(tiny_p
 def test_the_parts_outside_the_timed_epochs_are_handed_to_the_hooks(tiny_prepared) -> None:
     seen = []
 
-    def around(part: str):
-        return lambda: contextlib.nullcontext(seen.append(part))
-
-    hooks = engine.FitHooks(
-        around_step_setup=around("step setup"), around_evaluation=around("evaluation")
-    )
+    hooks = engine.FitHooks(phase=lambda part: contextlib.nullcontext(seen.append(part)))
     fit_small(tiny_prepared, TrainParams(epochs=2, batch_size=8), hooks=hooks)
-    assert seen == ["step setup", "evaluation", "evaluation"]
+    assert seen == ["step_setup", "evaluation", "evaluation"]
 
 
 def test_onecycle_schedule_changes_lr_per_step(tiny_prepared) -> None:

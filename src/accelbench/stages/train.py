@@ -4,9 +4,10 @@ portable compile cache (`training/compile_cache.py`).
 Where it runs is `placement.place`'s call: here, skipped, or re-launched under torchrun,
 whose children each train their share of every batch while rank 0 alone writes the
 outputs and the MLflow run. Training itself is `training.loop.train`, handed one `TrainJob`
-(the dataset params.data.dataset names, checked against the prepared folder's manifest);
-it is imported only to train: a skipped variant's stage imports neither MLflow nor the
-model code, and returns at once. Before CUDA starts, a training takes its GPUs, or the CPU,
+(the dataset params.data.dataset names, checked against the prepared folder's manifest)
+and the hooks set up here that record it: the timing phases and rank 0's MLflow run. It is
+imported only to train: a skipped variant's stage imports neither MLflow nor the model
+code, and returns at once. Before CUDA starts, a training takes its GPUs, or the CPU,
 on this host (`slots.tenancy`: it waits while other stages hold them), and its train.json
 says what else ran on the host meanwhile (`shared_machine`).
 """
@@ -14,10 +15,12 @@ says what else ran on the host meanwhile (`shared_machine`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from accelbench.core import phases
 from accelbench.core.console import log
@@ -33,6 +36,7 @@ from accelbench.core.outputs import (
 )
 from accelbench.core.params import Params, TrainRecipe, VariantParams
 from accelbench.core.results import (
+    EpochRecord,
     ModelFile,
     Skipped,
     TrainResult,
@@ -40,10 +44,16 @@ from accelbench.core.results import (
     read_train,
     write_epochs_csv,
 )
+from accelbench.data import prepared
 from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import lifetime, slots
 from accelbench.training import compile_cache, placement, torchrun
-from accelbench.training.job import TrainJob, TrainOutputs, run_params
+from accelbench.training.job import TrainHooks, TrainJob, TrainOutputs, run_params
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.training.checkpoint import Resume
 
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
@@ -114,17 +124,93 @@ def run(
             return record_skip(name, inputs, where.skip_reason, out)
         if where.launch:
             return _launch(name, variant, out, argv or [], locks + tenancy.fds, tenancy.shared)
+        job = TrainJob(
+            name, inputs.recipe, variant, inputs.dataset, prepared_dir, where, out, root, quiet
+        )
         with phases.phase("imports"):  # MLflow and the model code: only to train
             from accelbench.training import build
             from accelbench.training.loop import train
 
+            hooks = _Tracked(job) if where.main else _Timed()
         build.check_prepared(inputs.dataset, prepared_dir)
-        job = TrainJob(
-            name, inputs.recipe, variant, inputs.dataset, prepared_dir, where, out, root, quiet
-        )
         with torchrun.process_group(where, variant.distributed):
-            summary = train(job)
+            summary = train(job, hooks)
         return record_sharing(summary, tenancy.shared(), out)
+
+
+class _Timed(TrainHooks):
+    """A training's phases, into the stage's timing (`core.phases`)."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return phases.phase(name)
+
+
+class _Tracked(_Timed):
+    """Rank 0's hooks: the phases, and the variant's MLflow run."""
+
+    def __init__(self, job: TrainJob) -> None:
+        import torch
+
+        from accelbench.system import tracking  # MLflow: only to train
+        from accelbench.training import build
+
+        self.job, self.tracking, self.build = job, tracking, build
+        self.tags = {
+            "status": "trained",
+            "device": job.variant.device,
+            "device_name": job.placement.device_name,
+            "torch": torch.__version__,
+            "cuda_runtime": str(torch.version.cuda),
+            "precision": job.variant.precision,
+            "world_size": str(job.placement.world_size),
+        }
+
+    @contextlib.contextmanager
+    def run(self, resume: Resume | None) -> Iterator[str | None]:
+        job, tracking = self.job, self.tracking
+        if resume is not None and resume.mlflow_run_id:  # one variant, one run
+            with tracking.resume_run(job.root, resume.mlflow_run_id) as run_id:
+                yield run_id
+            return
+        with tracking.variant_run(
+            job.root, job.name, job.run_params, self.tags, system_metrics=True
+        ) as run_id:
+            if resume is None:
+                with phases.phase("mlflow"):
+                    self._log_datasets()
+            yield run_id
+
+    def _log_datasets(self) -> None:
+        job = self.job
+        for split, limit, context in (
+            ("train", job.recipe.train_subset, "training"),
+            ("test", job.recipe.test_subset, "evaluation"),
+        ):
+            arrays = prepared.load_split(job.prepared_dir, split, limit)
+            digest = prepared.dataset_digest(job.prepared_dir, split, limit)
+            self.tracking.log_dataset(
+                f"{job.dataset.name}-{split}",
+                arrays.images,
+                arrays.labels,
+                job.prepared_dir,
+                digest,
+                context,
+            )
+
+    def on_epoch(self, record: EpochRecord) -> None:
+        self.tracking.log_metrics(record.metrics(), step=record.epoch)
+
+    def trained(self, summary: TrainSummary, model: ModelFile, examples: torch.Tensor) -> None:
+        phases.RECORDER.training_s = summary.timed_s
+        job, tracking = self.job, self.tracking
+        tracking.log_train_summary(summary)
+        tracking.log_artifact(job.out.metrics.epochs_csv)
+        profile = job.out.profile
+        for path in sorted(profile.glob(f"{job.name}-rank0.*")) if profile else ():
+            tracking.log_artifact(path, "profile")
+        example = examples.float().cpu().contiguous().numpy()
+        trained = self.build.trained_model(job.dataset, model.state_dict)
+        tracking.log_model(trained, example, job.name)
 
 
 def _launch(

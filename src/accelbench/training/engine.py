@@ -211,10 +211,6 @@ class FitSpec:
     distributed: bool = False
 
 
-def _untimed() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()
-
-
 def _never_stopped() -> float:
     return 0.0
 
@@ -224,9 +220,9 @@ class FitHooks:
     """What `fit` calls out to, all optional.
 
     The energy counters are cumulative (joules), read at the same synchronized epoch
-    boundaries as the clock. `around_step_setup` and `around_evaluation` wrap the parts of
-    a fit outside its timed epochs (building the step; each epoch's evaluation), so that a
-    caller can time them: loop.py records them as phases.
+    boundaries as the clock. `phase` wraps the parts of a fit outside its timed epochs
+    ("step_setup": building the step; "evaluation": each epoch's), so that a caller can
+    time them: the train stage records them as phases.
     """
 
     on_step: Callable[[int], None] | None = None  # after each step, with its samples
@@ -235,8 +231,7 @@ class FitHooks:
     gpu_energy_j: Callable[[], float] | None = None  # the GPU board's counter (NVML)
     cpu_energy_j: Callable[[], float] | None = None  # the CPU packages' counter (RAPL)
     stopped_s: Callable[[], float] = _never_stopped  # seconds stopped so far (a Heartbeat)
-    around_step_setup: Callable[[], contextlib.AbstractContextManager[None]] = _untimed
-    around_evaluation: Callable[[], contextlib.AbstractContextManager[None]] = _untimed
+    phase: Callable[[str], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def fit(
@@ -256,7 +251,7 @@ def fit(
     """
     recipe, variant, device = spec.recipe, spec.variant, spec.device
     clock = DeviceClock(device)
-    with hooks.around_step_setup():
+    with hooks.phase("step_setup"):
         step, optimizer, scheduler = _make_step(model, spec, train_batches)
     records: list[EpochRecord] = []
     first_epoch = 0
@@ -281,7 +276,7 @@ def fit(
                 totals = _summed_over_processes(totals, device)
             # Eagerly: evaluation is not what is benchmarked, and compiling it
             # would recompile for eval mode and the test batch shapes.
-            with hooks.around_evaluation():
+            with hooks.phase("evaluation"):
                 result = evaluate(model, test_batches, variant, device)
             record = totals.record(
                 epoch + 1, result, device, warm_up=epoch == first_epoch, stopped_s=stopped_s

@@ -1,18 +1,26 @@
-"""One variant's training job: what the train stage hands `training.loop.train`.
+"""One variant's training job, and the hooks that record it: what the train stage hands
+`training.loop.train`.
 
 Imports nothing heavy: the stage builds the job before it imports torch or MLflow.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import TrainRecipe, VariantParams
 from accelbench.data.datasets import Dataset
 from accelbench.training.placement import Placement
+
+if TYPE_CHECKING:
+    import torch
+
+    from accelbench.core.results import EpochRecord, ModelFile, TrainSummary
+    from accelbench.training.checkpoint import Resume
 
 
 @dataclass(frozen=True)
@@ -52,3 +60,22 @@ def run_params(
     """A run's params; a skipped variant's (which read no data) have no `data`."""
     run = {"variant": {"name": name, **variant.model_dump()}, "train": recipe.model_dump()}
     return run | ({"data": {"dataset": dataset.name}} if dataset is not None else {})
+
+
+class TrainHooks:
+    """What a training reports as it goes: the train stage sets its hooks up once (its timing
+    phases; on rank 0, the variant's MLflow run). These record nothing."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """Around one part of the stage's wall time (`core.phases.PHASES` names them)."""
+        return contextlib.nullcontext()
+
+    def run(self, resume: Resume | None) -> contextlib.AbstractContextManager[str | None]:
+        """The variant's run around the training, continued from `resume`'s; yields its id."""
+        return contextlib.nullcontext()
+
+    def on_epoch(self, record: EpochRecord) -> None:
+        """After each epoch of the run's training (not of its repeats)."""
+
+    def trained(self, summary: TrainSummary, model: ModelFile, examples: torch.Tensor) -> None:
+        """Once the outputs are written (on rank 0): `examples` are a few test inputs."""

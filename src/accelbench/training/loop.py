@@ -1,48 +1,44 @@
 """A variant's training in this process: the model and batches, the fit (retried after an
-out-of-memory error, resumed from a checkpoint), the MLflow run, the outputs, and the
-stage's phases around them.
+out-of-memory error, resumed from a checkpoint) and the outputs.
 
-The train stage (`stages/train.py`) decides where a variant runs and imports this module
-only to train: a skipped variant's stage never imports MLflow or the model code.
+The train stage (`stages/train.py`) decides where a variant runs, imports this module only
+to train, and hands it the `TrainHooks` that time its phases and track its MLflow run.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from accelbench.core import phases
 from accelbench.core.console import log
 from accelbench.core.outputs import remove_leftovers, staged, write_json
 from accelbench.core.progress import EpochProgress, fmt_seconds
 from accelbench.core.results import EpochRecord, ModelFile, TrainSummary, write_epochs_csv
 from accelbench.core.timing import Heartbeat
-from accelbench.data import prepared
 from accelbench.data.batches import Batches, ResidentBatches
-from accelbench.system import hardware, tracking
+from accelbench.system import hardware
 from accelbench.training import build, compile_cache, engine, profiling
 from accelbench.training.checkpoint import Checkpointer, Resume
-from accelbench.training.job import TrainJob
+from accelbench.training.job import TrainHooks, TrainJob
 from accelbench.training.oom import retry_on_oom
 from accelbench.training.run_summary import summarize_run
 
 FLOPS_CACHE = Path(".accelbench") / "flops.json"  # the model's FLOPs, counted once
 
 
-def train(job: TrainJob) -> TrainSummary | None:
+def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
     """Train `job`'s variant here; its summary, or None in a process that writes no outputs."""
     recipe, variant, placement, out = job.recipe, job.variant, job.placement, job.out
-    with phases.phase("device"):
+    with hooks.phase("device"):
         engine.configure_backends(variant, recipe.deterministic)
         engine.start_device(placement.device)
-    fitting = _Fitting.build(job)
+    fitting = _Fitting.build(job, hooks)
     cache_key = compile_cache.key_for(variant, placement.device) if out.compile_cache else None
-    loaded = _load_compile_cache(job, cache_key)
-    with phases.phase("model"):
+    loaded = _load_compile_cache(job, hooks, cache_key)
+    with hooks.phase("model"):
         flops = build.flops_per_sample(job.dataset, fitting.model, job.root / FLOPS_CACHE)
     steps = len(fitting.batches)
     if placement.main:
@@ -50,25 +46,22 @@ def train(job: TrainJob) -> TrainSummary | None:
         remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
     path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
     checkpointer = Checkpointer(path, job.run_params, job.name, device=placement.device_name)
-    with phases.phase("checkpoint"):
+    with hooks.phase("checkpoint"):
         resume = checkpointer.load()
     if out.profile is not None:
         epochs_done = resume.epochs_done if resume else 0
         profiling.check_request(job.name, recipe.epochs, steps, epochs_done)
-    with _tracked_run(job, resume) as run_id:
-        if placement.main and resume is None:
-            with phases.phase("mlflow"):
-                _log_datasets(job)
+    with hooks.run(resume) as run_id:
         progress = EpochProgress(
             job.name, recipe.epochs, steps, quiet=job.quiet or not placement.main
         )
-        with phases.phase("training"):
+        with hooks.phase("training"):
             records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
         progress.close()
         # before repeats find every graph cached
         cache_state = compile_cache.state(compile_cache.counts(), loaded)
         state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
-        with phases.phase("training"):
+        with hooks.phase("training"):
             repeats = fitting.repeat(recipe.repeats - 1, accumulation)
         if not placement.main:
             return None
@@ -82,9 +75,8 @@ def train(job: TrainJob) -> TrainSummary | None:
             compile_cache=cache_state,
         )
         model_file = ModelFile(job.name, "trained", run_id, job.run_params, state_dict)
-        phases.RECORDER.training_s = summary.timed_s
-        _write_outputs(job, summary, records, model_file, cache_key)
-        _track_outputs(job, summary, model_file, fitting.test_batches.images[:4])
+        _write_outputs(job, hooks, summary, records, model_file, cache_key)
+        hooks.trained(summary, model_file, fitting.test_batches.images[:4])
     log(
         f"train {job.name}: first epoch {summary.first_epoch_s:.2f} s, steady "
         f"{fmt_seconds(summary.steady_epoch_s)}, test accuracy "
@@ -94,11 +86,13 @@ def train(job: TrainJob) -> TrainSummary | None:
     return summary
 
 
-def _load_compile_cache(job: TrainJob, key: compile_cache.CacheKey | None) -> compile_cache.Loaded:
+def _load_compile_cache(
+    job: TrainJob, hooks: TrainHooks, key: compile_cache.CacheKey | None
+) -> compile_cache.Loaded:
     """The portable compile cache's graphs, before the first step compiles (said on rank 0)."""
     if key is None:
         return compile_cache.Loaded()
-    with phases.phase("step_setup"):
+    with hooks.phase("step_setup"):
         loaded = compile_cache.load(job.out.compile_cache, key, job.root)
     if job.placement.main and (loaded.reason or loaded.artifacts):
         log(
@@ -112,6 +106,7 @@ def _load_compile_cache(job: TrainJob, key: compile_cache.CacheKey | None) -> co
 
 def _write_outputs(
     job: TrainJob,
+    hooks: TrainHooks,
     summary: TrainSummary,
     records: list[EpochRecord],
     model_file: ModelFile,
@@ -120,7 +115,7 @@ def _write_outputs(
     """train.json, epochs.csv, the model file and the portable compile cache: all new or all
     old."""
     out = job.out
-    with phases.phase("outputs"), staged() as outputs:
+    with hooks.phase("outputs"), staged() as outputs:
         write_json(outputs(out.metrics.train_json), summary.to_json())
         write_epochs_csv(outputs(out.metrics.epochs_csv), records)
         model_file.save(outputs(out.model))
@@ -136,19 +131,20 @@ class _Fitting:
     from scratch after each CUDA out-of-memory error (`oom.retry_on_oom`)."""
 
     job: TrainJob
+    hooks: TrainHooks
     model: torch.nn.Module  # replaced by each training from scratch
     batches: Batches
     test_batches: ResidentBatches
     heartbeat: Heartbeat = field(default_factory=Heartbeat)  # what stopped each epoch
 
     @classmethod
-    def build(cls, job: TrainJob) -> _Fitting:
+    def build(cls, job: TrainJob, hooks: TrainHooks) -> _Fitting:
         dataset, recipe, variant, placement = job.dataset, job.recipe, job.variant, job.placement
         device = placement.device
-        with phases.phase("model"):
+        with hooks.phase("model"):
             model = build.fresh_model(dataset, recipe, variant, device)
         shard = {"rank": placement.rank, "world_size": placement.world_size}
-        with phases.phase("data"):
+        with hooks.phase("data"):
             batches = build.train_batches(
                 dataset, recipe, variant, job.prepared_dir, device, **shard
             )
@@ -160,7 +156,7 @@ class _Fitting:
                 recipe.test_subset,
                 channels_last=variant.channels_last,
             )
-        return cls(job, model, batches, test_batches)
+        return cls(job, hooks, model, batches, test_batches)
 
     def fit(
         self,
@@ -212,7 +208,7 @@ class _Fitting:
         """NVML's (a CUDA variant's GPU) and RAPL's (the host's share, every variant) energy
         counters, each None where unreadable."""
         placement = self.job.placement
-        with phases.phase("device"):
+        with self.hooks.phase("device"):
             gpu = (
                 hardware.gpu_energy_reader(placement.device.index or 0)
                 if self.job.variant.uses_cuda
@@ -240,11 +236,11 @@ class _Fitting:
 
         def on_epoch(record: EpochRecord) -> None:
             progress.epoch_done(record)
-            if placement.main and track:
-                tracking.log_metrics(record.metrics(), step=record.epoch)
+            if track:
+                self.hooks.on_epoch(record)
 
         def on_checkpoint(state: engine.TrainingState) -> None:
-            with phases.phase("checkpoint"):
+            with self.hooks.phase("checkpoint"):
                 save_checkpoint(state)
 
         if fresh:
@@ -272,8 +268,7 @@ class _Fitting:
                 gpu_energy_j=gpu_energy_j,
                 cpu_energy_j=cpu_energy_j,
                 stopped_s=self.heartbeat.stopped_s,
-                around_step_setup=lambda: phases.phase("step_setup"),
-                around_evaluation=lambda: phases.phase("evaluation"),
+                phase=self.hooks.phase,
             )
             return engine.fit(self.model, self.batches, self.test_batches, spec, hooks, resume_from)
 
@@ -286,54 +281,3 @@ def _start_line(job: TrainJob, samples: int) -> str:
         f"batches, {samples} samples x {recipe.epochs} epochs, batch {recipe.batch_size}"
         + (f" over {world_size} processes" if world_size > 1 else "")
     )
-
-
-def _tracked_run(
-    job: TrainJob, resume: Resume | None
-) -> contextlib.AbstractContextManager[str | None]:
-    """The variant's MLflow run: continued when resuming, none outside rank 0."""
-    placement = job.placement
-    if not placement.main:
-        return contextlib.nullcontext(None)
-    if resume is not None and resume.mlflow_run_id:
-        return tracking.resume_run(job.root, resume.mlflow_run_id)  # one variant, one run
-    tags = {
-        "status": "trained",
-        "device": job.variant.device,
-        "device_name": placement.device_name,
-        "torch": torch.__version__,
-        "cuda_runtime": str(torch.version.cuda),
-        "precision": job.variant.precision,
-        "world_size": str(placement.world_size),
-    }
-    return tracking.variant_run(job.root, job.name, job.run_params, tags, system_metrics=True)
-
-
-def _log_datasets(job: TrainJob) -> None:
-    for split, limit, context in (
-        ("train", job.recipe.train_subset, "training"),
-        ("test", job.recipe.test_subset, "evaluation"),
-    ):
-        arrays = prepared.load_split(job.prepared_dir, split, limit)
-        digest = prepared.dataset_digest(job.prepared_dir, split, limit)
-        tracking.log_dataset(
-            f"{job.dataset.name}-{split}",
-            arrays.images,
-            arrays.labels,
-            job.prepared_dir,
-            digest,
-            context,
-        )
-
-
-def _track_outputs(
-    job: TrainJob, summary: TrainSummary, model_file: ModelFile, example_images: torch.Tensor
-) -> None:
-    tracking.log_metrics(summary.metrics())
-    tracking.log_artifact(job.out.metrics.epochs_csv)
-    profile = job.out.profile
-    for path in sorted(profile.glob(f"{job.name}-rank0.*")) if profile else ():
-        tracking.log_artifact(path, "profile")
-    example = example_images.float().cpu().contiguous().numpy()
-    model = build.trained_model(job.dataset, model_file.state_dict)
-    tracking.log_model(model, example, job.name)
