@@ -106,11 +106,16 @@ def run(
     if out.compile_cache is not None:
         refuse_foreign(out.compile_cache, compile_cache.KIND)
     variant = inputs.variant
-    needed = _gpus_to_take(variant)
+    # a torchrun worker's launcher took its GPUs
+    needed = 0 if placement.torchrun_child(variant) else placement.gpus_needed(variant)
     with phases.phase("device"):  # NVML alone where it settles a skip: nothing to wait for
-        settled = _too_few_gpus(needed)
-    takes = needed if settled is None else 0
-    with slots.tenancy(name, stage="train", gpus=takes, cpu=_takes_the_cpu(variant)) as tenancy:
+        here = placement.nvml_visible(needed) if needed else None
+    takes = needed if here is None else 0
+    # a CPU training takes its turn on the host; not a multi-node one, whose "nodes" may share
+    # one host (127.0.0.1): each would wait for the other's turn forever
+    multi_node = variant.distributed is not None and variant.distributed.nnodes > 1
+    cpu = variant.device == "cpu" and not multi_node
+    with slots.tenancy(name, stage="train", gpus=takes, cpu=cpu) as tenancy:
         if takes and out.compile_cache is not None:  # before the driver reads its JIT cache
             with phases.phase("step_setup"):
                 jit = compile_cache.use_variant_jit_folder(root, name)
@@ -118,7 +123,11 @@ def run(
             if restored:
                 log(f"train {name}: {restored}")
         with phases.phase("device"):  # CUDA starts here, on the GPUs taken
-            here = settled if settled is not None else _gpus_here(needed)
+            if here is None:
+                with phases.phase("imports"):
+                    import torch  # noqa: F401  (placement and training need it)
+                # as torch sees them, in CUDA_VISIBLE_DEVICES as slots.tenancy narrowed it
+                here = placement.torch_visible() if needed else None
             where = placement.place(name, variant, require_gpu=inputs.require_gpu, here=here)
         if where.skip_reason is not None:
             return record_skip(name, inputs, where.skip_reason, out)
@@ -233,35 +242,6 @@ def _launch(
     if isinstance(summary, TrainSummary):
         phases.RECORDER.training_s = summary.timed_s
     return record_sharing(summary, shared(), out)
-
-
-def _takes_the_cpu(variant: VariantParams) -> bool:
-    """A CPU training takes its turn on the host; not a multi-node one, whose nodes may share
-    one host (two "nodes" on 127.0.0.1): each would wait for the other's turn forever."""
-    multi_node = variant.distributed is not None and variant.distributed.nnodes > 1
-    return variant.device == "cpu" and not multi_node
-
-
-def _gpus_to_take(variant: VariantParams) -> int:
-    """GPUs this process takes for `variant`: a torchrun worker's launcher took them."""
-    return 0 if placement.torchrun_child(variant) else placement.gpus_needed(variant)
-
-
-def _too_few_gpus(needed: int) -> placement.Visible | None:
-    """NVML's count, where it alone settles that the `needed` GPUs (`_gpus_to_take`) are not
-    here (torch is never imported, no GPU waited for); None: torch must be asked, or no GPU
-    is needed."""
-    return placement.nvml_visible(needed) if needed else None
-
-
-def _gpus_here(needed: int) -> placement.Visible | None:
-    """The GPUs usable here, for `placement.place`, as torch sees them (after
-    `slots.tenancy` narrowed CUDA_VISIBLE_DEVICES to those taken); None where `needed`
-    (`_gpus_to_take`) is none, as for a torchrun worker, whose launcher checked. torch's
-    import counts as one."""
-    with phases.phase("imports"):
-        import torch  # noqa: F401  (placement and training need it)
-    return placement.torch_visible() if needed else None
 
 
 def record_sharing(
