@@ -133,14 +133,12 @@ def run(
             return record_skip(name, inputs, where.skip_reason, out)
         if where.launch:
             return _launch(name, variant, out, argv or [], locks + tenancy.fds, tenancy.shared)
-        job = TrainJob(
-            name, inputs.recipe, variant, inputs.dataset, prepared_dir, where, out, root, quiet
-        )
+        job = TrainJob(name, inputs.recipe, variant, inputs.dataset, prepared_dir, where, out, root)
         with phases.phase("imports"):  # MLflow and the model code: only to train
             from accelbench.training import build
             from accelbench.training.loop import train
 
-            hooks = _Tracked(job) if where.main else _Timed()
+            hooks = _Tracked(job, quiet) if where.main else _Timed()
         build.check_prepared(inputs.dataset, prepared_dir)
         with torchrun.process_group(where, variant.distributed):
             summary = train(job, hooks)
@@ -155,15 +153,15 @@ class _Timed(TrainHooks):
 
 
 class _Tracked(_Timed):
-    """Rank 0's hooks: the phases, and the variant's MLflow run."""
+    """Rank 0's hooks: the phases, the progress (unless `quiet`), the variant's MLflow run."""
 
-    def __init__(self, job: TrainJob) -> None:
+    def __init__(self, job: TrainJob, quiet: bool) -> None:
         import torch
 
         from accelbench.system import tracking  # MLflow: only to train
         from accelbench.training import build
 
-        self.job, self.tracking, self.build = job, tracking, build
+        self.job, self.quiet, self.tracking, self.build = job, quiet, tracking, build
         self.tags = {
             "status": "trained",
             "device": job.variant.device,

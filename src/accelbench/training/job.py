@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import TrainRecipe, VariantParams
+from accelbench.core.progress import EpochProgress
 from accelbench.data.datasets import Dataset
 from accelbench.training.placement import Placement
 
@@ -46,7 +47,6 @@ class TrainJob:
     placement: Placement
     out: TrainOutputs
     root: Path  # the workspace: MLflow's store and the FLOPs cache are found from it
-    quiet: bool = False
 
     @property
     def run_params(self) -> dict[str, Any]:
@@ -64,7 +64,12 @@ def run_params(
 
 class TrainHooks:
     """What a training reports as it goes: the train stage sets its hooks up once (its timing
-    phases; on rank 0, the variant's MLflow run). These record nothing."""
+    phases; on rank 0, its progress and the variant's MLflow run). These record nothing."""
+
+    quiet = True  # no progress on the console
+
+    def progress(self, name: str, epochs: int, steps: int) -> EpochProgress:
+        return EpochProgress(name, epochs, steps, quiet=self.quiet)
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[Any]:
         """Around one part of the stage's wall time (`core.phases.PHASES` names them)."""

@@ -52,9 +52,7 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
         epochs_done = resume.epochs_done if resume else 0
         profiling.check_request(job.name, recipe.epochs, steps, epochs_done)
     with hooks.run(resume) as run_id:
-        progress = EpochProgress(
-            job.name, recipe.epochs, steps, quiet=job.quiet or not placement.main
-        )
+        progress = hooks.progress(job.name, recipe.epochs, steps)
         with hooks.phase("training"):
             records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
         progress.close()
@@ -191,12 +189,8 @@ class _Fitting:
         repeats = []
         for index in range(count):
             self.batches.seed = job.recipe.seed + index + 1
-            progress = EpochProgress(
-                f"{job.name} repeat {index + 2}/{count + 1}",
-                job.recipe.epochs,
-                len(self.batches),
-                quiet=job.quiet or not job.placement.main,
-            )
+            name = f"{job.name} repeat {index + 2}/{count + 1}"
+            progress = self.hooks.progress(name, job.recipe.epochs, len(self.batches))
             seed = self.batches.seed
             repeats.append(
                 self._fit_once(progress, accumulation_steps, True, None, None, False, seed)
