@@ -210,7 +210,7 @@ class _Tracked(_Timed):
     def trained(self, summary: TrainSummary, model: ModelFile, examples: torch.Tensor) -> None:
         phases.RECORDER.training_s = summary.timed_s
         job, tracking = self.job, self.tracking
-        tracking.log_train_summary(summary)
+        tracking.log_metrics(summary.metrics())
         tracking.log_artifact(job.out.metrics.epochs_csv)
         profile = job.out.profile
         for path in sorted(profile.glob(f"{job.name}-rank0.*")) if profile else ():
