@@ -16,6 +16,12 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
   warmpool  Inductor's pool of compile workers started right after torch's import, as the
             train stage does, instead of when torch.compile first calls Inductor
+  onecfg    one Triton launch config per generated kernel (Inductor's
+            triton.autotune_pointwise off): fewer kernels for Triton to compile, none tried
+  aggfuse   Inductor's aggressive_fusion: kernels fused across more of the graph (fewer)
+  nopattern Inductor's pattern-matcher passes off (part of its graph passes' time)
+  mmgrad    conv1 under torch.compile as its fused taps forward (as shipped), its weight
+            gradient one GEMM of the output gradient and the 3x3 patches (as im2col's)
 Each candidate starts with its own empty Inductor and CUDA JIT caches, as a train stage on a
 fresh machine does, and reports where its compiling went (Dynamo's compile_times).
 Reads --params (params.yaml) and --data (data/prepared: `dvc repro prepare`). Nothing is
@@ -47,6 +53,10 @@ OPTIONS = (
     "threads1",
     "nobench",
     "warmpool",
+    "onecfg",
+    "aggfuse",
+    "nopattern",
+    "mmgrad",
 )
 
 
@@ -59,6 +69,12 @@ def _patch(options: set[str], variant):
 
     if "cdt" in options:
         torch._inductor.config.coordinate_descent_tuning = True
+    if "onecfg" in options:
+        torch._inductor.config.triton.autotune_pointwise = False
+    if "nopattern" in options:
+        torch._inductor.config.pattern_matcher = False
+    if "aggfuse" in options:
+        torch._inductor.config.aggressive_fusion = True
     if "threads1" in options:
         torch._inductor.config.compile_threads = 1
     if "nobench" in options:
@@ -86,6 +102,10 @@ def _patch(options: set[str], variant):
         step.TrainStep.augment = torch.compiler.disable(step.TrainStep.augment)
     if "im2col" in options:
         models.conv2d_one_channel = conv2d_im2col
+    if "mmgrad" in options:
+        global _taps_forward
+        _taps_forward = models.conv2d_one_channel
+        models.conv2d_one_channel = conv2d_taps_mm_grad
     return variant
 
 
@@ -99,6 +119,41 @@ def conv2d_im2col(x, weight, bias):
     patches = torch.stack([shifted[:, 0] for shifted, _ in taps], dim=-1)  # [N, H, W, k*k]
     weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
     return (patches @ weights.t() + bias).permute(0, 3, 1, 2)  # [N, H, W, C] as NCHW
+
+
+_taps_forward = None  # the shipped conv2d_one_channel, kept by _patch for mmgrad
+
+
+def conv2d_taps_mm_grad(x, weight, bias):
+    """conv2d of one input channel: the shipped taps forward, the weight gradient as a GEMM."""
+    import torch
+
+    from accelbench.training import models
+
+    class TapsMmGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            ctx.save_for_backward(x, weight)
+            return _taps_forward(x, weight, bias)
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, weight = ctx.saved_tensors
+            taps, _ = models.one_channel_taps(x, weight, weight.new_zeros(weight.shape[0]))
+            patches = torch.stack([shifted[:, 0] for shifted, _ in taps], dim=-1)  # [N,H,W,9]
+            patches = patches.to(grad_out.dtype)  # the backward runs outside autocast
+            go = grad_out.permute(0, 2, 3, 1).reshape(-1, grad_out.shape[1])
+            grad_w = go.t() @ patches.reshape(-1, patches.shape[-1])  # [C, 9]
+            grad_b = grad_out.sum(dim=(0, 2, 3))
+            return None, grad_w.view_as(weight).to(weight.dtype), grad_b.to(weight.dtype)
+
+    return TapsMmGrad.apply(x, weight, bias)
+
+
+def _kernel_count() -> int | None:
+    from torch._inductor import metrics
+
+    return getattr(metrics, "generated_kernel_count", None)
 
 
 def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
@@ -168,6 +223,15 @@ def run_one(candidate: str, args: argparse.Namespace) -> dict:
             if float(seconds) >= 0.3
         },
         "graphs": dict(torch._dynamo.utils.counters["stats"]),
+        # What Triton compiled: one cubin per kernel and launch config, in this candidate's
+        # own (emptied) cache.
+        "cubins": sum(
+            1
+            for _ in Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent")).rglob(
+                "*.cubin"
+            )
+        ),
+        "kernels": _kernel_count(),
         "profiled": args.profile is not None,
     }
 

@@ -419,10 +419,11 @@ def test_a_compiled_variant_compiles_the_whole_loss_and_trains_like_the_eager_on
 ) -> None:
     """torch.compile gets augmentation, forward and loss as one function (Inductor on a GPU;
     here the aot_eager backend, which runs the same traced graphs without generating code)."""
-    compiled_calls = []
+    compiled_calls, tunings = [], []
     real_compile = torch.compile
 
-    def compile_on_cpu(fn, *, mode=None, dynamic=None):
+    def compile_on_cpu(fn, *, dynamic=None, **tuning):
+        tunings.append(tuning)
         compiled = real_compile(fn, backend="aot_eager", dynamic=dynamic)
 
         def counted(images, labels):
@@ -437,11 +438,14 @@ def test_a_compiled_variant_compiles_the_whole_loss_and_trains_like_the_eager_on
     weights = {}
     for mode in ("none", "default"):
         compiled_calls.clear()
-        variant = VariantParams(device="cpu", precision="fp32", compile=mode)
+        tuned = {} if mode == "none" else {"kernel_autotune": False}
+        variant = VariantParams(device="cpu", precision="fp32", compile=mode, **tuned)
         model, records = fit_small(prepared, train, variant)
         weights[mode] = model.state_dict()
         assert records[-1].samples == 512
     assert compiled_calls == [100] * 10  # full batches only: the partial ones ran eagerly
+    # kernel_autotune: false reaches Inductor as its option (one launch config per kernel)
+    assert tunings == [{"options": {"triton.autotune_pointwise": False}}]
     engine.seed_everything(train.seed)
     initial = SeedCNN(dropout=0.0).state_dict()
     for name, eager in weights["none"].items():

@@ -190,6 +190,10 @@ def test_params_refuse_indivisible_batches_nccl_on_cpu_and_graphs_they_cannot_ca
     raw["variants"] = {"ddp": {"device": "cpu", "distributed": {"nprocs": 2}}}
     with pytest.raises(ParamsError, match=r"distributed\.nprocs: unknown key .*nproc_per_node"):
         parse_params(raw)
+    for mode in ("none", "max-autotune-no-cudagraphs"):  # no kernels, or tuned by design
+        raw["variants"] = {"gpu": {"device": "cuda", "compile": mode, "kernel_autotune": False}}
+        with pytest.raises(ParamsError, match=rf"option of compile 'default'.*not '{mode}'"):
+            parse_params(raw)
 
 
 # --- read as DVC reads it: YAML 1.2, no coercion --------------------------------------------

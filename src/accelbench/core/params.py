@@ -193,6 +193,10 @@ class VariantParams(_Strict):
     cudnn_benchmark: bool = False
     tf32: bool = False
     compile: CompileMode = "none"
+    # compile 'default' only. true: Inductor compiles several launch configs of each kernel it
+    # generates and times them at the first call (torch's default); false: one config each,
+    # compiled once (about 4 s less of an H200's cold first epoch, docs/results/)
+    kernel_autotune: bool = True
     fused_optimizer: bool = False
     cuda_graph: bool = False  # capture the whole training step in one CUDA graph
     # this variant's own epochs (None: train.epochs): a slow baseline times fewer; its time
@@ -227,6 +231,11 @@ class VariantParams(_Strict):
             raise ValueError(  # both modes capture CUDA graphs of their own (cudagraph trees)
                 "cuda_graph: true already captures the step; use compile 'default' or "
                 f"'max-autotune-no-cudagraphs' with it, not {self.compile!r}"
+            )
+        if not self.kernel_autotune and self.compile != "default":
+            raise ValueError(
+                "kernel_autotune: false is an option of compile 'default' (the max-autotune "
+                f"modes tune by design, 'none' generates no kernels), not {self.compile!r}"
             )
         if self.loader is not None and self.batches != "dataloader":
             raise ValueError("loader: is read only by variants with batches 'dataloader'")

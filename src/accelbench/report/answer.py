@@ -244,9 +244,10 @@ def fp32_twins(rows: list[Row]) -> dict[str, str]:
 
 def uncompiled_twins(rows: list[Row]) -> dict[str, str]:
     """Each compiled variant -> the uncompiled one whose settings are otherwise the same,
-    compile and cudnn.benchmark apart (both set-up spent for a faster steady epoch): amp ->
-    amp_uncompiled in params.yaml."""
-    return _twins(rows, {"compile", "cudnn_benchmark"}, lambda v: v.compile == "none")
+    compile, its kernel autotuning and cudnn.benchmark apart (set-up spent for a faster
+    steady epoch): amp -> amp_uncompiled in params.yaml."""
+    differing = {"compile", "kernel_autotune", "cudnn_benchmark"}
+    return _twins(rows, differing, lambda v: v.compile == "none")
 
 
 def variant_figures(

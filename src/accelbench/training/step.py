@@ -114,8 +114,11 @@ class TrainStep:
         self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.full_batch_loss = self._loss  # the full batches' loss, compiled if asked
         if variant.compile != "none":
-            mode = None if variant.compile == "default" else variant.compile
-            self.full_batch_loss = torch.compile(self._loss, mode=mode, dynamic=False)
+            # torch.compile takes a mode or options, not both: options only for 'default'
+            tuning = {"mode": variant.compile}
+            if variant.compile == "default":
+                tuning = {"options": {"triton.autotune_pointwise": variant.kernel_autotune}}
+            self.full_batch_loss = torch.compile(self._loss, dynamic=False, **tuning)
 
     def augment(self, images: torch.Tensor) -> torch.Tensor:
         if not self.shift_px:
