@@ -3,6 +3,8 @@ process's share of a global batch is its slice of it."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
 import torch
 
@@ -55,6 +57,19 @@ def test_dataloader_source_matches_resident_batches(prepared) -> None:
         for (xa, ya), (xb, yb) in zip(resident.epoch(epoch), loader.epoch(epoch), strict=True):
             assert torch.equal(ya, yb)
             torch.testing.assert_close(xa, xb)
+
+
+def test_closing_the_dataloader_source_ends_its_persistent_workers_at_once(prepared) -> None:
+    params = LoaderParams(num_workers=2, pin_memory=False, persistent_workers=True)
+    loader = LoaderBatches(prepared, MNIST, 512, CPU, 128, 1, params)
+    for epoch in (0, 1):
+        assert sum(len(labels) for _, labels in loader.epoch(epoch)) == 512
+    workers = multiprocessing.active_children()
+    assert len(workers) == 2  # persistent: alive after the last epoch, until closed
+    loader.close()
+    assert not multiprocessing.active_children()
+    assert all(w.exitcode == 0 for w in workers)  # ended, not killed
+    loader.close()  # twice is harmless
 
 
 def test_shards_of_each_global_batch_cover_it_exactly(prepared) -> None:

@@ -35,6 +35,8 @@ class Batches(Protocol):
 
     def epoch(self, epoch: int) -> Iterator[Batch]: ...
 
+    def close(self) -> None: ...  # once its last epoch is done: what it runs beside ends
+
 
 def epoch_permutation(seed: int, epoch: int, n: int) -> torch.Tensor:
     """The order of the n training samples in `epoch` (int64, CPU)."""
@@ -102,6 +104,9 @@ class ResidentBatches:
             if self.world_size > 1:  # this process's share of the global batch
                 index = index.tensor_split(self.world_size)[self.rank]
             yield self.images.index_select(0, index), self.labels.index_select(0, index)
+
+    def close(self) -> None:
+        """Nothing runs beside resident batches."""
 
 
 class EpochSampler(DistributedSampler):
@@ -199,6 +204,15 @@ class LoaderBatches:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def close(self) -> None:
+        """End the persistent workers now, through the DataLoader's own shutdown, as
+        Lightning does (`_shutdown_workers_and_reset_iterator`; DataLoader has no public
+        call). Left to the process's exit, with pinned memory, they kept a finished H200
+        stage alive for 20 s (docs/results/2026-12-04-h200-cold-compile.md)."""
+        iterator, self.loader._iterator = self.loader._iterator, None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch)

@@ -61,6 +61,8 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
         state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
         with hooks.phase("training"):
             repeats = fitting.repeat(recipe.repeats - 1, accumulation)
+        with hooks.phase("data"):
+            fitting.batches.close()
         if not placement.main:
             return None
         summary = summarize_run(
