@@ -164,19 +164,19 @@ class Seeds:
 
     def metrics(self) -> dict[str, float | int]:
         out = {"seeds": self.count, "seeds_reached": len(self.to_target_s)}
-        ranges = {
-            "time_to_target_seeds": self.to_target_s,
-            "final_accuracy_seeds": self.final_accuracy,
-        }
-        return out | {f"{k}_{f.__name__}": f(v) for k, v in ranges.items() if v for f in (min, max)}
+        for key, values in (
+            ("time_to_target", self.to_target_s),
+            ("final_accuracy", self.final_accuracy),
+        ):
+            out |= {f"{key}_seeds_{f.__name__}": f(values) for f in (min, max) if values}
+        return out
 
     def text(self) -> str:
         """ "3/3 seeds: 1.25–1.31 s, final 99.23–99.31%"."""
-        reached = self.to_target_s
+        reached, accuracy = self.to_target_s, self.final_accuracy
         lo, hi = (fmt_seconds(f(reached)) if reached else "" for f in (min, max))
         times = f": {lo.removesuffix(' s')}–{hi}" if reached else ""
-        low, high = min(self.final_accuracy), max(self.final_accuracy)
-        return f"{len(reached)}/{self.count} seeds{times}, final {low:.2%}–{high:.2%}"
+        return f"{len(reached)}/{self.count} seeds{times}, final {min(accuracy):.2%}–{max(accuracy):.2%}"
 
 
 def seeds(row: Row, target: float) -> Seeds | None:
@@ -255,19 +255,10 @@ def variant_figures(
 ) -> dict[str, VariantFigures]:
     """The figures of every trained variant with a steady epoch (two epochs or more)."""
     samples = {r.name: r.steady_samples for r in rows if r.trained and r.steady_samples}
-    by_name = {r.name: r for r in rows}
-    twins = fp32_twins(rows)
-    uncompiled = {n: t for n, t in uncompiled_twins(rows).items() if t in samples}
-    out = {}
-    for row in rows:
-        if row.name not in samples:
-            continue
-        mine = samples[row.name]
-        steady = spread.median(mine)
-        base = samples.get(baseline)
-        twin = twins.get(row.name) if twins.get(row.name) in samples else None
-        reached = time_to_target(row.epochs, target)
-        to_target = None
+    base, twins, out = samples.get(baseline), fp32_twins(rows), {}
+    for row in (r for r in rows if r.name in samples):
+        mine, twin = samples[row.name], twins.get(row.name)
+        steady, reached, to_target = spread.median(mine), time_to_target(row.epochs, target), None
         if reached:
             # warm-up epochs (the first, a resume's first) stay as measured, less any time
             # stopped, as do stopped ones; the steady epochs are redrawn
@@ -275,40 +266,36 @@ def variant_figures(
             settled = steady_epochs(epochs)
             fixed = [e.train_time_s - e.stopped_s for e in epochs if e not in settled]
             to_target = spread.total_after(sum(fixed), [e.train_time_s for e in settled])
+        speedup = spread.ratio_of_medians(base, mine) if base else None
         out[row.name] = VariantFigures(
             steady_epoch=steady,
             samples_per_s=steady.inverse(row.train.train_samples),
-            speedup=(Figure(1.0) if row.name == baseline else spread.ratio_of_medians(base, mine))
-            if base
-            else None,
-            fp32_twin=twin,
-            over_fp32=spread.ratio_of_medians(samples[twin], mine) if twin else None,
+            speedup=Figure(1.0) if base and row.name == baseline else speedup,
+            fp32_twin=twin if twin in samples else None,
+            over_fp32=spread.ratio_of_medians(samples[twin], mine) if twin in samples else None,
             to_target=to_target,
             target_epoch=reached[1] if reached else None,
             seeds=seeds(row, target),
         )
-    for name, twin in uncompiled.items():
-        if name in out:
+    epochs_of = {r.name: r.epochs for r in rows}
+    for name, twin in uncompiled_twins(rows).items():
+        if name in out and twin in out:
             saved = out[twin].steady_epoch.value - out[name].steady_epoch.value
-            even = break_even(by_name[name].epochs, by_name[twin].epochs, saved)
+            even = break_even(epochs_of[name], epochs_of[twin], saved)
             out[name] = replace(out[name], uncompiled_twin=twin, break_even=even)
     return out
 
 
-def _fmt_figure(figure: Figure | None, fmt: Callable[[float], str]) -> str:
-    if figure is None:
-        return "n/a"
-    return fmt_interval(figure.value, figure.lo, figure.hi, fmt)
-
-
 def fmt_speedup(figure: Figure | None) -> str:
     """A speedup with its interval: 12.3× (11.0–13.5×); "n/a" for None."""
-    return _fmt_figure(figure, fmt_ratio)
+    f = figure
+    return "n/a" if f is None else fmt_interval(f.value, f.lo, f.hi, fmt_ratio)
 
 
 def fmt_time(figure: Figure | None) -> str:
     """A duration with its interval: 0.129 s (0.127–0.131 s); "n/a" for None."""
-    return _fmt_figure(figure, fmt_seconds)
+    f = figure
+    return "n/a" if f is None else fmt_interval(f.value, f.lo, f.hi, fmt_seconds)
 
 
 def fastest(figures: Mapping[str, VariantFigures]) -> str:
