@@ -223,13 +223,10 @@ def _one_seed(rows: list[Row]) -> str:
 def _skipped_lines(rows: list[Row]) -> list[str]:
     """Each distinct reason for skipping once, with the variants it skipped."""
     reasons: dict[str, list[str]] = {}
-    for row in rows:
-        if not row.trained:
-            reasons.setdefault(row.train.reason, []).append(row.name)
-    lines = []
-    for reason, names in reasons.items():
-        lines += ["", prose.SKIPPED.format(names=", ".join(names), reason=reason)]
-    return lines
+    for row in (r for r in rows if not r.trained):
+        reasons.setdefault(row.train.reason, []).append(row.name)
+    skipped = (prose.SKIPPED.format(names=", ".join(n), reason=r) for r, n in reasons.items())
+    return [line for text in skipped for line in ("", text)]
 
 
 def _samples_note(rows: list[Row], figures: Mapping[str, VariantFigures]) -> str:
@@ -293,24 +290,16 @@ def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
     by_name = {r.name: r for r in rows}
     cells, notes = [], []
     for row in (r for r in rows if r.variant.distributed is not None and r.trained):
-        base = by_name.get(baselines.get(row.name, ""))
-        world = row.train.world_size
-        ratio = speedup(base.train if base else None, row.train)
-        cells.append(
-            [
-                row.name,
-                world,
-                fmt_seconds(row.train.steady_epoch_s),
-                _cell(ratio, "x"),
-                _cell(scaling_efficiency(ratio, world), "pct0"),
-                base.name if base else prose.NO_SCALING_BASELINE,
-            ]
-        )
+        base, t = by_name.get(baselines.get(row.name, "")), row.train
+        ratio = speedup(base.train if base else None, t)
+        efficiency = _cell(scaling_efficiency(ratio, t.world_size), "pct0")
+        against = base.name if base else prose.NO_SCALING_BASELINE
+        steady = fmt_seconds(t.steady_epoch_s)
+        cells.append([row.name, t.world_size, steady, _cell(ratio, "x"), efficiency, against])
         if base and (differing := settings_differing(row.variant, base.variant)):
+            settings = ", ".join(differing)
             notes.append(
-                prose.SCALING_MIXED.format(
-                    name=row.name, base=base.name, settings=", ".join(differing)
-                )
+                prose.SCALING_MIXED.format(name=row.name, base=base.name, settings=settings)
             )
     if not cells:
         return []
@@ -366,15 +355,10 @@ def _cost_lines(rows: list[Row], spec: ReportSpec) -> list[str]:
     cells = []
     for row in trained:
         whole, upto = _costs(row, spec)
-        cells.append(
-            [
-                row.name,
-                f"{whole.energy_j / 3600:,.2f} Wh",
-                whole.energy_source,
-                *map(usd_per_1000, (whole.energy_usd, whole.time_usd, whole.total_usd)),
-                usd_per_1000(upto.total_usd) if upto else prose.NOT_REACHED,
-            ]
-        )
+        usd = map(usd_per_1000, (whole.energy_usd, whole.time_usd, whole.total_usd))
+        to_target = usd_per_1000(upto.total_usd) if upto else prose.NOT_REACHED
+        wh = f"{whole.energy_j / 3600:,.2f} Wh"
+        cells.append([row.name, wh, whole.energy_source, *usd, to_target])
     table = prose.table(_columns(prose.COST_COLUMNS, spec), cells)
     return [prose.COST, "", *table, "", prose.COST_NOTE.format(**spec.cost.model_dump()), ""]
 
