@@ -52,28 +52,23 @@ def _summary_row(run: Any) -> list[str]:
     # compare's evaluation of the trained model; else the last epoch the run logged (an
     # older run, or one whose evaluation was not logged)
     accuracy = metrics.get("eval_test_accuracy", metrics.get("test_accuracy"))
-    figures = _figures(run)
+    figures, status = _figures(run), tags.get("status", "")
+    # a training stopped part way (or running, or left RUNNING by a killed process) is no
+    # trained variant, whatever its `status` tag says
+    if status == "trained":
+        status = _UNFINISHED.get(run.info.status, status)
     cells = [
         run.info.run_name,
         figures["speedup"],  # over the report's baseline
         figures["steady_epoch"],
         f"{100 * accuracy:.2f}%" if accuracy is not None else None,  # as the report writes it
         figures["time_to_target"],
-        _result(tags.get("status", ""), run.info.status),
+        status,
         tags.get("device_name", tags.get("device", "")),
         run.info.status,
         run.info.run_id,
     ]
     return ["n/a" if c is None else c for c in cells]
-
-
-def _result(status: str, run_status: str) -> str:
-    """What became of a variant: its stage's `status` tag (trained, skipped), unless its run
-    ended otherwise: a training stopped part way (or running, or left RUNNING by a killed
-    process) is no trained variant, whatever it logged."""
-    if status == "trained" and run_status in _UNFINISHED:
-        return _UNFINISHED[run_status]
-    return status
 
 
 _UNFINISHED = {"KILLED": "interrupted", "FAILED": "failed", "RUNNING": "unfinished"}
@@ -87,9 +82,7 @@ SUMMARY_COLUMNS = (  # as the table's first line reads
 def _speedup_baseline(runs: list[Any]) -> str:
     """The variant the runs' speedups are over, as compare tagged them."""
     named = {r.data.tags[SPEEDUP_BASELINE_TAG] for r in runs if SPEEDUP_BASELINE_TAG in r.data.tags}
-    if not named:
-        return "the baseline"
-    return "/".join(sorted(named))  # one, unless runs compared over different baselines
+    return "/".join(sorted(named)) or "the baseline"  # one, unless runs compared over several
 
 
 def summary_markdown(root: Path) -> str:
@@ -140,8 +133,6 @@ def summary_markdown(root: Path) -> str:
     ]
     if skipped:
         lines += ["", "Skipped on this machine:"]
-        lines += [
-            f"- {r.info.run_name}: {r.data.tags.get('skip_reason', 'no reason recorded')}"
-            for r in skipped
-        ]
+    for r in skipped:
+        lines.append(f"- {r.info.run_name}: {r.data.tags.get('skip_reason', 'no reason recorded')}")
     return "\n".join(lines)
