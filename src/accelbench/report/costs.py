@@ -54,9 +54,9 @@ def run_cost(
     """The cost of `epochs` (epochs.csv's records, the first ones of the `run`: all of it by
     default) of a variant on `device` with `processes` processes (GPUs, for a DDP variant:
     each GPU's system wattage and hour are counted)."""
-    run = epochs if run is None else run
+    run, cuda = epochs if run is None else run, device == "cuda"
     train_s = float(sum(e.train_time_s for e in epochs))
-    gpu_j = _measured("gpu_energy_j", epochs, run) if device == "cuda" else None
+    gpu_j = _measured("gpu_energy_j", epochs, run) if cuda else None
     cpu_j = _measured("cpu_energy_j", epochs, run)
     parts = []
     if gpu_j is not None:
@@ -67,12 +67,11 @@ def run_cost(
         energy_j = (gpu_j or 0.0) + (cpu_j or 0.0)
         source = "measured: " + " + ".join(parts)
     else:
-        watts = prices.gpu_system_w * processes if device == "cuda" else prices.cpu_system_w
-        energy_j = watts * train_s
-        systems = f"{processes} × " if device == "cuda" and processes > 1 else ""
-        stated = prices.gpu_system_w if device == "cuda" else prices.cpu_system_w
+        stated = prices.gpu_system_w if cuda else prices.cpu_system_w
+        energy_j = stated * (processes if cuda else 1) * train_s
+        systems = f"{processes} × " if cuda and processes > 1 else ""
         source = f"estimated: {systems}{stated:g} W (stated) × time"
-    hour_usd = prices.gpu_hour_usd * processes if device == "cuda" else prices.cpu_hour_usd
+    hour_usd = prices.gpu_hour_usd * processes if cuda else prices.cpu_hour_usd
     return RunCost(
         train_s=train_s,
         energy_j=energy_j,
@@ -89,9 +88,8 @@ def costs_to_target(
     accuracy (None: none did)."""
     whole = run_cost(epochs, device, processes, prices)
     reached = next((n for n, e in enumerate(epochs, start=1) if e.test_accuracy >= target), None)
-    if reached is None:
-        return whole, None
-    return whole, run_cost(epochs[:reached], device, processes, prices, run=epochs)
+    upto = run_cost(epochs[:reached], device, processes, prices, run=epochs) if reached else None
+    return whole, upto
 
 
 def usd_per_1000(per_run: float) -> str:
