@@ -74,9 +74,8 @@ class PipelineTime:
 
     def phase_totals(self) -> dict[str, float]:
         totals: dict[str, float] = {}
-        for timing in self.ran:
-            for name, seconds in timing.overhead_phases().items():
-                totals[name] = totals.get(name, 0.0) + seconds
+        for name, seconds in (kv for t in self.ran for kv in t.overhead_phases().items()):
+            totals[name] = totals.get(name, 0.0) + seconds
         return totals
 
     def to_json(self) -> dict[str, Any]:
@@ -126,9 +125,10 @@ def _s(seconds: float | None) -> str:
     return f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
 
 
-def _largest(timing: StageTiming, n: int = 3) -> str:
-    top = sorted(timing.overhead_phases().items(), key=lambda kv: -kv[1])[:n]
-    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in top if seconds >= 0.05)
+def _largest(phases: dict[str, float], unit: str, sep: str, n: int | None = None) -> str:
+    """The phases of 0.05 s or more, largest first (the first `n`)."""
+    top = sorted(phases.items(), key=lambda kv: -kv[1])[:n]
+    return sep.join(f"{name} {seconds:.1f}{unit}" for name, seconds in top if seconds >= 0.05)
 
 
 def markdown(pipeline: PipelineTime) -> list[str]:
@@ -137,15 +137,15 @@ def markdown(pipeline: PipelineTime) -> list[str]:
         name = t.stage if t.stage in pipeline.this_run else prose.UP_TO_DATE.format(stage=t.stage)
         if t.stage == pipeline.current:  # logging to MLflow and its outputs come after
             name += prose.UNTIL_THIS_REPORT
-        rows.append((name, _s(t.wall_s), _s(t.training_s), _s(t.overhead_s), _largest(t)))
+        largest = _largest(t.overhead_phases(), "", ", ", 3)
+        rows.append((name, _s(t.wall_s), _s(t.training_s), _s(t.overhead_s), largest))
     lines = [prose.PIPELINE_TIME, *prose.table(prose.PIPELINE_COLUMNS.split(" | "), rows)]
     wall, training, overhead = map(_s, (pipeline.wall_s, pipeline.training_s, pipeline.overhead_s))
     lines += [prose.PIPELINE_TOTAL.format(wall=wall, training=training, overhead=overhead), ""]
     if pipeline.span_s is not None:
         between = _s(pipeline.between_stages_s)
         lines += [prose.PIPELINE_SPAN.format(span=_s(pipeline.span_s), between=between), ""]
-    ranked = sorted(pipeline.phase_totals().items(), key=lambda kv: -kv[1])
-    phases = "; ".join(f"{name} {seconds:.1f} s" for name, seconds in ranked if seconds >= 0.05)
+    phases = _largest(pipeline.phase_totals(), " s", "; ")
     legend = "; ".join(f"*{name}*: {PHASE_LEGEND[name]}" for name in PHASES)
     lines += [prose.PIPELINE_PHASES.format(phases=phases), ""]
     return [*lines, prose.PHASES.format(legend=legend), ""]
