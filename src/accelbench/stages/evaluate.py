@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,6 @@ from accelbench.core.console import InputError, log
 from accelbench.core.outputs import MetricsFiles, claim, remove_leftovers, staged, write_json
 from accelbench.core.params import Params, VariantParams
 from accelbench.core.results import (
-    ClassScores,
     EvalResult,
     EvalSummary,
     ModelFile,
@@ -39,8 +38,6 @@ from accelbench.training.placement import (
 
 if TYPE_CHECKING:
     import torch
-
-    from accelbench.training.engine import EvalPass
 
 
 @dataclass(frozen=True)
@@ -102,8 +99,12 @@ def run(
             result = engine.evaluate(model, batches, variant, device)
             labels = result.targets.numpy(), result.predictions.numpy()
             counts = confusion.matrix(*labels)
-            summary = _summary(result, confusion.class_scores(counts))
-        summary = replace(summary, shared_machine=tenancy.shared())
+            per_class = confusion.class_scores(counts)
+            f1 = float(np.mean([s.f1_score for s in per_class.values()])) if per_class else 0.0
+        shared = tenancy.shared()
+        summary = EvalSummary(
+            result.accuracy, result.loss, f1, result.samples_per_s, per_class, shared_machine=shared
+        )
     record = RunRecord(name, "trained", model_file.mlflow_run_id)
     title = f"{name}: confusion matrix (test set)"
     _record(
@@ -165,16 +166,6 @@ def _trained_variant(model_file: ModelFile, model_path: Path) -> VariantParams:
         raise InputError(
             f"{model_path}: its recorded variant params are missing or invalid; re-run train for it"
         ) from None
-
-
-def _summary(result: EvalPass, per_class: dict[str, ClassScores]) -> EvalSummary:
-    return EvalSummary(
-        test_accuracy=result.accuracy,
-        test_loss=result.loss,
-        macro_f1=float(np.mean([s.f1_score for s in per_class.values()])) if per_class else 0.0,
-        inference_samples_per_s=result.samples_per_s,
-        per_class=per_class,
-    )
 
 
 def _record_untrained(model_file: ModelFile, files: MetricsFiles) -> Skipped:
