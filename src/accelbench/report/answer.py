@@ -330,7 +330,11 @@ def headline(
     by_name = {r.name: r for r in rows}
     sentences = [_fastest_sentence(by_name, figures, baseline, where)]
     if baseline is not None and baseline not in figures:  # every speedup column reads n/a
-        sentences.append(_no_speedups(by_name.get(baseline), baseline))
+        base = by_name.get(baseline)  # skipped, or no steady epoch
+        why = prose.BASELINE_NO_STEADY
+        if base is not None and isinstance(base.train, Skipped):
+            why = prose.BASELINE_SKIPPED.format(reason=base.train.reason)
+        sentences.append(prose.NO_SPEEDUPS.format(baseline=baseline, why=why))
     sentences += [
         prose.PRECISION_ALONE.format(
             name=name,
@@ -381,22 +385,19 @@ def _fastest_sentence(
     )
 
 
-def _no_speedups(base: Row | None, baseline: str) -> str:
-    """Why no speedup was measured: the baseline was skipped, or has no steady epoch."""
-    if base is not None and isinstance(base.train, Skipped):
-        why = prose.BASELINE_SKIPPED.format(reason=base.train.reason)
-    else:
-        why = prose.BASELINE_NO_STEADY
-    return prose.NO_SPEEDUPS.format(baseline=baseline, why=why)
-
-
 def _target_sentence(
     by_name: Mapping[str, Row], figures: Mapping[str, VariantFigures], target: float
 ) -> str:
     first = first_to_target(figures)
     if first is None:
         return prose.NO_TARGET.format(target=f"{target:.1%}")
-    reached, stage = figures[first], by_name[first].stage_s
+    reached, row = figures[first], by_name[first]
+    # what its first epoch paid for: warm-up, and compiling with its cache's state
+    cost, state = prose.FIRST_EPOCH_COMPILING, row.train.compile_cache
+    if row.variant.compile == "none":
+        cost = prose.FIRST_EPOCH_WARM_UP
+    elif state:
+        cost = prose.FIRST_EPOCH_CACHE.format(state=state)
     missed = ", ".join(n for n, f in figures.items() if f.to_target is None)
     who = prose.TARGET_FIRST if len(figures) > 1 else prose.TARGET_ONLY
     return prose.TO_TARGET.format(
@@ -404,19 +405,11 @@ def _target_sentence(
         who=who.format(name=first),
         time=fmt_time(reached.to_target),
         epoch=reached.target_epoch,
-        cost=first_epoch_cost(by_name[first]),
-        stage=prose.TARGET_STAGE.format(stage=fmt_seconds(stage)) if stage else "",
+        cost=cost,
+        stage=prose.TARGET_STAGE.format(stage=fmt_seconds(row.stage_s)) if row.stage_s else "",
         seeds=prose.TARGET_SEEDS.format(seeds=reached.seeds.text()) if reached.seeds else "",
         missed=prose.TARGET_MISSED.format(names=missed) if missed else "",
     )
-
-
-def first_epoch_cost(row: Row) -> str:
-    """What a variant's first epoch paid for: warm-up, and compiling with its cache's state."""
-    state = row.train.compile_cache if isinstance(row.train, TrainSummary) else None
-    if row.variant.compile == "none":
-        return prose.FIRST_EPOCH_WARM_UP
-    return prose.FIRST_EPOCH_CACHE.format(state=state) if state else prose.FIRST_EPOCH_COMPILING
 
 
 def compiling_pays(figures: Mapping[str, VariantFigures]) -> str | None:
