@@ -185,8 +185,8 @@ def _answer_cells(
     row: Row, f: VariantFigures | None, spec: ReportSpec, compared: bool
 ) -> list[str]:
     if f is None:  # skipped, or no steady epoch
-        why = prose.SKIPPED_CELL
-        if row.trained:  # no steady epoch: one epoch, or each a warm-up (resumed) or stopped
+        why = prose.SKIPPED_CELL  # else no steady epoch: one epoch, or each a warm-up or stopped
+        if row.trained:
             why = prose.ONE_EPOCH if row.train.epochs == 1 else prose.NO_STEADY_EPOCH
         # one epoch measures no speed, but the model was tested
         accuracy = _cell(row.test_accuracy, "pct") if row.trained else "—"
@@ -443,9 +443,8 @@ def write_report(
     files = [out_dir / "comparison.md", out_dir / SUMMARY_PNG, out_dir / "comparison.json"]
     if pipeline is not None:
         files.append(out_dir / "pipeline_time.json")
-        outputs(files[-1], PIPELINE_TIME_JSON).write_text(
-            json.dumps(pipeline.to_json(), indent=2) + "\n"
-        )
+        text = json.dumps(pipeline.to_json(), indent=2) + "\n"
+        outputs(files[-1], PIPELINE_TIME_JSON).write_text(text)
     pipeline_metrics = {
         f"{name}.{key}": value
         for name, values in entries.items()

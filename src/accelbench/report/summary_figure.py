@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
@@ -44,10 +45,7 @@ def _time_bars(
     values = [f.value for f in steady]
     upper = [f.hi if f.has_interval else f.value for f in steady]
     lower = [f.lo if f.has_interval else f.value for f in steady]
-    errors = [
-        [v - lo for v, lo in zip(values, lower, strict=True)],
-        [hi - v for v, hi in zip(values, upper, strict=True)],
-    ]
+    errors = [np.subtract(values, lower), np.subtract(upper, values)]
     bars = ax.barh(names, values, color=colors, xerr=errors, capsize=3)
     for bar, name, hi in zip(bars, names, upper, strict=True):
         label = fmt_time(figures[name].steady_epoch)
