@@ -100,12 +100,9 @@ def run(
         for row in rows:  # end to end: the train stage, process start to its end
             row.stage_s = walls.get(f"train@{row.name}") if row.trained else None
         result = markdown.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
-        dvc_plots.write_plot_data(
-            out_dir / dvc_plots.PLOTS_DIR,
-            {row.name: row.epochs for row in rows},
-            {row.name: row.eval.per_class for row in rows if isinstance(row.eval, EvalSummary)},
-            outputs,
-        )
+        epochs = {row.name: row.epochs for row in rows}
+        per_class = {r.name: r.eval.per_class for r in rows if isinstance(r.eval, EvalSummary)}
+        dvc_plots.write_plot_data(out_dir / dvc_plots.PLOTS_DIR, epochs, per_class, outputs)
     reported = _track_variants(root, tracked, result.comparison, inputs.spec.speedup_baseline)
     run_id = tracking.finish_pipeline(root, result.files, result.pipeline_metrics, reported)
     if run_id:
