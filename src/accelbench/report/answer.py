@@ -74,11 +74,8 @@ def shared_machine(row: Row) -> str | None:
     inference = row.eval.shared_machine if isinstance(row.eval, EvalSummary) else None
     if not inference:
         return training  # as train.json says it
-    return "; ".join(
-        f"{what}: {note}"
-        for what, note in (("training", training), ("inference", inference))
-        if note
-    )
+    notes = (("training", training), ("inference", inference))
+    return "; ".join(f"{what}: {note}" for what, note in notes if note)
 
 
 def shared_notes(rows: list[Row]) -> list[str]:
