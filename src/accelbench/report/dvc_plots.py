@@ -20,7 +20,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from accelbench.core.outputs import Kind, StagedOutputs, staged, text_kind, write_text
+from accelbench.core.outputs import StagedOutputs, staged, text_kind, write_text
 from accelbench.core.results import ClassScores, EpochRecord
 
 PLOTS_DIR = "plots"  # reports/plots/: dvc.yaml's top-level plots read these files
@@ -64,16 +64,13 @@ def write_plot_data(
         ),
     }
     for path, (header, rows) in tables.items():
-        with outputs(path, _kind(header)).open("w", newline="") as handle:
+        # compare's plot data from before is recognised by its header
+        kind = text_kind("plot data written by `accelbench compare`", ",".join(header) + "\n")
+        with outputs(path, kind).open("w", newline="") as handle:
             writer = csv.writer(handle, lineterminator="\n")
             writer.writerow(header)
             writer.writerows(rows)
     return list(tables)
-
-
-def _kind(header: list[str]) -> Kind:
-    """The plot data file compare wrote before: recognised by its header."""
-    return text_kind("plot data written by `accelbench compare`", ",".join(header) + "\n")
 
 
 def _number(value: float | None) -> float | str:
