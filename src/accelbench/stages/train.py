@@ -208,7 +208,6 @@ class _Tracked(_Timed):
         self.tracking.log_metrics(record.metrics(), step=record.epoch)
 
     def trained(self, summary: TrainSummary, model: ModelFile, examples: torch.Tensor) -> None:
-        phases.RECORDER.training_s = summary.timed_s
         job, tracking = self.job, self.tracking
         tracking.log_metrics(summary.metrics())
         tracking.log_artifact(job.out.metrics.epochs_csv)
@@ -236,10 +235,7 @@ def _launch(
     if cfg.node_rank != 0:
         log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
         return None
-    summary = read_train(out.metrics.train_json)
-    if isinstance(summary, TrainSummary):
-        phases.RECORDER.training_s = summary.timed_s
-    return record_sharing(summary, shared(), out)
+    return record_sharing(read_train(out.metrics.train_json), shared(), out)
 
 
 def record_sharing(
@@ -247,7 +243,9 @@ def record_sharing(
 ) -> TrainResult | None:
     """`summary`, and its train.json, with what else ran on this host while it trained
     (`shared_machine`, from `slots.Tenancy.shared`, which says it on the console): the
-    report prints it beside the variant."""
+    report prints it beside the variant. The stage's timing gets its timed epochs."""
+    if isinstance(summary, TrainSummary):
+        phases.RECORDER.training_s = summary.timed_s
     if note is None or not isinstance(summary, TrainSummary):
         return summary
     shared = replace(summary, shared_machine=note)
