@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -111,11 +110,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _selected(stage: Any, args: argparse.Namespace, params: Params) -> Any:
-    """What `stage` reads of params.yaml (its module's `select`)."""
-    return stage.select(params, args.variant) if args.stage == "train" else stage.select(params)
-
-
 def _check_params_unchanged(stage: Any, args: argparse.Namespace, params: Params) -> None:
     """DVC records a stage's params as they are when it ends, not as it started: an edit of
     params.yaml while the stage ran would be recorded beside outputs made with the old values,
@@ -132,11 +126,9 @@ def _check_params_unchanged(stage: Any, args: argparse.Namespace, params: Params
         )
         return
     checks = {key.rsplit(".", 1)[-1] for key in getattr(stage, "CHECKS", ())}
-    changed = [
-        change
-        for change in differences(_selected(stage, args, params), _selected(stage, args, now))
-        if change.split(":", 1)[0] not in checks
-    ]
+    extra = (args.variant,) if args.stage == "train" else ()  # what its `select` reads
+    before, after = stage.select(params, *extra), stage.select(now, *extra)
+    changed = [c for c in differences(before, after) if c.split(":", 1)[0] not in checks]
     if changed:
         shown = "; ".join(changed[:3]) + (f"; {len(changed) - 3} more" if len(changed) > 3 else "")
         raise InputError(
@@ -221,7 +213,15 @@ def _end_process(code: int) -> NoReturn:
     for interrupt in (signal.SIGINT, signal.SIGTERM):
         signal.signal(interrupt, signal.SIG_IGN)
     lifetime.end_within(lifetime.ENDING_LIMIT_S, code, "the finished stage's process")
-    ending = _ending_recorder()
+    started, recorder = time.perf_counter(), phases.RECORDER
+
+    def ending() -> None:
+        """The time since `started` as the `ending` phase; the stage's timing written again."""
+        recorder.add("ending", time.perf_counter() - started)
+        if recorder.root is not None:
+            with contextlib.suppress(OSError):
+                phases.write(recorder.root, recorder.timing())
+
     lifetime.end_compile_workers()
     futures = sys.modules.get("concurrent.futures.thread")
     if futures is not None:
@@ -236,20 +236,6 @@ def _end_process(code: int) -> NoReturn:
     atexit._run_exitfuncs()
     ending()
     lifetime.end_now(code)
-
-
-def _ending_recorder() -> Callable[[], None]:
-    """Counts from now; called, it adds the time since as the stage's `ending` phase and
-    writes the stage's timing again (its wall time then up to here)."""
-    started, recorder = time.perf_counter(), phases.RECORDER
-
-    def ending() -> None:
-        recorder.add("ending", time.perf_counter() - started)
-        if recorder.root is not None:
-            with contextlib.suppress(OSError):
-                phases.write(recorder.root, recorder.timing())
-
-    return ending
 
 
 def _print_out(text: str, code: int = 0) -> int:
