@@ -116,19 +116,12 @@ def key_for(variant: VariantParams, device: torch.device) -> CacheKey | None:
         triton_version: str | None = triton.__version__
     except ImportError:
         triton_version = None
+    name, capability = "cpu", None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, capability = props.name, f"{props.major}.{props.minor}"
-    else:
-        name, capability = "cpu", None
-    return CacheKey(
-        torch=torch.__version__,
-        triton=triton_version,
-        device=name,
-        capability=capability,
-        compile=variant.compile,
-        step_code=step_code_digest(),
-    )
+    digest = step_code_digest()
+    return CacheKey(torch.__version__, triton_version, name, capability, variant.compile, digest)
 
 
 def step_code_digest() -> str:
@@ -157,10 +150,8 @@ def load(path: Path, key: CacheKey, root: Path) -> Loaded:
     file was made under `key` and workspace `root`'s `dvc.lock` vouches for it. Never
     fails: a missing, foreign, unvouched or unreadable file means compiling from scratch,
     with one line saying why."""
-    if not path.is_file():
-        return Loaded()
     try:
-        header, stored, _ = _read(path)
+        header, stored, _ = _read(path) if path.is_file() else ({}, b"", b"")
     except (OSError, ValueError) as exc:
         return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
     saved_key = header.get("key")
@@ -212,15 +203,13 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
     """Write what this process compiled or found cached (none: `key` is None, the variant
     compiles nothing) to `path`, with its key on the first line, followed by the CUDA JIT
     cache folder `jit` (None: none carried); the artifacts written."""
-    payload, count = b"", 0
     saved = None
     if key is not None:
         import torch
 
         saved = torch.compiler.save_cache_artifacts()
-    if saved is not None:
-        payload, info = saved
-        count = sum(len(keys) for keys in info.artifacts.values())
+    payload, info = saved or (b"", None)
+    count = sum(len(keys) for keys in info.artifacts.values()) if info else 0
     stored = lzma.compress(payload, format=lzma.FORMAT_XZ, preset=XZ_PRESET) if payload else b""
     packed, files = _pack(jit) if jit is not None else (b"", 0)
     carried = (
@@ -313,7 +302,10 @@ def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
             if sum(m.size for m in members) > JIT_LIMIT_BYTES:
                 return not_restored.format(f"more than {JIT_LIMIT_BYTES} bytes unpacked")
             tar.extractall(staging, filter="data")  # no path leaves the folder
-        _remove_empty_folders(folder)  # a run that built nothing may leave some
+        for sub, _, _ in os.walk(folder, topdown=False):  # a run that built nothing may
+            if sub != str(folder):  # leave empty folders: rmdir never removes a file
+                with contextlib.suppress(OSError):
+                    os.rmdir(sub)
         os.rename(staging, folder)  # replaces an empty folder, never a filled one
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and _has_files(folder):
@@ -377,11 +369,9 @@ def state(counts: tuple[int, int], loaded: Loaded) -> str | None:
     "warm" (every graph found in this machine's own caches), "cold" (none), "partial", or
     None when nothing was compiled."""
     hits, misses = counts
-    if not hits and not misses:
-        return None
     if misses:
-        return "cold" if not hits else "partial"
-    return "portable" if loaded.added else "warm"
+        return "partial" if hits else "cold"
+    return ("portable" if loaded.added else "warm") if hits else None
 
 
 def counts() -> tuple[int, int]:
@@ -453,14 +443,6 @@ def _pack(folder: Path) -> tuple[bytes, int]:
 
 def _has_files(folder: Path) -> bool:
     return folder.is_dir() and any(p.is_file() for p in folder.rglob("*"))
-
-
-def _remove_empty_folders(folder: Path) -> None:
-    """`folder`'s empty subfolders, deepest first (rmdir never removes a file)."""
-    for sub, _, _ in os.walk(folder, topdown=False):
-        if sub != str(folder):
-            with contextlib.suppress(OSError):
-                os.rmdir(sub)
 
 
 def _local_graphs() -> set[str]:
