@@ -358,35 +358,32 @@ class ModelFile:
         """Read a model file (tensors and plain types only: `weights_only`, never code);
         anything that is not one of ours is an InputError naming the file."""
         if not path.is_file():
-            what = (
-                "is a folder"
-                if path.is_dir()
-                else f"is {a_file(path)}"
-                if path.exists()
-                else "does not exist"
-            )
+            what = f"is {a_file(path)}" if path.exists() else "does not exist"
+            what = "is a folder" if path.is_dir() else what
             raise InputError(f"{path}: {what}; expected a model file written by `accelbench train`")
         not_ours = f"{path}: not a model file written by `accelbench train`"
         with path.open("rb") as handle:
             is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
-        payload = read_json(path) if is_json else _torch_payload(path, not_ours)
+        try:
+            payload = read_json(path) if is_json else load_torch(path)
+        except InputError:
+            raise
+        except Exception as exc:  # garbage, empty, truncated, pickled code: many types
+            reason = first_sentence(exc, 100)
+            raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
         if not isinstance(payload, dict):
             raise InputError(f"{not_ours} (another structure); re-run train for it")
         return parse(cls, payload, str(path), "re-run train for it")
 
 
-def _torch_payload(path: Path, not_ours: str) -> Any:
+def load_torch(path: Path) -> Any:
     """What torch.save wrote to `path` (tensors and plain types only, never code)."""
     with phases.phase("imports"):
         import torch
 
-    try:
-        with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
-            warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # garbage, empty, truncated, pickled code: many types
-        reason = first_sentence(exc, 100)
-        raise InputError(f"{not_ours} ({reason}); re-run train for it") from None
+    with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
+        warnings.simplefilter("ignore")
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:

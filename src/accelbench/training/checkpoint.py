@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 from accelbench.core.console import first_sentence, log
-from accelbench.core.results import RECORD, Str, atomic_torch_save, check, record
+from accelbench.core.results import RECORD, Str, atomic_torch_save, check, load_torch, record
 from accelbench.training.engine import TrainingState
 
 
@@ -61,9 +60,7 @@ class Checkpointer:
         if not self.path.is_file():
             return None
         try:
-            with warnings.catch_warnings():  # a foreign pickle's protocol warning: not news
-                warnings.simplefilter("ignore")
-                saved = torch.load(self.path, map_location="cpu", weights_only=True)
+            saved = load_torch(self.path)
         except Exception as exc:  # unpickling raises many types; none of them is ours
             return self._set_aside(f"unreadable ({first_sentence(exc, 120)})")
         try:
