@@ -43,8 +43,7 @@ def md5_file(path: Path) -> str:
 
 def check_archive(path: Path, expected_md5: str) -> None:
     """The archive's MD5 is `expected_md5` (raises ChecksumError)."""
-    actual = md5_file(path)
-    if actual != expected_md5:
+    if (actual := md5_file(path)) != expected_md5:
         raise ChecksumError(f"MD5 of the archive is {actual[:12]}…, expected {expected_md5[:12]}…")
 
 
@@ -61,15 +60,8 @@ def download(
     the same name that does not verify is refused before the download."""
     checks = {ARCHIVE: functools.partial(check_archive, expected_md5=md5)}
     limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
-    return download_files(
-        out_dir,
-        checks,
-        mirrors,
-        "the verified {}",
-        variable=MIRROR_ENV,
-        setting="data.cifar10_mirrors",
-        **limits,
-    )
+    options = {"variable": MIRROR_ENV, "setting": "data.cifar10_mirrors", **limits}
+    return download_files(out_dir, checks, mirrors, "the verified {}", **options)
 
 
 # What a CIFAR-10 batch pickle may build: NumPy arrays (their reconstructor, type and dtype;
@@ -128,12 +120,11 @@ def read_archive(path: Path, expected_md5: str | None) -> tuple[dict[str, Split]
         with tarfile.open(path, "r:gz") as archive:
             for name in (*TRAIN_BATCHES, TEST_BATCH, META):
                 try:
-                    member = archive.extractfile(f"{FOLDER}/{name}")
-                except KeyError:
-                    member = None
-                if member is None:
-                    raise InputError(f"{path}: no {FOLDER}/{name} in the archive; {again}")
-                members[name] = member.read()
+                    members[name] = archive.extractfile(f"{FOLDER}/{name}").read()
+                except (KeyError, AttributeError):  # absent, or no file (extractfile: None)
+                    raise InputError(
+                        f"{path}: no {FOLDER}/{name} in the archive; {again}"
+                    ) from None
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: not a readable tar.gz ({exc}); {again}") from None
     train = [_batch(members[name], f"{ARCHIVE}:{name}") for name in TRAIN_BATCHES]

@@ -54,8 +54,7 @@ def check_gz(path: Path, expected_sha256: str) -> None:
         if damaged and not str(exc).startswith("Not a gzipped file"):  # or corrupted
             raise DamagedError(f"its gzip stream breaks: {exc}") from None
         raise ChecksumError(f"not a complete gzip file ({exc})") from None
-    actual = digest.hexdigest()
-    if actual != expected_sha256:
+    if (actual := digest.hexdigest()) != expected_sha256:
         raise ChecksumError(
             f"SHA-256 of decompressed content is {actual[:12]}…, expected {expected_sha256[:12]}…"
         )
@@ -116,13 +115,12 @@ def _decompressed(path: Path, expected_sha256: str | None) -> bytes:
         raise InputError(f"{path}: missing; {what}") from None
     except (OSError, EOFError, zlib.error) as exc:  # zlib's: a deflate stream that breaks
         raise InputError(f"{path}: not a complete gzip file ({exc}); {what}") from None
-    if expected_sha256 is not None:
-        actual = hashlib.sha256(content).hexdigest()
-        if actual != expected_sha256:
-            raise InputError(
-                f"{path}: not MNIST's content (SHA-256 {actual[:12]}…, expected "
-                f"{expected_sha256[:12]}…); {what}"
-            )
+    actual = hashlib.sha256(content).hexdigest() if expected_sha256 is not None else None
+    if actual != expected_sha256:
+        raise InputError(
+            f"{path}: not MNIST's content (SHA-256 {actual[:12]}…, expected "
+            f"{expected_sha256[:12]}…); {what}"
+        )
     return content
 
 

@@ -49,7 +49,9 @@ def prepare(
     parent.mkdir(parents=True, exist_ok=True)
     _remove_prepare_leftovers(out_dir)
     building = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{_BUILDING}", dir=parent))
-    building.chmod(0o777 & ~_umask())  # mkdtemp's 0700 is not what the umask gives
+    umask = os.umask(0)  # read (and restored): mkdtemp's 0700 is not what the umask gives
+    os.umask(umask)
+    building.chmod(0o777 & ~umask)
     try:
         counts = dict(write(building))
         write_manifest(building, dataset)
@@ -61,12 +63,6 @@ def prepare(
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return counts
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
 
 
 def _remove_prepare_leftovers(out_dir: Path) -> None:
