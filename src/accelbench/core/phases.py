@@ -83,22 +83,19 @@ class Recorder:
         now = time.perf_counter()
         if self._stack:  # pause the enclosing phase
             outer, since = self._stack[-1]
-            self._add(outer, now - since)
+            self.add(outer, now - since)
         self._stack.append((name, now))
         try:
             yield
         finally:
             now = time.perf_counter()
             _, since = self._stack.pop()
-            self._add(name, now - since)
+            self.add(name, now - since)
             if self._stack:  # resume the enclosing phase
                 self._stack[-1] = (self._stack[-1][0], now)
 
     def add(self, name: str, seconds: float) -> None:
-        """Time measured elsewhere (e.g. a child process's), counted as `name`."""
-        self._add(name, seconds)
-
-    def _add(self, name: str, seconds: float) -> None:
+        """`seconds` more for phase `name` (also time measured elsewhere: a child process's)."""
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def elapsed_s(self) -> float:
@@ -109,9 +106,9 @@ class Recorder:
     def timing(self) -> StageTiming:
         wall = self.elapsed_s()
         started = time.time() - wall  # a stamp only: the wall clock may have been set since
-        seconds, by = dict(self.seconds), launcher()
+        by = launcher()
         return StageTiming(
-            self.stage, started, wall, seconds, self.training_s, by, self.started_boot
+            self.stage, started, wall, dict(self.seconds), self.training_s, by, self.started_boot
         )
 
 
