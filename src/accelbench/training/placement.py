@@ -127,19 +127,16 @@ def place(
     variant: VariantParams,
     *,
     require_gpu: bool,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] = os.environ,
     here: Visible | None = None,
 ) -> Placement:
     """Where `variant` trains in this process (`here`: the GPUs visible, where known);
     raises StageError where it must be refused."""
-    environ = os.environ if environ is None else environ
     if torchrun_child(variant, environ):
         return _torchrun_child(variant, environ)  # the launcher checked the machine
     needed = gpus_needed(variant)
-    missing = None
-    if needed:  # NVML alone settles too few GPUs: a skipped variant never imports torch
-        missing = shortfall(variant, here if here is not None else visible(needed))
-    if missing is not None:
+    # NVML alone settles too few GPUs: a skipped variant never imports torch
+    if needed and (missing := shortfall(variant, here or visible(needed))) is not None:
         if require_gpu:
             raise StageError(f"variant {name!r} {missing}. {REFUSAL_ADVICE}")
         return Placement(skip_reason=missing)
@@ -152,9 +149,8 @@ def place(
     return Placement(torch.device("cpu"), hardware.cpu_model())
 
 
-def torchrun_child(variant: VariantParams, environ: Mapping[str, str] | None = None) -> bool:
+def torchrun_child(variant: VariantParams, environ: Mapping[str, str] = os.environ) -> bool:
     """This process is one of a DDP variant's torchrun workers (torchrun set LOCAL_RANK)."""
-    environ = os.environ if environ is None else environ
     return variant.distributed is not None and "LOCAL_RANK" in environ
 
 
@@ -187,8 +183,7 @@ def evaluation_device(
     import torch
 
     single = variant.model_copy(update={"distributed": None})
-    missing = shortfall(single, here if here is not None else visible())
-    if missing is not None:
+    if (missing := shortfall(single, here or visible())) is not None:
         raise StageError(
             f"evaluate: variant {name!r} {missing}: the model was trained on CUDA; evaluate it where CUDA is "
             "available"
@@ -200,7 +195,7 @@ def refusals(variants: Mapping[str, VariantParams], here: Visible | None = None)
     """The variants this machine cannot run, those lacking the same thing in one phrase
     ("variants 'gpu', 'amp' need CUDA"), for train.require_gpu's refusal, which gives the
     machine's reason (`Visible.why_none`) once, not once per variant."""
-    here = here if here is not None else visible()
+    here = here or visible()
     lacking: dict[tuple[str, str], list[str]] = {}
     for name, variant in variants.items():
         if (lack := _lack(variant, here, why=False)) is not None:
