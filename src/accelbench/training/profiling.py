@@ -40,6 +40,11 @@ def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+def _span(event: dict[str, Any]) -> tuple[float, float]:
+    """A complete event's [start, end) in µs."""
+    return float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0))
+
+
 def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
     """Per-step GPU time from a Chrome trace written by torch.profiler.
 
@@ -58,15 +63,9 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
     steps = len({e["name"] for e in step_spans})
     host = [float(e.get("dur", 0)) for e in step_spans if e.get("cat") != "gpu_user_annotation"]
     device = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e.get("name", "")))
-        for e in events
-        if e.get("cat") in DEVICE_CATEGORIES
+        (*_span(e), str(e.get("name", ""))) for e in events if e.get("cat") in DEVICE_CATEGORIES
     ]
-    gpu_steps = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
-        for e in step_spans
-        if e.get("cat") == "gpu_user_annotation"
-    ]
+    gpu_steps = [_span(e) for e in step_spans if e.get("cat") == "gpu_user_annotation"]
     if gpu_steps:  # the recorded steps' GPU window: clip to it, drop what lies outside
         first, last = min(s for s, _ in gpu_steps), max(e for _, e in gpu_steps)
         device = [
@@ -83,10 +82,9 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
         return summary | {f"{k}_ms_per_step": None for k in keys} | {"idle_share": None}
     nccl = [(s, e) for s, e, name in device if "nccl" in name.lower()]
     other = [(s, e) for s, e, name in device if "nccl" not in name.lower()]
-    if gpu_steps:
-        span = last - first
-    else:
-        span = max(e for _, e, _ in device) - min(s for s, _, _ in device)
+    span = (
+        last - first if gpu_steps else max(e for _, e, _ in device) - min(s for s, _, _ in device)
+    )
     busy = _union_us((s, e) for s, e, _ in device)
     compute = _union_us(other)
     per_step = 1000.0 * steps  # µs -> ms, per step
