@@ -38,24 +38,12 @@ def launch(
 ) -> None:
     """Re-run this same `accelbench` command (`argv`) under torchrun, once per process;
     torchrun inherits `keep_fds` (the stage's locks: held until torchrun has ended)."""
-    if cfg.nnodes == 1:
-        rendezvous = ["--standalone"]
-    else:
-        rendezvous = [
-            f"--nnodes={cfg.nnodes}",
-            f"--node-rank={cfg.node_rank}",
-            "--rdzv-backend=static",
-            f"--rdzv-endpoint={cfg.rdzv_endpoint}",
-        ]
-    torchrun_args = [
-        f"--nproc-per-node={cfg.nproc_per_node}",
-        *rendezvous,
-        "--max-restarts=0",
-        "--monitor-interval=1",
-        "-m",
-        "accelbench.cli",
-        *argv,
-    ]
+    rendezvous = ["--standalone"]
+    if cfg.nnodes > 1:
+        rendezvous = [f"--nnodes={cfg.nnodes}", f"--node-rank={cfg.node_rank}"]
+        rendezvous += ["--rdzv-backend=static", f"--rdzv-endpoint={cfg.rdzv_endpoint}"]
+    options = [f"--nproc-per-node={cfg.nproc_per_node}", *rendezvous, "--max-restarts=0"]
+    torchrun_args = [*options, "--monitor-interval=1", "-m", "accelbench.cli", *argv]
     log(f"train {name}: launching {cfg.world_size} processes: torchrun {' '.join(torchrun_args)}")
     env = {**os.environ, lifetime.PARENT_ENV: str(os.getpid())}
     command = [sys.executable, "-m", "accelbench.training.torchrun", *torchrun_args]
