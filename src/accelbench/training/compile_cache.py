@@ -212,23 +212,15 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
     count = sum(len(keys) for keys in info.artifacts.values()) if info else 0
     stored = lzma.compress(payload, format=lzma.FORMAT_XZ, preset=XZ_PRESET) if payload else b""
     packed, files = _pack(jit) if jit is not None else (b"", 0)
-    carried = (
-        {
-            "files": files,
-            "bytes": len(packed),
-            "sha256": hashlib.sha256(packed).hexdigest(),
-            "checkout": checkout_digest(),
-        }
-        if files
-        else None
-    )
+    sha256, checkout = hashlib.sha256(packed).hexdigest(), checkout_digest()
+    carried = {"files": files, "bytes": len(packed), "sha256": sha256, "checkout": checkout}
     header = {
         "format": FORMAT,  # first: KIND recognises the file by it
         "key": asdict(key) if key is not None and count else None,
         "artifacts": count,
         "bytes": len(stored),  # xz, which unpacks to `raw_bytes`
         "raw_bytes": len(payload),
-        "jit": carried,
+        "jit": carried if files else None,
     }
     path.write_bytes(json.dumps(header).encode() + b"\n" + stored + packed)
     return count
