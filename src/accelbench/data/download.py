@@ -51,12 +51,11 @@ class DamagedError(ChecksumError):
 
 
 def mirrors_with_override(
-    mirrors: Iterable[str], variable: str, holding: str, env: Mapping[str, str] | None = None
+    mirrors: Iterable[str], variable: str, holding: str, env: Mapping[str, str] = os.environ
 ) -> list[str]:
     """The mirror list, with the one in $`variable` (if set) tried first. The variable is the
     user's own instruction to use a copy (`holding` says of what), so a local one that is not
     a folder is refused before any download, rather than passed over for the internet."""
-    env = os.environ if env is None else env
     ordered = list(mirrors)
     override = env.get(variable, "").strip()
     if override:
