@@ -138,19 +138,13 @@ _KINDS_BY_NAME = {
 _KINDS_BY_SUFFIX = {".png": FIGURE, ".pt": MODEL}
 
 
-def kind_of(path: Path) -> Kind:
-    """The kind of a stage's output file, by its name (other outputs name their kind)."""
-    kind = _KINDS_BY_NAME.get(path.name) or _KINDS_BY_SUFFIX.get(path.suffix)
-    if kind is None:
-        raise ValueError(f"{path.name}: no output kind registered for it; pass one")
-    return kind
-
-
 def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
     """Raise an InputError (before anything is written) if `path` exists and is not what
     accelbench writes there: a user's file is never replaced. Absent (or a dangling link,
-    which only the link would lose): fine."""
-    kind = kind or kind_of(path)
+    which only the link would lose): fine. `kind`: by default, by the file's name."""
+    kind = kind or _KINDS_BY_NAME.get(path.name) or _KINDS_BY_SUFFIX.get(path.suffix)
+    if kind is None:  # a programming error: other outputs name their kind
+        raise ValueError(f"{path.name}: no output kind registered for it; pass one")
     if not path.exists():
         return
     if path.is_dir():
