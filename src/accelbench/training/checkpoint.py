@@ -78,7 +78,13 @@ class Checkpointer:
         return resume
 
     def _set_aside(self, problem: str) -> None:
-        aside = _free_name(self.path.with_name(self.path.name + ".bad"))
+        # <name>.bad, or .bad.1, .bad.2, ...: an earlier file set aside (the user's,
+        # perhaps) is never replaced
+        bad = aside = self.path.with_name(self.path.name + ".bad")
+        number = 0
+        while aside.exists() or aside.is_symlink():
+            number += 1
+            aside = bad.with_name(f"{bad.name}.{number}")
         os.replace(self.path, aside)
         log(
             f"train {self.name}: warning: {self.path} is not a usable checkpoint ({problem}); "
@@ -100,16 +106,6 @@ class Checkpointer:
         """Training finished: the outputs are the record now."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
-
-
-def _free_name(path: Path) -> Path:
-    """`path`, or `path.1`, `path.2`, ... whichever is free: an earlier file set aside (a file
-    of the user's, perhaps) is never replaced."""
-    candidate, number = path, 0
-    while candidate.exists() or candidate.is_symlink():
-        number += 1
-        candidate = path.with_name(f"{path.name}.{number}")
-    return candidate
 
 
 @record(frozen=True, config=RECORD)
