@@ -503,15 +503,6 @@ def read_yaml(text: str) -> Any:
         parser.dispose()
 
 
-def _yaml_problem(exc: Exception) -> str:
-    """The YAML parser's problem and where it is ("line 29, column 3: found duplicate key
-    "seed" ..."), without its excerpt of the text nor ruamel's advice on silencing checks."""
-    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
-    if not problem or mark is None:
-        return clip(" ".join(str(exc).split()), 300)
-    return clip(f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}", 300)
-
-
 def load_params(path: str | Path = "params.yaml") -> Params:
     from ruamel.yaml import YAMLError
 
@@ -536,7 +527,12 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except UnicodeDecodeError:
         raise ParamsError(f"{path}: not a text file (expected YAML)") from None
     except YAMLError as exc:
-        raise ParamsError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+        # The parser's problem and where it is ("line 29, column 3: found duplicate key ..."),
+        # without its excerpt of the text nor ruamel's advice on silencing checks.
+        problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        said = clip(" ".join((where + problem if problem and where else str(exc)).split()), 300)
+        raise ParamsError(f"{path}: not valid YAML: {said}") from None
     except ParamsError as exc:
         raise ParamsError(f"{path}: {exc}") from None
     return parse_params(raw, str(path))
