@@ -188,7 +188,6 @@ class LoaderBatches:
         self.device = device
         self.non_blocking = loader.pin_memory and device.type == "cuda"
         self.channels_last = channels_last
-        self.batch_size = batch_size
 
     @property
     def num_samples(self) -> int:
