@@ -172,11 +172,9 @@ def prepared_dataset(prepared_dir: Path) -> Dataset:
     manifest = _manifest(prepared_dir)
     name = manifest.get("dataset")
     if name not in DATASETS:
-        said = (
-            "names no dataset (an older prepare wrote it)"
-            if name is None
-            else f"names an unknown dataset {name!r}"
-        )
+        said = f"names an unknown dataset {name!r}"
+        if name is None:
+            said = "names no dataset (an older prepare wrote it)"
         raise InputError(
             f"{prepared_dir / MANIFEST}: {said} (known: {', '.join(DATASETS)}); "
             "run `accelbench prepare` again"
