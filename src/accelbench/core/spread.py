@@ -87,10 +87,8 @@ def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -
     value = top / bottom
     if len(numerator) < 2 or len(denominator) < 2:
         return Figure(value)
-    ratios = np.median(_draws(numerator, SEED), axis=1) / np.median(
-        _draws(denominator, SEED + 1), axis=1
-    )
-    lo, hi = _bounds(ratios)
+    tops, bottoms = _draws(numerator, SEED), _draws(denominator, SEED + 1)
+    lo, hi = _bounds(np.median(tops, axis=1) / np.median(bottoms, axis=1))
     return Figure(value, lo, hi, min(len(numerator), len(denominator)))
 
 
