@@ -366,7 +366,7 @@ class ModelFile:
             is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
         try:
             payload = read_json(path) if is_json else load_torch(path)
-        except InputError:
+        except (InputError, ImportError):  # a JSON file's own refusal; no torch here
             raise
         except Exception as exc:  # garbage, empty, truncated, pickled code: many types
             reason = first_sentence(exc, 100)
