@@ -120,11 +120,12 @@ def read_archive(path: Path, expected_md5: str | None) -> tuple[dict[str, Split]
         with tarfile.open(path, "r:gz") as archive:
             for name in (*TRAIN_BATCHES, TEST_BATCH, META):
                 try:
-                    members[name] = archive.extractfile(f"{FOLDER}/{name}").read()
-                except (KeyError, AttributeError):  # absent, or no file (extractfile: None)
-                    raise InputError(
-                        f"{path}: no {FOLDER}/{name} in the archive; {again}"
-                    ) from None
+                    member = archive.extractfile(f"{FOLDER}/{name}")
+                except KeyError:
+                    member = None
+                if member is None:
+                    raise InputError(f"{path}: no {FOLDER}/{name} in the archive; {again}")
+                members[name] = member.read()
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: not a readable tar.gz ({exc}); {again}") from None
     train = [_batch(members[name], f"{ARCHIVE}:{name}") for name in TRAIN_BATCHES]
