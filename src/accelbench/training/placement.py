@@ -48,8 +48,7 @@ class Visible:
 def visible(at_least: int = 1) -> Visible:
     """The GPUs this process can use: NVML's answer where it settles the question
     (`nvml_visible`), else torch's."""
-    settled = nvml_visible(at_least)
-    return settled if settled is not None else torch_visible()
+    return nvml_visible(at_least) or torch_visible()
 
 
 def nvml_visible(at_least: int) -> Visible | None:
