@@ -18,13 +18,6 @@ from typing import Any
 from accelbench.core.env_facts import CpuFacts, CudaFacts, GpuFacts, SoftwareFacts
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -38,10 +31,12 @@ def cpu_model() -> str:
 def software_facts() -> SoftwareFacts:
     import torch
 
+    try:
+        torchvision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        torchvision = None
     return SoftwareFacts(
-        python=platform.python_version(),
-        torch=torch.__version__,
-        torchvision=_version("torchvision"),
+        python=platform.python_version(), torch=torch.__version__, torchvision=torchvision
     )
 
 
@@ -209,30 +204,24 @@ def gpu_energy_reader(device: int = 0):
     NVML numbers GPUs as the driver does, torch as CUDA_VISIBLE_DEVICES lists them: the board
     is found by its UUID, else by index only where no CUDA_VISIBLE_DEVICES reorders them (no
     reading rather than another GPU's)."""
+    import torch
+
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = _nvml_handle(pynvml, device)
-        if handle is None:
-            return None
+        try:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"
+            handle = pynvml.nvmlDeviceGetHandleByUUID(prefix + uuid)
+        except Exception:  # torch without the UUID, or NVML without that board: many types
+            if os.environ.get("CUDA_VISIBLE_DEVICES"):
+                return None
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device)
         pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
     except Exception:  # no NVML, no driver, or no energy counter on this GPU
         return None
     return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
-
-
-def _nvml_handle(pynvml, device: int):
-    import torch
-
-    try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        prefix = "" if uuid.startswith(("GPU-", "MIG-")) else "GPU-"
-        return pynvml.nvmlDeviceGetHandleByUUID(prefix + uuid)
-    except Exception:  # torch without the UUID, or NVML without that board: many types
-        if os.environ.get("CUDA_VISIBLE_DEVICES"):
-            return None
-        return pynvml.nvmlDeviceGetHandleByIndex(device)
 
 
 RAPL_ROOT = Path("/sys/class/powercap")

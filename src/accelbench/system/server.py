@@ -192,30 +192,6 @@ def users_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def _given_allowed_hosts(extra: list[str]) -> str | None:
-    """The allowed hosts the user gave, as MLflow reads them: the last `--allowed-hosts`
-    after `--`, else $MLFLOW_SERVER_ALLOWED_HOSTS; None for neither (or empty)."""
-    given = None
-    for i, arg in enumerate(extra):
-        if arg == "--allowed-hosts" and i + 1 < len(extra):
-            given = extra[i + 1]
-        elif arg.startswith("--allowed-hosts="):
-            given = arg.split("=", 1)[1]
-    return given or os.environ.get(ALLOWED_HOSTS_ENV) or None
-
-
-def default_allowed_hosts(url: str = "") -> str:
-    """MLflow's default allowed hosts (which a list of one's own replaces), plus this machine's
-    names and the host of `url` (what users are told to set), bare and with any port."""
-    from mlflow.server.security_utils import get_default_allowed_hosts
-
-    given = urlsplit(url).netloc.rsplit(":", 1)[0] if url else ""
-    names = [n for n in (socket.gethostname(), socket.getfqdn(), given) if n]
-    # fnmatch reads "[" as a set: an IPv6 address's bracket is escaped, as MLflow's own are
-    ours = [form for name in names for form in (name, f"{name.replace('[', '[[]', 1)}:*")]
-    return ",".join(dict.fromkeys([*get_default_allowed_hosts(), *ours]))
-
-
 def refused_url(allowed: str, url: str) -> str | None:
     """A warning, if the `allowed` hosts list refuses the Host header of `url`, else None."""
     from mlflow.server.security_utils import is_allowed_host_header
@@ -244,11 +220,29 @@ def mlflow_server_env() -> dict[str, str]:
 
 
 def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
-    """The environment `mlflow server` runs in, and a warning if its allowed hosts refuse `url`."""
+    """The environment `mlflow server` runs in, and a warning if its allowed hosts refuse `url`.
+
+    Where the user gives no allowed hosts, MLflow's defaults would refuse the host name users
+    are told to type: they are MLflow's defaults (which a list of one's own replaces) plus this
+    machine's names and the host of `url`, bare and with any port."""
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
     env = {**mlflow_server_env(), DATABASE_ENV: database}
-    allowed = _given_allowed_hosts(extra)
-    if allowed is None:  # MLflow's defaults refuse the host name users are told to type
-        allowed = env[ALLOWED_HOSTS_ENV] = default_allowed_hosts(url)
+    # as MLflow reads them: the last --allowed-hosts after `--`, else the environment's
+    allowed = None
+    for i, arg in enumerate(extra):
+        if arg == "--allowed-hosts" and i + 1 < len(extra):
+            allowed = extra[i + 1]
+        elif arg.startswith("--allowed-hosts="):
+            allowed = arg.split("=", 1)[1]
+    allowed = allowed or os.environ.get(ALLOWED_HOSTS_ENV)
+    if not allowed:
+        given = urlsplit(url).netloc.rsplit(":", 1)[0]
+        names = [n for n in (socket.gethostname(), socket.getfqdn(), given) if n]
+        # fnmatch reads "[" as a set: an IPv6 address's bracket is escaped, as MLflow's own are
+        ours = [form for name in names for form in (name, f"{name.replace('[', '[[]', 1)}:*")]
+        allowed = ",".join(dict.fromkeys([*get_default_allowed_hosts(), *ours]))
+        env[ALLOWED_HOSTS_ENV] = allowed
     return env, refused_url(allowed, url)
 
 
