@@ -65,18 +65,15 @@ def slots_dir(environ: MutableMapping[str, str] = os.environ) -> Path:
 def wait_limit(environ: MutableMapping[str, str] = os.environ) -> float:
     """How long a stage waits for its GPUs or the CPU: `ACCELBENCH_SLOT_WAIT_S` seconds."""
     raw = environ.get(WAIT_ENV)
-    if raw is None or raw == "":
+    if not raw:
         return DEFAULT_WAIT_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise InputError(
-            f"{WAIT_ENV}={raw!r}: expected the seconds a stage may wait for its GPUs or "
-            f"the CPU (0 or more; unset: {DEFAULT_WAIT_S:g})"
-        )
-    return seconds
+    with contextlib.suppress(ValueError):
+        if 0 <= (seconds := float(raw)) < float("inf"):
+            return seconds
+    raise InputError(
+        f"{WAIT_ENV}={raw!r}: expected the seconds a stage may wait for its GPUs or "
+        f"the CPU (0 or more; unset: {DEFAULT_WAIT_S:g})"
+    )
 
 
 def gpu_candidates(environ: MutableMapping[str, str] = os.environ) -> list[str] | None:
@@ -109,12 +106,8 @@ def _read_holder(path: Path) -> Holder | None:
     try:
         with path.open("rb") as handle:
             payload = json.loads(handle.read(4096) or b"null")
-        return Holder(
-            str(payload["stage"]),
-            str(payload["holds"]),
-            payload.get("pid"),
-            str(payload["workdir"]),
-        )
+        stage, holds, workdir = (str(payload[key]) for key in ("stage", "holds", "workdir"))
+        return Holder(stage, holds, payload.get("pid"), workdir)
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
@@ -175,8 +168,7 @@ def take(
         for _, fd in held:
             os.close(fd)
         busy = [h for p in paths if p not in mine and (h := _read_holder(p)) is not None]
-        cwd = os.getcwd()
-        named = (("" if h.workdir == cwd else "another checkout's ") + str(h) for h in busy)
+        named = (("" if h.workdir == os.getcwd() else "another checkout's ") + str(h) for h in busy)
         who = "; ".join(dict.fromkeys(named)) or "another process"
         if elapsed >= wait_s:
             raise StageError(
@@ -278,14 +270,13 @@ class Tenancy:
         """Look at once, then every SAMPLE_S in a thread, until `note()`."""
         self._start = (*cpu_seconds(), time.monotonic())
         self._look()
-
-        def watch() -> None:
-            while not self._stop.wait(SAMPLE_S):
-                with contextlib.suppress(OSError):
-                    self._look()
-
-        self._watcher = threading.Thread(target=watch, name="accelbench-slots", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="accelbench-slots", daemon=True)
         self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            with contextlib.suppress(OSError):
+                self._look()
 
     def note(self) -> str | None:
         """What else ran on this host from the start of the stage's tenancy until now (the
@@ -380,8 +371,8 @@ def _take_gpus(here: Tenancy, count: int, wait_s: float, environ: MutableMapping
     wanted = "a free GPU" if count == 1 else f"{count} free GPUs"
     what = f"{wanted} among {','.join(candidates)}"
     here.held = take(paths, count, here.label, wait_s=wait_s, what=what)
-    taken = [candidates[paths.index(path)] for path, _ in here.held]
-    environ["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
-    holds = f"GPU {taken[0]}" if len(taken) == 1 else f"GPUs {','.join(taken)}"
-    log(f"{here.label}: takes {holds} (CUDA_VISIBLE_DEVICES={','.join(taken)})")
+    taken = ",".join(candidates[paths.index(path)] for path, _ in here.held)
+    environ["CUDA_VISIBLE_DEVICES"] = taken
+    holds = f"GPU {taken}" if count == 1 else f"GPUs {taken}"
+    log(f"{here.label}: takes {holds} (CUDA_VISIBLE_DEVICES={taken})")
     return holds
