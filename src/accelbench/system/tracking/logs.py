@@ -106,9 +106,21 @@ def log_evaluation(
             "train@<variant>` tracks the variant again"
         )
         return
-    dataset = _evaluation_dataset(run)
+    # the dataset the run logged with context `evaluation`, and the model it logged
+    dataset = next(
+        (
+            dataset_input.dataset
+            for dataset_input in (run.inputs.dataset_inputs if run.inputs else [])
+            for tag in dataset_input.tags
+            if tag.key == "mlflow.data.context" and tag.value == "evaluation"
+        ),
+        None,
+    )
+    models = client.search_logged_models(
+        [run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'", max_results=1
+    )
     against = {
-        "model_id": logged_model_id(run.info.experiment_id, run_id),
+        "model_id": models[0].model_id if models else None,
         "dataset_name": dataset.name if dataset else None,
         "dataset_digest": dataset.digest if dataset else None,
         "run_id": run_id,
@@ -171,17 +183,6 @@ def catch_up(
     log(f"{name}: MLflow run {run_id} caught up with its train stage: {'; '.join(said)}")
 
 
-def _evaluation_dataset(run):
-    """The dataset `run` logged with context `evaluation` (name and digest), if any."""
-    inputs = run.inputs
-    for dataset_input in inputs.dataset_inputs if inputs else []:
-        if any(
-            t.key == "mlflow.data.context" and t.value == "evaluation" for t in dataset_input.tags
-        ):
-            return dataset_input.dataset
-    return None
-
-
 # The headline figures a variant run also carries as text for the runs table, as the report
 # writes them: tag -> (figure in comparison.json, its formatter).
 FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
@@ -192,14 +193,6 @@ FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
 }
 # The variant every `speedup` tag is over (report.speedup_baseline), as a tag of each run.
 SPEEDUP_BASELINE_TAG = "speedup_baseline"
-
-
-def figure_tags(speedup_baseline: str | None) -> dict[str, tuple[str, Callable[[float], str]]]:
-    """FIGURE_TAGS with the speedup over `speedup_baseline` (none: no speedup tag)."""
-    tags = {k: v for k, v in FIGURE_TAGS.items() if k != "speedup"}
-    if speedup_baseline is None:
-        return tags
-    return {"speedup": (f"speedup_vs_{speedup_baseline}", fmt_ratio)} | tags
 
 
 def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], str]) -> str | None:
@@ -226,7 +219,9 @@ def log_variant_figures(
     client = MlflowClient()
     now = get_current_time_millis()
     series = {f.name for f in fields(EpochRecord)}
-    wanted = figure_tags(speedup_baseline)
+    wanted = {k: v for k, v in FIGURE_TAGS.items() if k != "speedup"}
+    if speedup_baseline is not None:  # the speedup over it; none: no speedup tag
+        wanted["speedup"] = (f"speedup_vs_{speedup_baseline}", fmt_ratio)
     for run_id, values in figures.items():
         run = run_in_store(client, run_id)
         if run is None:  # log_evaluation said so
@@ -249,14 +244,6 @@ def log_variant_figures(
         )
         for key in [k for k, v in tags.items() if v is None and k in run.data.tags]:
             client.delete_tag(run_id, key)
-
-
-def logged_model_id(experiment_id: str, run_id: str) -> str | None:
-    """The model that run `run_id` logged (train's `log_model`), if any."""
-    models = MlflowClient().search_logged_models(
-        [experiment_id], filter_string=f"source_run_id = '{run_id}'", max_results=1
-    )
-    return models[0].model_id if models else None
 
 
 @tolerant
