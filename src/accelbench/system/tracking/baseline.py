@@ -114,24 +114,6 @@ def differing_params(ours: Sequence[Any], theirs: Sequence[Any]) -> tuple[str, .
     return tuple(sorted(differ))
 
 
-def _whose(
-    experiment: str, commit: str, ours: Sequence[str], theirs: Sequence[str]
-) -> dict[str, str]:
-    """Each row's WHOSE_TAG: the experiment's name, the baseline and its commit, or both for a
-    run the experiment reused from the baseline."""
-    baseline = f"baseline {commit[:7]}"
-    return {
-        run_id: (
-            f"{baseline}, reused by {experiment}"
-            if run_id in ours and run_id in theirs
-            else experiment
-            if run_id in ours
-            else baseline
-        )
-        for run_id in {*ours, *theirs}
-    }
-
-
 @tolerant
 def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
     """Where `pipeline_run_id` is a DVC experiment's: find its baseline, mark whose each variant
@@ -149,8 +131,15 @@ def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
     beside = Beside(experiment, commit, baseline, differing_params(ours, theirs))
     own = [run.info.run_id for run in ours]
     rows = own + [run.info.run_id for run in theirs if run.info.run_id not in own]
-    for run_id, whose in _whose(experiment, commit, own, [r.info.run_id for r in theirs]).items():
-        client.set_tag(run_id, WHOSE_TAG, whose)
+    # whose each row is: the experiment's, the baseline's, or both (a run the experiment reused)
+    said = f"baseline {commit[:7]}"
+    whose = {run.info.run_id: said for run in theirs}
+    whose |= {
+        run_id: f"{said}, reused by {experiment}" if run_id in whose else experiment
+        for run_id in own
+    }
+    for run_id, text in whose.items():
+        client.set_tag(run_id, WHOSE_TAG, text)
     tags = {
         BASELINE_COMMIT_TAG: commit,
         BASELINE_RUN_TAG: baseline.info.run_id if baseline else "",
@@ -167,7 +156,13 @@ def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
     for key, value in tags.items():
         client.set_tag(pipeline_run_id, key, value)
     once_more_on_conflict(lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, view))
-    return replace(beside, link=ui_link(root, experiment_id, client.get_run(pipeline_run_id), view))
+    # the link to the view on the tracking server, or through `make ui` for the checkout's own
+    # store; no secret of the URI in it
+    uri = redact(tracking_uri(root))
+    path = pipeline_path(experiment_id, client.get_run(pipeline_run_id), view)
+    return replace(
+        beside, link=f"{uri.rstrip('/')}{path}" if is_server(uri) else MAKE_UI_URL + path
+    )
 
 
 def beside_of(client: MlflowClient, pipeline: Any) -> Beside | None:
@@ -180,11 +175,3 @@ def beside_of(client: MlflowClient, pipeline: Any) -> Beside | None:
     baseline = run_in_store(client, baseline_id) if baseline_id else None  # None: deleted since
     differing = tuple(p for p in tags.get(DIFFERING_TAG, "").split(",") if p)
     return Beside(tags[EXP_NAME_TAG], tags[BASELINE_COMMIT_TAG], baseline, differing)
-
-
-def ui_link(root: Path, experiment_id: str, pipeline: Any, view: str | None) -> str:
-    """The link to `pipeline`'s view on the tracking server, or through `make ui` for this
-    checkout's own store; no secret of the URI in it."""
-    uri = redact(tracking_uri(root))
-    path = pipeline_path(experiment_id, pipeline, view)
-    return f"{uri.rstrip('/')}{path}" if is_server(uri) else f"{MAKE_UI_URL}{path}"
