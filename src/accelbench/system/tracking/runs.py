@@ -197,14 +197,10 @@ def _start_variant_run(
             if (root / name).is_file():
                 mlflow.log_artifact(str(root / name), artifact_path="pipeline")
     except BaseException:
-        _end_run("FAILED")
+        with outage.reported():
+            mlflow.end_run(status="FAILED")
         raise
     return run.info.run_id
-
-
-def _end_run(status: str) -> None:
-    with outage.reported():  # the server went away: the local state still has to end
-        mlflow.end_run(status=status)
 
 
 @contextmanager
@@ -213,15 +209,16 @@ def _ended_as_it_went(run_id: str | None) -> Iterator[str | None]:
     if run_id is None:
         yield None
         return
+    status = "FAILED"
     try:
         yield run_id
+        status = "FINISHED"
     except KeyboardInterrupt:
-        _end_run("KILLED")
+        status = "KILLED"
         raise
-    except BaseException:
-        _end_run("FAILED")
-        raise
-    _end_run("FINISHED")
+    finally:
+        with outage.reported():  # the server went away: the local state still has to end
+            mlflow.end_run(status=status)
 
 
 def resume_run(root: Path, run_id: str) -> AbstractContextManager[str | None]:
