@@ -180,6 +180,4 @@ def gather(probe: GpuProbe | None = None) -> Facts:
 def render(report: Report) -> str:
     width = max(len(k) for k, _ in report.rows)
     lines = [f"{key.ljust(width)}  {value}" for key, value in report.rows]
-    for problem in report.problems:
-        lines.append(f"PROBLEM: {problem}")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"PROBLEM: {problem}" for problem in report.problems])

@@ -40,11 +40,6 @@ def tracking_errors() -> tuple[type[BaseException], ...]:
     return named if sql is None else (*named, sql.SQLAlchemyError)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
-
-
 def describe_failure(exc: BaseException) -> str:
     """What went wrong, in a few words, from the innermost cause ("OperationalError: database
     is locked"): MLflow's own exception wraps it in a line of SQLAlchemy advice."""
@@ -52,9 +47,9 @@ def describe_failure(exc: BaseException) -> str:
     while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
         root = cause
         seen.add(id(root))
-    if root is exc:
-        return clip(f"{type(exc).__name__}: {_first_line(exc)}", 300)
-    return clip(f"{type(exc).__name__} from {type(root).__name__}: {_first_line(root)}", 300)
+    first_line = (str(root).strip().splitlines() or [""])[0]
+    whose = "" if root is exc else f" from {type(root).__name__}"
+    return clip(f"{type(exc).__name__}{whose}: {first_line}", 300)
 
 
 def remedy(uri: str, exc: BaseException) -> str:

@@ -78,17 +78,13 @@ def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> s
 
 def named_variant_runs(tags: Mapping[str, str]) -> list[str]:
     """The variant runs a pipeline run's tags name (VARIANT_RUNS_TAG); none: its children."""
-    return _ids(tags, VARIANT_RUNS_TAG)
-
-
-def _ids(tags: Mapping[str, str], key: str) -> list[str]:
-    return [run_id for run_id in tags.get(key, "").split(",") if run_id]
+    return [run_id for run_id in tags.get(VARIANT_RUNS_TAG, "").split(",") if run_id]
 
 
 def shown_runs(tags: Mapping[str, str]) -> tuple[list[str], str]:
     """The variant runs a link to a pipeline run shows, and their order: an experiment's beside
     its baseline's by variant, else those it names (none: its children) fastest first."""
-    if compared := _ids(tags, COMPARED_RUNS_TAG):
+    if compared := [run_id for run_id in tags.get(COMPARED_RUNS_TAG, "").split(",") if run_id]:
         return compared, BESIDE_SORT
     return named_variant_runs(tags), VIEW_SORT
 
