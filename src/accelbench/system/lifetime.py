@@ -62,8 +62,10 @@ def end_with_launcher() -> None:
     if _ENDING_WITH_LAUNCHER:
         return
     _ENDING_WITH_LAUNCHER = True
-    if is_torchrun_worker():
-        end_with_parent(_expected_parent())
+    if is_torchrun_worker():  # the parent our torchrun wrapper recorded (one that died before
+        # this process looked is caught), else the current one
+        parent = os.environ.get(PARENT_ENV, "")
+        end_with_parent(int(parent) if parent.isdigit() else os.getppid())
     elif under_dvc():
         parent = os.getppid()
         end_with_parent(parent)
@@ -83,15 +85,6 @@ def end_with_parent(parent: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
     else:
         _watch(lambda: os.getppid() != parent, f"the parent process (pid {parent}) is gone")
-
-
-def _expected_parent() -> int:
-    """The pid a torchrun child must not outlive: as our torchrun wrapper recorded it (a
-    parent that died before this process looked is caught), else the current parent."""
-    try:
-        return int(os.environ[PARENT_ENV])
-    except (KeyError, ValueError):
-        return os.getppid()
 
 
 def _set_parent_death_signal(sig: signal.Signals) -> bool:
@@ -195,8 +188,14 @@ def sole_writer(name: str, *outputs: Path | None) -> Iterator[tuple[int, ...]]:
             held.append((path, _acquire(path, name)))
         yield tuple(fd for _, fd in held)
     finally:
-        for path, fd in reversed(held):
-            _release(path, fd)
+        for path, fd in reversed(held):  # the lock file removed while still held, then let go
+            try:
+                if os.path.samestat(os.fstat(fd), os.stat(path)):
+                    path.unlink()
+            except OSError:
+                pass  # already gone, or its folder unreadable: the lock ends with the descriptor
+            finally:
+                os.close(fd)
 
 
 def _acquire(path: Path, name: str) -> int:
@@ -228,17 +227,6 @@ def _acquire(path: Path, name: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
-
-
-def _release(path: Path, fd: int) -> None:
-    """Remove the lock file while still holding it, then let go."""
-    try:
-        if os.path.samestat(os.fstat(fd), os.stat(path)):
-            path.unlink()
-    except OSError:
-        pass  # already gone, or its folder unreadable: the lock ends with the descriptor
-    finally:
-        os.close(fd)
 
 
 def end_compile_workers() -> None:
