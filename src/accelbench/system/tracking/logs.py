@@ -260,8 +260,7 @@ def log_model(model, input_example, name: str) -> None:
     with (
         phases.phase("model_logging"),
         torch.no_grad(),
-        _no_distribution_scan(),
-        _without_pickle_caution(),
+        _quick_and_quiet(),
     ):
         output = model(torch.as_tensor(input_example)).numpy()
         signature = mlflow.models.infer_signature(input_example, output)
@@ -297,9 +296,19 @@ def pytorch_flavour() -> ModuleType:
 
 
 @contextmanager
-def _without_pickle_caution() -> Iterator[None]:
-    """Without MLflow's caution about pickled models: it is for models from elsewhere, these
-    are this pipeline's own."""
+def _quick_and_quiet() -> Iterator[None]:
+    """Logging a model without MLflow's scan of the installed distributions, nor its caution
+    about pickled models (it is for models from elsewhere; these are this pipeline's own).
+
+    MLflow maps every installed distribution to its modules to check a logged model's
+    requirements (0.5 s for 194 distributions, most of logging the model). Ours, torch and
+    mlflow, are found without the map: an empty one keeps the check and spares the scan."""
+    from mlflow.utils import requirements_utils
+
+    # None: not built yet; anything else (built, or renamed) is left alone
+    scan = getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is None
+    if scan:
+        requirements_utils._MODULES_TO_PACKAGES = {}
     logger = logging.getLogger("mlflow.pytorch")
     caution = "by Pickle or CloudPickle format requires exercising caution"
     logger.addFilter(quiet := lambda record: caution not in str(record.msg))
@@ -307,21 +316,6 @@ def _without_pickle_caution() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(quiet)
-
-
-@contextmanager
-def _no_distribution_scan() -> Iterator[None]:
-    """MLflow maps every installed distribution to its modules to check a logged model's
-    requirements (0.5 s for 194 distributions, most of logging the model). Ours, torch and
-    mlflow, are found without the map: an empty one keeps the check and spares the scan."""
-    from mlflow.utils import requirements_utils
-
-    if getattr(requirements_utils, "_MODULES_TO_PACKAGES", ()) is not None:  # built, or renamed
-        yield
-        return
-    requirements_utils._MODULES_TO_PACKAGES = {}
-    try:
-        yield
-    finally:
-        requirements_utils._MODULES_TO_PACKAGES = None
-        requirements_utils._PACKAGES_TO_MODULES = None
+        if scan:
+            requirements_utils._MODULES_TO_PACKAGES = None
+            requirements_utils._PACKAGES_TO_MODULES = None
