@@ -79,24 +79,19 @@ def end_with_parent(parent: int) -> None:
     signal (it fires when the parent *thread* ends: DVC, the stage and torchrun start theirs
     from a thread that waits for them), checked once for a parent gone before it was set;
     elsewhere a thread that watches the parent pid."""
-    if _set_parent_death_signal(signal.SIGTERM):
+    pdeathsig = False
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            pdeathsig = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+    if pdeathsig:
         if os.getppid() != parent:
             log(f"accelbench: the process that started this one (pid {parent}) is gone")
             os.kill(os.getpid(), signal.SIGTERM)
     else:
         _watch(lambda: os.getppid() != parent, f"the parent process (pid {parent}) is gone")
-
-
-def _set_parent_death_signal(sig: signal.Signals) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _dvc_ancestor():
