@@ -102,14 +102,9 @@ def _rows(facts: Facts) -> list[tuple[str, str]]:
         kernel = "passed" if facts.kernel_ok else f"FAILED: {facts.kernel_error}"
         rows.append(("CUDA kernel test", kernel))
     if facts.torch_bytecode is False:
-        rows.append(
-            (
-                "torch bytecode",
-                "none: every process compiles torch from source, seconds of each stage "
-                "(PYTHONDONTWRITEBYTECODE, or a read-only install); compile it once: "
-                f"python -m compileall -q -j 0 {facts.torch_folder}",
-            )
-        )
+        none = "none: every process compiles torch from source, seconds of each stage "
+        none += "(PYTHONDONTWRITEBYTECODE, or a read-only install); compile it once: "
+        rows.append(("torch bytecode", f"{none}python -m compileall -q -j 0 {facts.torch_folder}"))
     return rows
 
 
