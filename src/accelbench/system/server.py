@@ -42,10 +42,8 @@ OWN_OPTIONS = {
     "--default-artifact-root": "--artifacts (artifacts are proxied: clients never see it)",
     "--no-serve-artifacts": "nothing: artifacts are always proxied",
     "--artifacts-only": "nothing: this is the tracking server",
-    "--host": "--host before `--`",
-    "-h": "--host before `--`",
-    "--port": "--port before `--`",
-    "-p": "--port before `--`",
+    **dict.fromkeys(("--host", "-h"), "--host before `--`"),
+    **dict.fromkeys(("--port", "-p"), "--port before `--`"),
 }
 
 

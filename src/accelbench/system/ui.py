@@ -69,10 +69,9 @@ def main(argv: list[str]) -> int:
     if code := ui_intro(args.host, args.port, store):
         return code
     sys.stdout.flush()  # the link, before exec replaces this process and its buffers
-    env = mlflow_server_env()
     command = [
         sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{store}",
         "--host", args.host, "--port", args.port, "--workers", "1",
     ]  # fmt: skip
-    os.execve(command[0], command, env)
+    os.execve(command[0], command, mlflow_server_env())
     return 1  # not reached: execve replaced this process
