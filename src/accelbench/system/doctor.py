@@ -48,9 +48,7 @@ class Report:
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...]:
-    if not version:
-        return ()
-    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    return tuple(int(p) for p in (version or "").split(".")[:2] if p.isdigit())
 
 
 def _arch_supported(capability: tuple[int, int], arch_list: tuple[str, ...]) -> bool:

@@ -58,11 +58,10 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}"""
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
-        name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
-            flat[name] = value
+            flat[f"{prefix}{key}"] = value
     return flat
 
 
