@@ -189,6 +189,31 @@ def test_the_stage_records_its_phases_around_the_fit(tmp_path, prepared, mlflow_
     assert recorder.training_s > 0
 
 
+def test_a_dataloader_trainings_workers_end_with_it(
+    tmp_path, prepared, mlflow_store, monkeypatch
+) -> None:
+    """Persistent DataLoader workers end when the training does, before its outputs are
+    logged, not at the process's exit, where (pinned memory on an H200 host) they kept a
+    finished stage alive for 20 s."""
+    import multiprocessing
+
+    workers_at_logging = []
+    log_trained = train_stage._Tracked.trained
+
+    def trained(self, *args) -> None:
+        workers_at_logging.append(len(multiprocessing.active_children()))
+        log_trained(self, *args)
+
+    monkeypatch.setattr(train_stage._Tracked, "trained", trained)
+    loader = {"num_workers": 2, "pin_memory": False, "persistent_workers": True}
+    variants = {"cpu": {"device": "cpu", "threads": 1, "batches": "dataloader", "loader": loader}}
+    inputs = train_stage.select(small_params(variants, epochs=2, batch_size=128), "cpu")
+    out = train_stage.TrainOutputs(tmp_path / "model.pt", MetricsFiles(tmp_path / "metrics"))
+    summary = train_stage.run(tmp_path, "cpu", inputs, prepared, out, quiet=True)
+    assert summary is not None and summary.epochs == 2
+    assert workers_at_logging == [0]
+
+
 def test_an_epoch_the_process_was_stopped_in_is_marked_and_in_no_steady_figure(
     tmp_path, prepared, mlflow_store
 ) -> None:

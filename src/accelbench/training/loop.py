@@ -7,6 +7,7 @@ to train, and hands it the `TrainHooks` that time its phases and track its MLflo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,17 +53,17 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
         epochs_done = resume.epochs_done if resume else 0
         profiling.check_request(job.name, recipe.epochs, steps, epochs_done)
     with hooks.run(resume) as run_id:
-        progress = hooks.progress(job.name, recipe.epochs, steps)
-        with hooks.phase("training"):
-            records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
-        progress.close()
-        # before repeats find every graph cached
-        cache_state = compile_cache.state(compile_cache.counts(), loaded)
-        state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
-        with hooks.phase("training"):
-            repeats = fitting.repeat(recipe.repeats - 1, accumulation)
-        with hooks.phase("data"):
-            fitting.batches.close()
+        # a DataLoader's workers end with the trainings, not at the process's exit
+        with contextlib.closing(fitting.batches):
+            progress = hooks.progress(job.name, recipe.epochs, steps)
+            with hooks.phase("training"):
+                records, accumulation = fitting.fit(progress, resume, checkpointer.saver(run_id))
+            progress.close()
+            # before repeats find every graph cached
+            cache_state = compile_cache.state(compile_cache.counts(), loaded)
+            state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
+            with hooks.phase("training"):
+                repeats = fitting.repeat(recipe.repeats - 1, accumulation)
         if not placement.main:
             return None
         summary = summarize_run(
