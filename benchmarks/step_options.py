@@ -22,6 +22,11 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   nopattern Inductor's pattern-matcher passes off (part of its graph passes' time)
   mmgrad    conv1 under torch.compile as its fused taps forward (as shipped), its weight
             gradient one GEMM of the output gradient and the 3x3 patches (as im2col's)
+  fork      Inductor's compile workers forked from this process (worker_start_method), not
+            started as subprocesses that each import torch
+  threads4, threads8  Inductor's pool of compile workers 4 or 8 wide (default: one a core)
+  combo     Inductor's combo kernels: independent kernels horizontally fused (fewer)
+  nopersist Triton persistent reductions off (each reduction one loop kernel)
 Each candidate starts with its own empty Inductor and CUDA JIT caches, as a train stage on a
 fresh machine does, and reports where its compiling went (Dynamo's compile_times).
 Reads --params (params.yaml) and --data (data/prepared: `dvc repro prepare`). Nothing is
@@ -57,6 +62,11 @@ OPTIONS = (
     "aggfuse",
     "nopattern",
     "mmgrad",
+    "fork",
+    "threads4",
+    "threads8",
+    "combo",
+    "nopersist",
 )
 
 
@@ -75,8 +85,15 @@ def _patch(options: set[str], variant):
         torch._inductor.config.pattern_matcher = False
     if "aggfuse" in options:
         torch._inductor.config.aggressive_fusion = True
-    if "threads1" in options:
-        torch._inductor.config.compile_threads = 1
+    for threads in (1, 4, 8):
+        if f"threads{threads}" in options:
+            torch._inductor.config.compile_threads = threads
+    if "fork" in options:
+        torch._inductor.config.worker_start_method = "fork"
+    if "combo" in options:
+        torch._inductor.config.combo_kernels = True
+    if "nopersist" in options:
+        torch._inductor.config.triton.persistent_reductions = False
     if "nobench" in options:
         variant = variant.model_copy(update={"cudnn_benchmark": False})
     if "autotune" in options:
