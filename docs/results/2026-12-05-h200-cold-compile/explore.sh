@@ -8,7 +8,7 @@ source benchmarks/gpu-host-setup.sh > $OUT/setup.log 2>&1
 echo "setup $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cudnn.version())"
-dvc repro prepare > $OUT/prepare.log 2>&1; echo "prepare rc $?"
+dvc repro prepare >> $OUT/setup.log 2>&1; echo "prepare rc $?"
 python3 benchmarks/step_options.py "$@" --epochs 4 2>&1 | tee $OUT/step-options.jsonl
 echo "candidates done $(( $(date +%s) - t0 )) s"
 # the uncompiled amp stage twice as dvc runs it (timings of each), then once under cProfile
