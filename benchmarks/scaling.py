@@ -44,7 +44,7 @@ from accelbench.core.progress import fmt_interval
 from accelbench.core.results import (
     TrainResult,
     TrainSummary,
-    read_train,
+    read,
     scaling_efficiency,
     speedup,
 )
@@ -69,7 +69,7 @@ def _run(
     with log.open("w") as sink:
         code = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, check=False)
     train_json = MetricsFiles(metrics).train_json
-    return code.returncode, read_train(train_json) if train_json.exists() else None
+    return code.returncode, read(TrainResult, train_json) if train_json.exists() else None
 
 
 def _row(

@@ -12,7 +12,7 @@ import pytest
 
 from accelbench.core import spread
 from accelbench.core.params import VariantParams
-from accelbench.core.results import EpochRecord, Skipped, read_epoch_records, read_train
+from accelbench.core.results import EpochRecord, Skipped, TrainResult, read, read_epoch_records
 from accelbench.report.answer import (
     Row,
     break_even,
@@ -370,7 +370,7 @@ def test_each_repeat_trains_at_the_next_seed(tmp_path, prepared, mlflow_store) -
         command = train_command(params, name, prepared, tmp_path / f"{name}.pt", metrics)
         done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-        trained[name] = read_train(metrics / "train.json")
+        trained[name] = read(TrainResult, metrics / "train.json")
     run = [e.test_accuracy for e in read_epoch_records(tmp_path / "cpu" / "epochs.csv")]
     (repeat,) = trained["cpu"].repeat_epochs
     assert trained["cpu"].repeats == 2 and len(repeat) == 2

@@ -8,7 +8,7 @@ import torch
 
 from accelbench.core.console import StageError
 from accelbench.core.outputs import MetricsFiles
-from accelbench.core.results import read_train
+from accelbench.core.results import TrainResult, read
 from accelbench.stages import train as train_stage
 from accelbench.training import engine
 from accelbench.training.oom import retry_on_oom
@@ -69,7 +69,7 @@ def test_out_of_memory_halves_the_pass_and_keeps_the_batch(
     params = small_params(oom_retries=3)  # batch 128: 128 -> 64 -> 32 samples per pass
     out = _train_cpu(tmp_path, prepared, params)
     assert tried == [128, 64, 32]
-    summary = read_train(out.metrics.train_json)
+    summary = read(TrainResult, out.metrics.train_json)
     assert summary.accumulation_steps == 4 and summary.status == "trained"
 
 

@@ -18,19 +18,19 @@ from accelbench.core.env_facts import CudaFacts, read_env
 from accelbench.core.outputs import MetricsFiles, staged, write_json
 from accelbench.core.results import (
     ClassScores,
+    EvalResult,
     EvalSummary,
     InferenceFigures,
     ModelFile,
+    QuantizedResult,
     QuantizedSummary,
     Skipped,
-    TrainSummary,
+    TrainResult,
     parse,
+    read,
     read_epoch_records,
-    read_quantized,
-    read_train,
     scaling_efficiency,
     speedup,
-    stage_result,
     steady_epochs,
     write_epochs_csv,
 )
@@ -42,16 +42,16 @@ def test_train_results_round_trip_through_their_file(tmp_path) -> None:
     files = MetricsFiles(tmp_path)
     for result in (trained_summary(0.5, world_size=2), Skipped("no GPU here", "cuda")):
         write_json(files.train_json, result.to_json())
-        assert read_train(files.train_json) == result
+        assert read(TrainResult, files.train_json) == result
 
 
 def test_eval_summary_round_trips_with_sklearn_key_names() -> None:
     summary = EvalSummary(0.99, 0.03, 0.98, 1e5, {"3": ClassScores(0.9, 0.95, 0.925)})
     payload = json.loads(json.dumps(summary.to_json()))
     assert payload["per_class"]["3"]["f1-score"] == 0.925
-    assert stage_result(EvalSummary, payload, "eval.json") == summary
+    assert parse(EvalResult, payload, "eval.json") == summary
     skipped = {"status": "skipped", "reason": "r", "device": None}
-    assert stage_result(EvalSummary, skipped, "eval.json") == Skipped("r")
+    assert parse(EvalResult, skipped, "eval.json") == Skipped("r")
 
 
 def test_a_renamed_key_fails_loudly_where_it_is_read() -> None:
@@ -59,7 +59,7 @@ def test_a_renamed_key_fails_loudly_where_it_is_read() -> None:
     payload["steady_epoch_seconds"] = payload.pop("steady_epoch_s")
     with pytest.raises(ValueError, match=r"metrics/x/train.json is invalid: steady_epoch_s: "
                        r"required key is missing; steady_epoch_seconds: unknown key"):  # fmt: skip
-        stage_result(TrainSummary, payload, "metrics/x/train.json")
+        parse(TrainResult, payload, "metrics/x/train.json")
 
 
 def test_the_model_file_round_trips(tmp_path) -> None:
@@ -152,7 +152,7 @@ def test_staged_outputs_replace_links_never_their_targets(tmp_path) -> None:
         write_epochs_csv(outputs(folder.epochs_csv), [epoch(1, 2.0, 0.9, train_loss=0.5)])
 
     assert {p: p.read_bytes() for p in before} == before
-    assert read_train(folder.train_json) == Skipped("new")
+    assert read(TrainResult, folder.train_json) == Skipped("new")
     assert not folder.epochs_csv.is_symlink() and "0.5" in folder.epochs_csv.read_text()
     assert folder.train_json.stat().st_ino != cache_object.stat().st_ino
     assert sorted(p.name for p in folder.folder.iterdir()) == ["epochs.csv", "train.json"]
@@ -173,7 +173,7 @@ def test_a_foreign_file_at_an_output_path_is_refused_and_nothing_is_renamed(tmp_
             write_json(outputs(files.eval_json), Skipped("new").to_json())
             outputs(foreign).write_text("ours")
         assert "move it away or pass another path" in str(raised.value)
-        assert read_train(files.eval_json) == Skipped("old")  # all old
+        assert read(TrainResult, files.eval_json) == Skipped("old")  # all old
     assert files.confusion_csv.read_text() == "my,own\ncsv,file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "confusion.csv",
@@ -213,19 +213,19 @@ def test_quantized_figures_round_trip_and_a_renamed_figure_is_refused(tmp_path) 
     )  # fmt: skip
     path = tmp_path / "quantized.json"
     write_json(path, summary.to_json())
-    assert read_quantized(path) == summary
+    assert read(QuantizedResult, path) == summary
     assert summary.metrics()["quant_fp32_latency_ms"] == 0.5
     renamed = summary.to_json()
     renamed["methods"]["fp32"]["latency"] = renamed["methods"]["fp32"].pop("latency_ms")
     write_json(path, renamed)
     with pytest.raises(InputError, match=r"methods\.fp32\.latency: unknown key"):
-        read_quantized(path)
+        read(QuantizedResult, path)
     write_json(path, summary.to_json() | {"methods": {"int4": {}}})
     with pytest.raises(
         InputError,
         match=r"methods\.int4 = 'int4': Input should be 'fp32', 'dynamic_int8' or 'static_int8'",
     ):
-        read_quantized(path)
+        read(QuantizedResult, path)
 
 
 def test_a_renamed_energy_column_fails_instead_of_costing_the_stated_wattage(tmp_path) -> None:
@@ -287,7 +287,7 @@ def test_a_tampered_train_json_names_the_field_before_compare_uses_it(field, val
     reported as it said ("Test accuracy 700.00%")."""
     payload = trained_summary(1.0).to_json() | {field: value}
     with pytest.raises(InputError) as raised:
-        stage_result(TrainSummary, payload, "metrics/cpu/train.json")
+        parse(TrainResult, payload, "metrics/cpu/train.json")
     assert str(raised.value) == (
         f"metrics/cpu/train.json is invalid: {says}; re-run the stage that writes it"
     )
@@ -296,10 +296,10 @@ def test_a_tampered_train_json_names_the_field_before_compare_uses_it(field, val
 def test_a_tampered_eval_json_names_the_field() -> None:
     scores = {str(d): ClassScores(0.99, 0.99, 0.99) for d in range(10)}
     payload = EvalSummary(0.99, 0.03, 0.99, 5000.0, scores).to_json()
-    assert stage_result(EvalSummary, payload, "eval.json").test_accuracy == 0.99
+    assert parse(EvalResult, payload, "eval.json").test_accuracy == 0.99
     for value, says in (
         ("high", "'high': Input should be a valid number"),
         (7.0, "7.0: not a fraction in 0..1"),
     ):
         with pytest.raises(InputError, match=f"eval.json is invalid: test_accuracy = {says}"):
-            stage_result(EvalSummary, payload | {"test_accuracy": value}, "eval.json")
+            parse(EvalResult, payload | {"test_accuracy": value}, "eval.json")

@@ -23,14 +23,15 @@ from accelbench.core.console import StageError
 from accelbench.core.outputs import MetricsFiles
 from accelbench.core.params import VariantParams
 from accelbench.core.results import (
+    EvalResult,
     EvalSummary,
     ModelFile,
+    QuantizedResult,
     QuantizedSummary,
     Skipped,
+    TrainResult,
     TrainSummary,
-    read_eval,
-    read_quantized,
-    read_train,
+    read,
 )
 from accelbench.report import markdown
 from accelbench.report.answer import SHARED_MARK, Row, variant_figures
@@ -236,7 +237,7 @@ def test_cpu_trainings_take_turns_and_the_report_notes_a_shared_one(
     ) in errors[waited[0]]
     assert "train cpu: got the CPU after" in errors[waited[0]]
 
-    summaries = {run: read_train(tmp_path / run / "metrics" / "train.json") for run in runs}
+    summaries = {run: read(TrainResult, tmp_path / run / "metrics" / "train.json") for run in runs}
     for summary in summaries.values():
         assert isinstance(summary, TrainSummary)
         assert f"train@gpu7 on GPU 7 (pid {gpu.pid})" in summary.shared_machine
@@ -258,7 +259,7 @@ def test_a_train_json_without_the_field_reads_as_not_shared(tmp_path) -> None:
     del payload["shared_machine"]  # written before the field existed
     path = tmp_path / "train.json"
     path.write_text(json.dumps(payload))
-    assert read_train(path).shared_machine is None
+    assert read(TrainResult, path).shared_machine is None
 
 
 # --- evaluate and quantize take what their timed inference runs on -------------------------
@@ -314,10 +315,12 @@ def test_evaluate_and_quantize_of_a_cpu_variant_wait_for_the_cpu_turn(
             worker.kill()
             worker.communicate()
     assert all(p.returncode == 0 for p in stages.values()), errors
-    evaluated = read_eval(tmp_path / "evaluate" / "eval.json")
+    evaluated = read(EvalResult, tmp_path / "evaluate" / "eval.json")
     assert isinstance(evaluated, EvalSummary)
     assert f"train@gpu7 on GPU 7 (pid {gpu.pid})" in evaluated.shared_machine  # kept
-    assert isinstance(read_quantized(tmp_path / "quantize" / "quantized.json"), QuantizedSummary)
+    assert isinstance(
+        read(QuantizedResult, tmp_path / "quantize" / "quantized.json"), QuantizedSummary
+    )
     for stage, err in errors.items():
         assert f"{stage} cpu: got the CPU after" in err
         shared = _line_with(err, f"{stage} cpu: measured while the machine was shared: ")

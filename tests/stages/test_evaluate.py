@@ -8,7 +8,7 @@ import torch
 
 from accelbench.core.console import StageError
 from accelbench.core.outputs import MetricsFiles
-from accelbench.core.results import ModelFile, Skipped, read_eval
+from accelbench.core.results import EvalResult, ModelFile, Skipped, read
 from accelbench.stages import evaluate
 from helpers import small_params
 
@@ -18,7 +18,7 @@ def test_a_skipped_variant_is_recorded_as_skipped(tmp_path, prepared) -> None:
     files = MetricsFiles(tmp_path / "metrics")
     inputs = evaluate.select(small_params())
     assert evaluate.run(inputs, tmp_path / "gpu.pt", prepared, files) == Skipped("no GPU here")
-    assert read_eval(files.eval_json) == Skipped("no GPU here")
+    assert read(EvalResult, files.eval_json) == Skipped("no GPU here")
     assert files.confusion_csv.read_text() == "actual,predicted\n"
     assert files.confusion_png.stat().st_size > 1000
 

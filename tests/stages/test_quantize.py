@@ -10,9 +10,10 @@ from accelbench.core.outputs import MetricsFiles
 from accelbench.core.results import (
     QUANT_METHODS,
     ModelFile,
+    QuantizedResult,
     QuantizedSummary,
     Skipped,
-    read_quantized,
+    read,
 )
 from accelbench.stages import quantize, train
 from helpers import small_params
@@ -24,7 +25,7 @@ def test_a_skipped_variant_is_recorded_without_loading_anything(tmp_path) -> Non
     inputs = quantize.select(small_params())
     # No prepared data at all: a skipped variant never reads it.
     result = quantize.run(tmp_path, inputs, tmp_path / "gpu.pt", tmp_path / "none", files)
-    assert result == Skipped("no GPU here") == read_quantized(files.quantized_json)
+    assert result == Skipped("no GPU here") == read(QuantizedResult, files.quantized_json)
 
 
 def _trained(tmp_path, prepared) -> train.TrainOutputs:
@@ -41,7 +42,7 @@ def test_a_trained_model_gets_fp32_and_int8_figures(tmp_path, prepared) -> None:
     result = quantize.run(tmp_path, inputs, out.model, prepared, out.metrics)
 
     assert isinstance(result, QuantizedSummary)
-    assert read_quantized(out.metrics.quantized_json) == result
+    assert read(QuantizedResult, out.metrics.quantized_json) == result
     fp32, dynamic = result.methods["fp32"], result.methods["dynamic_int8"]
     assert set(result.methods) | set(result.unsupported) == set(QUANT_METHODS)
     assert fp32.size_bytes > 2 * dynamic.size_bytes  # the Linear holds 99% of the weights

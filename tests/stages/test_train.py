@@ -220,7 +220,7 @@ def test_an_epoch_the_process_was_stopped_in_is_marked_and_in_no_steady_figure(
 ) -> None:
     """SIGSTOP for 30 s during epoch 2 of 3 made that epoch 34.8 s, and half the steady
     figure. Stopped 2 s here, in a real training process."""
-    from accelbench.core.results import read_epoch_records, read_train
+    from accelbench.core.results import TrainResult, read, read_epoch_records
 
     cpu = {"cpu": {"device": "cpu", "threads": 1}}
     params = write_params(tmp_path, cpu, epochs=3, repeats=1, batch_size=2)
@@ -248,6 +248,6 @@ def test_an_epoch_the_process_was_stopped_in_is_marked_and_in_no_steady_figure(
 
     epochs = read_epoch_records(tmp_path / "metrics" / "epochs.csv")
     assert epochs[1].stopped and 1.7 < epochs[1].stopped_s < 2.5, epochs
-    steady = read_train(tmp_path / "metrics" / "train.json").steady_epochs_s
+    steady = read(TrainResult, tmp_path / "metrics" / "train.json").steady_epochs_s
     assert epochs[1].train_time_s not in steady
     assert steady == [e.train_time_s for e in epochs[2:] if not e.stopped]  # as warm-up epochs

@@ -13,7 +13,7 @@ from pydantic.dataclasses import dataclass as record
 
 from accelbench.core.console import echo
 from accelbench.core.outputs import env_json
-from accelbench.core.results import RECORD, Bool, Float, Int, Record, Str, parse, read_json
+from accelbench.core.results import RECORD, Bool, Float, Int, Record, Str, read
 
 
 @record(frozen=True, config=RECORD)
@@ -126,8 +126,6 @@ class EnvFacts:
 
 def read_env(folder: Path) -> EnvFacts:
     """`env/`'s files, as the env stage wrote them."""
-    cpu, cuda = env_json(folder, "cpu"), env_json(folder, "cuda")
     return EnvFacts(
-        parse(CpuFacts, read_json(cpu), str(cpu)),
-        parse(CudaFacts, read_json(cuda), str(cuda)),
+        read(CpuFacts, env_json(folder, "cpu")), read(CudaFacts, env_json(folder, "cuda"))
     )

@@ -3,7 +3,7 @@
 train@V writes a `TrainSummary` (or `Skipped`) to `train.json`, its epochs to `epochs.csv`
 and a `ModelFile`; evaluate@V an `EvalSummary` (or `Skipped`) to `eval.json`; quantize@V a
 `QuantizedSummary` (or `Skipped`) to `quantized.json` (env's `EnvFacts`: env_facts.py).
-Compare, tracking and the benchmarks read them back through these types (strict pydantic
+Compare, tracking and the benchmarks read them back with `read` into these types (strict pydantic
 dataclasses, checked as params.yaml is): a renamed or retyped key fails where it is read, in
 one line naming the file, the key, the value and what is allowed, never later as an "n/a" or
 a TypeError in the report.
@@ -16,9 +16,10 @@ import functools
 import json
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, field, fields
 from pathlib import Path
+from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
@@ -79,12 +80,29 @@ def check(cls: type[R], payload: Any) -> R:
         raise ValueError("; ".join(problems(errors, cls, _FLAT_IN_FILE))) from None
 
 
-def parse(cls: type[R], payload: Any, source: str, redo: str = REDO) -> R:
-    """`check`, with an InputError that names the file `source` and what to do."""
+def parse(kind: type[R], payload: Any, source: str, redo: str = REDO) -> R:
+    """`check`, with an InputError that names the file `source` and what to do. `kind`: a
+    record, or a stage's result (`TrainResult`: its summary, or `Skipped` where the payload's
+    status says so)."""
+    if isinstance(kind, UnionType):
+        summary, skipped = get_args(kind)
+        is_skipped = isinstance(payload, dict) and payload.get("status") == "skipped"
+        kind = skipped if is_skipped else summary
     try:
-        return check(cls, payload)
+        return check(kind, payload)
     except ValueError as exc:
         raise InputError(f"{source} is invalid: {exc}; {redo}") from None
+
+
+def read(kind: type[R], path: Path, redo: str = REDO) -> R:
+    """The JSON file at `path` as a `kind` (`parse`): the one way a stage's file is read back."""
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc}); {redo}") from None
+    if not isinstance(payload, dict):
+        raise InputError(f"{path}: not a results file; {redo}")
+    return parse(kind, payload, str(path), redo)
 
 
 class Record:
@@ -170,29 +188,7 @@ class TrainSummary(RunFigures):
         }
 
 
-TrainResult = TrainSummary | Skipped
-
-
-def stage_result(summary: type[R], payload: Any, source: str) -> R | Skipped:
-    """A stage's results file: `summary`, or `Skipped` where its status says so."""
-    skipped = isinstance(payload, dict) and payload.get("status") == "skipped"
-    return parse(Skipped if skipped else summary, payload, source)
-
-
-def read_json(path: Path) -> Mapping[str, Any]:
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(
-            f"{path}: not readable JSON ({exc}); re-run the stage that writes it"
-        ) from None
-    if not isinstance(payload, dict):
-        raise InputError(f"{path}: not a results file; re-run the stage that writes it")
-    return payload
-
-
-def read_train(path: Path) -> TrainResult:
-    return stage_result(TrainSummary, read_json(path), str(path))
+TrainResult = TrainSummary | Skipped  # read back with `read`, as each stage's result
 
 
 def speedup(baseline: TrainResult | None, result: TrainResult) -> float | None:
@@ -248,10 +244,6 @@ class RunRecord(Record):
     reason: Str | None = None
 
 
-def read_run_record(path: Path) -> RunRecord:
-    return parse(RunRecord, read_json(path), str(path))
-
-
 def write_per_class_csv(path: Path, result: EvalResult) -> None:
     """Precision, recall and F1 of each digit (DVC plots it; a skipped variant: the header)."""
     per_class = result.per_class if isinstance(result, EvalSummary) else {}
@@ -260,10 +252,6 @@ def write_per_class_csv(path: Path, result: EvalResult) -> None:
         writer.writerow(["digit", "precision", "recall", "f1"])
         for digit, scores in sorted(per_class.items(), key=lambda item: int(item[0])):
             writer.writerow([digit, scores.precision, scores.recall, scores.f1_score])
-
-
-def read_eval(path: Path) -> EvalResult:
-    return stage_result(EvalSummary, read_json(path), str(path))
 
 
 QuantMethod = Literal["fp32", "dynamic_int8", "static_int8"]
@@ -314,10 +302,6 @@ class QuantizedSummary(Record):
 QuantizedResult = QuantizedSummary | Skipped
 
 
-def read_quantized(path: Path) -> QuantizedResult:
-    return stage_result(QuantizedSummary, read_json(path), str(path))
-
-
 @record(frozen=True, config=RECORD)
 class ModelFile:
     """`models/<variant>.pt`: the trained weights (CPU tensors) and what produced them.
@@ -361,12 +345,13 @@ class ModelFile:
             what = f"is {a_file(path)}" if path.exists() else "does not exist"
             what = "is a folder" if path.is_dir() else what
             raise InputError(f"{path}: {what}; expected a model file written by `accelbench train`")
-        not_ours = f"{path}: not a model file written by `accelbench train`"
         with path.open("rb") as handle:
-            is_json = handle.read(1) == b"{"  # a skipped variant's (torch.save writes a zip)
+            if handle.read(1) == b"{":  # a skipped variant's (torch.save writes a zip)
+                return read(cls, path, "re-run train for it")
+        not_ours = f"{path}: not a model file written by `accelbench train`"
         try:
-            payload = read_json(path) if is_json else load_torch(path)
-        except (InputError, ImportError):  # a JSON file's own refusal; no torch here
+            payload = load_torch(path)
+        except ImportError:  # no torch here
             raise
         except Exception as exc:  # garbage, empty, truncated, pickled code: many types
             reason = first_sentence(exc, 100)

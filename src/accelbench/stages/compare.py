@@ -21,15 +21,15 @@ from accelbench.core.outputs import (
 )
 from accelbench.core.params import Params, VariantParams
 from accelbench.core.results import (
+    EvalResult,
     EvalSummary,
+    QuantizedResult,
     QuantizedSummary,
     RunRecord,
+    TrainResult,
     TrainSummary,
+    read,
     read_epoch_records,
-    read_eval,
-    read_quantized,
-    read_run_record,
-    read_train,
 )
 from accelbench.report import dvc_plots, markdown, pipeline_time
 from accelbench.report.answer import Row
@@ -73,7 +73,7 @@ def run(
     rows, tracked = [], []
     for name, variant in inputs.variants.items():
         files = MetricsFiles(metrics_dir / name)
-        train, evaluated = read_train(files.train_json), read_eval(files.eval_json)
+        train, evaluated = read(TrainResult, files.train_json), read(EvalResult, files.eval_json)
         row = Row(name, variant, train, evaluated, read_epoch_records(files.epochs_csv))
         if row.trained and not row.epochs:  # the timings, the cost and the curves are in it
             raise InputError(
@@ -81,8 +81,8 @@ def run(
                 f"trained; train it again (`dvc repro train@{name}`)"
             )
         if name in inputs.quantized:
-            row.quantized = read_quantized(files.quantized_json)
-        record = read_run_record(files.run_json)
+            row.quantized = read(QuantizedResult, files.quantized_json)
+        record = read(RunRecord, files.run_json)
         if record.variant != name:  # `accelbench evaluate --metrics` named another's folder
             raise InputError(
                 f"{files.run_json}: the evaluation of variant {record.variant!r}, in the folder "

@@ -41,7 +41,7 @@ from accelbench.core.results import (
     Skipped,
     TrainResult,
     TrainSummary,
-    read_train,
+    read,
     write_epochs_csv,
 )
 from accelbench.data import prepared
@@ -235,7 +235,7 @@ def _launch(
     if cfg.node_rank != 0:
         log(f"train {name}: node {cfg.node_rank} done; node 0 writes the outputs")
         return None
-    return record_sharing(read_train(out.metrics.train_json), shared(), out)
+    return record_sharing(read(TrainResult, out.metrics.train_json), shared(), out)
 
 
 def record_sharing(
