@@ -18,42 +18,6 @@ from typing import Any
 
 from accelbench.core.console import InputError
 
-TRAIN_JSON = "train.json"
-EPOCHS_CSV = "epochs.csv"
-EVAL_JSON = "eval.json"
-CONFUSION_CSV = "confusion.csv"
-CONFUSION_PNG = "confusion.png"
-RUN_JSON = "run.json"
-PER_CLASS_CSV = "per_class.csv"
-QUANTIZED_JSON = "quantized.json"
-ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
-
-
-def env_json(folder: Path, device: str) -> Path:
-    return folder / f"{device}.json"
-
-
-def _in_folder(name: str) -> property:
-    """A MetricsFiles path: `name` in its folder."""
-    return property(lambda files: files.folder / name, doc=f"`{name}` in the folder")
-
-
-@dataclass(frozen=True)
-class MetricsFiles:
-    """One variant's metrics folder (`metrics/<variant>/` in dvc.yaml) and its files."""
-
-    folder: Path
-
-    train_json = _in_folder(TRAIN_JSON)
-    epochs_csv = _in_folder(EPOCHS_CSV)
-    eval_json = _in_folder(EVAL_JSON)
-    confusion_csv = _in_folder(CONFUSION_CSV)
-    confusion_png = _in_folder(CONFUSION_PNG)
-    run_json = _in_folder(RUN_JSON)
-    per_class_csv = _in_folder(PER_CLASS_CSV)
-    quantized_json = _in_folder(QUANTIZED_JSON)
-
-
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
 
 
@@ -126,16 +90,46 @@ ENV_FACTS = {
     "cpu": json_kind("an env facts file written by `accelbench env`", "cpu_model"),
     "cuda": json_kind("an env facts file written by `accelbench env`", "cuda_available"),
 }
-_KINDS_BY_NAME = {
-    TRAIN_JSON: RESULTS_FILE,
-    EVAL_JSON: RESULTS_FILE,
-    RUN_JSON: RESULTS_FILE,
-    QUANTIZED_JSON: RESULTS_FILE,
-    EPOCHS_CSV: text_kind("an epochs.csv written by `accelbench train`", "epoch"),
-    PER_CLASS_CSV: text_kind("a per_class.csv written by accelbench", "digit,precision,recall,f1"),
-    CONFUSION_CSV: text_kind("a confusion.csv written by accelbench", "actual,predicted"),
-}
+ENV_DEVICES = ("cpu", "cuda")  # env/<device>.json; a variant's stage depends on its device's
+
+
+def env_json(folder: Path, device: str) -> Path:
+    return folder / f"{device}.json"
+
+
+_KINDS_BY_NAME: dict[str, Kind] = {}  # a metrics file's, by its name (`_in_folder`)
 _KINDS_BY_SUFFIX = {".png": FIGURE, ".pt": MODEL}
+
+
+def _in_folder(name: str, kind: Kind | None = None) -> property:
+    """A MetricsFiles path: `name` in its folder, and what accelbench writes there (`kind`;
+    by default, by its suffix)."""
+    if kind is not None:
+        _KINDS_BY_NAME[name] = kind
+    return property(lambda files: files.folder / name, doc=f"`{name}` in the folder")
+
+
+@dataclass(frozen=True)
+class MetricsFiles:
+    """One variant's metrics folder (`metrics/<variant>/` in dvc.yaml) and its files."""
+
+    folder: Path
+
+    train_json = _in_folder("train.json", RESULTS_FILE)
+    epochs_csv = _in_folder(
+        "epochs.csv", text_kind("an epochs.csv written by `accelbench train`", "epoch")
+    )
+    eval_json = _in_folder("eval.json", RESULTS_FILE)
+    confusion_csv = _in_folder(
+        "confusion.csv", text_kind("a confusion.csv written by accelbench", "actual,predicted")
+    )
+    confusion_png = _in_folder("confusion.png")
+    run_json = _in_folder("run.json", RESULTS_FILE)
+    per_class_csv = _in_folder(
+        "per_class.csv",
+        text_kind("a per_class.csv written by accelbench", "digit,precision,recall,f1"),
+    )
+    quantized_json = _in_folder("quantized.json", RESULTS_FILE)
 
 
 def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
