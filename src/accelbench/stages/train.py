@@ -72,14 +72,11 @@ class TrainInputs:
 
 def select(params: Params, name: str) -> TrainInputs:
     train, variant = params.train, params.variant(name)
-    recipe = TrainRecipe(**{key: getattr(train, key) for key in TrainRecipe.model_fields})
+    recipe = {key: getattr(train, key) for key in TrainRecipe.model_fields}
+    recipe["epochs"] = variant.epochs or train.epochs  # a variant's own, where it sets them
+    recipe["repeats"] = variant.repeats or train.repeats
     return TrainInputs(
-        recipe=recipe.model_copy(
-            update={
-                "epochs": variant.epochs or recipe.epochs,
-                "repeats": variant.repeats or recipe.repeats,
-            }
-        ),
+        recipe=TrainRecipe(**recipe),
         variant=variant,
         dataset=by_name(params.data.dataset),
         require_gpu=train.require_gpu,
