@@ -24,7 +24,7 @@ from accelbench.system.tracking.store import (
     store_root,
     tracking_uri,
 )
-from accelbench.system.tracking.view import VIEW_TAG, pipeline_path, pipeline_variants
+from accelbench.system.tracking.view import VIEW_TAG, pipeline_path, pipeline_variants, ui_url
 
 
 def pipeline_summary(root: Path) -> tuple[Any, list[Any]]:
@@ -114,11 +114,7 @@ def summary_markdown(root: Path) -> str:
     link = pipeline_path(parent.info.experiment_id, parent, view)
     uri = redact(tracking_uri(root))  # the `MLflow:` line and the link show no secret
     order = "beside its baseline's" if beside and beside.baseline else "fastest first"
-    where = (  # on the server itself; this checkout's store through `make ui`
-        f"in the UI, {order}: {uri.rstrip('/')}{link}"
-        if is_server(uri)
-        else f"in the UI (`make ui`), {order}: http://127.0.0.1:5000{link}"
-    )
+    where = "in the UI" if is_server(uri) else "in the UI (`make ui`)"
     # fastest first (as the UI's view); variants without a steady epoch after them, in order
     ranked = sorted(children, key=lambda r: r.data.metrics.get("steady_epoch_s", math.inf))
     skipped = [r for r in children if r.data.tags.get("status") == "skipped"]
@@ -126,7 +122,7 @@ def summary_markdown(root: Path) -> str:
     lines = [
         f"MLflow: {uri}, experiment `{EXPERIMENT}`",
         f"Pipeline run `{parent.info.run_name}` ({parent.info.run_id}), status {parent.info.status}",
-        f"Its variants {where}",
+        f"Its variants {where}, {order}: {ui_url(uri, link)}",
         *([beside.line()[:1].upper() + beside.line()[1:]] if beside else []),
         "",
         *prose.table(head, map(_summary_row, ranked)),

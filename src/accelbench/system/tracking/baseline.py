@@ -24,7 +24,6 @@ from accelbench.system.tracking.outage import tolerant
 from accelbench.system.tracking.runs import EXP_NAME_TAG
 from accelbench.system.tracking.store import (
     ROLE_TAG,
-    is_server,
     once_more_on_conflict,
     run_in_store,
     setup,
@@ -38,6 +37,7 @@ from accelbench.system.tracking.view import (
     named_variant_runs,
     pipeline_path,
     pipeline_variants,
+    ui_url,
 )
 
 COMMIT_TAG = "mlflow.source.git.commit"
@@ -47,7 +47,6 @@ BASELINE_REV_ENV = "DVC_EXP_BASELINE_REV"  # DVC sets it for every stage of `dvc
 BASELINE_COMMIT_TAG = "accelbench.baseline_commit"
 BASELINE_RUN_TAG = "accelbench.baseline_run"
 DIFFERING_TAG = "accelbench.params_differ"
-MAKE_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves by default
 CANDIDATES = 100  # pipeline runs of one commit looked at, newest first
 
 
@@ -156,13 +155,8 @@ def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
     for key, value in tags.items():
         client.set_tag(pipeline_run_id, key, value)
     once_more_on_conflict(lambda: client.set_experiment_tag(experiment_id, VIEW_TAG, view))
-    # the link to the view on the tracking server, or through `make ui` for the checkout's own
-    # store; no secret of the URI in it
-    uri = redact(tracking_uri(root))
     path = pipeline_path(experiment_id, client.get_run(pipeline_run_id), view)
-    return replace(
-        beside, link=f"{uri.rstrip('/')}{path}" if is_server(uri) else MAKE_UI_URL + path
-    )
+    return replace(beside, link=ui_url(redact(tracking_uri(root)), path))  # no secret in it
 
 
 def beside_of(client: MlflowClient, pipeline: Any) -> Beside | None:

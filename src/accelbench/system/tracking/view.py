@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from accelbench.system.tracking.outage import logs_held, tracking_errors
-from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG, environment_defaults
+from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG, environment_defaults, is_server
 
 # A pipeline run's trained variants where some trained under an earlier pipeline run (a
 # `dvc repro` that re-ran compare alone): their run ids, comma-separated.
@@ -35,6 +35,7 @@ WHOSE_TAG = "experiment"
 # and model-training views by this query parameter (else the last choice, GenAI at first) and
 # no longer by the experiment's `mlflow.experimentKind` tag.
 TRAINING_VIEW = "workflowType=machine_learning"
+MAKE_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves by default
 
 # The newest pipeline's variants as a saved view of the runs table. MLflow 3.17's UI keeps a
 # saved view as an experiment tag `mlflow.sharedViewState.<id>` (listed in the Views menu) and
@@ -89,9 +90,27 @@ def shown_runs(tags: Mapping[str, str]) -> tuple[list[str], str]:
     return named_variant_runs(tags), VIEW_SORT
 
 
-def variants_view(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
-    """The VIEW_TAG value that shows `pipeline_run_id`'s variants, fastest first."""
-    return _view(VIEW_NAME, variants_filter(pipeline_run_id, variant_runs), VIEW_SORT, VIEW_COLUMNS)
+def variants_view(
+    pipeline_run_id: str,
+    variant_runs: Sequence[str] = (),
+    name: str = VIEW_NAME,
+    sort: str = VIEW_SORT,
+    first: Mapping[str, int | None] | None = None,
+) -> str:
+    """The VIEW_TAG value that shows `pipeline_run_id`'s variants (those it names, else its
+    children) by `sort`, fastest first by default, the columns `first` before VIEW_COLUMNS."""
+    columns = {**(first or {}), **VIEW_COLUMNS}
+    state = {
+        "searchFilter": variants_filter(pipeline_run_id, variant_runs),
+        "orderByKey": sort,
+        "orderByAsc": True,
+        "selectedColumns": [c for c in columns if c != "duration"],
+        "columnOrder": list(columns),
+        "columnWidths": {c: w for c, w in columns.items() if w is not None},
+    }
+    return json.dumps(
+        {"name": name, "createdAt": get_current_time_millis(), "state": json.dumps(state)}
+    )
 
 
 def experiment_view(
@@ -103,23 +122,7 @@ def experiment_view(
     whose = {f"tags.`{WHOSE_TAG}`": BESIDE_WHOSE_WIDTH}
     differing = {f"params.`{param}`": BESIDE_PARAM_WIDTH for param in params or ()}
     sort = VIEW_SORT if params is None else BESIDE_SORT
-    return _view(
-        name, variants_filter(pipeline_run_id, rows), sort, whose | differing | VIEW_COLUMNS
-    )
-
-
-def _view(name: str, search: str, sort: str, columns: Mapping[str, int | None]) -> str:
-    state = {
-        "searchFilter": search,
-        "orderByKey": sort,
-        "orderByAsc": True,
-        "selectedColumns": [c for c in columns if c != "duration"],
-        "columnOrder": list(columns),
-        "columnWidths": {c: w for c, w in columns.items() if w is not None},
-    }
-    return json.dumps(
-        {"name": name, "createdAt": get_current_time_millis(), "state": json.dumps(state)}
-    )
+    return variants_view(pipeline_run_id, rows, name, sort, whose | differing)
 
 
 def ui_path(
@@ -146,6 +149,12 @@ def ui_path(
     return f"{runs}&{urlencode(facets, quote_via=quote)}"
 
 
+def ui_url(uri: str, path: str) -> str:
+    """`path` (`ui_path`) on the tracking server at `uri`, or through `make ui` for a store of
+    one's own."""
+    return f"{uri.rstrip('/')}{path}" if is_server(uri) else MAKE_UI_URL + path
+
+
 def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) -> str:
     """`ui_path` for a pipeline run as MLflow's client returns it (None: there is none yet)."""
     if pipeline is None:
@@ -154,35 +163,32 @@ def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) ->
     return ui_path(experiment_id, pipeline.info.run_id, view, rows, sort)
 
 
+# The experiment's id, the newest active pipeline run (NULL: none yet), the saved view and the
+# pipeline run's tags that name its variant runs: one read of a store the UI has not opened.
+_NEWEST_PIPELINE = """
+SELECT e.experiment_id, r.run_uuid,
+    (SELECT value FROM experiment_tags WHERE experiment_id = e.experiment_id AND key = :view),
+    (SELECT value FROM tags WHERE run_uuid = r.run_uuid AND key = :named),
+    (SELECT value FROM tags WHERE run_uuid = r.run_uuid AND key = :compared)
+FROM experiments AS e LEFT JOIN runs AS r ON r.run_uuid = (
+    SELECT runs.run_uuid FROM runs JOIN tags ON tags.run_uuid = runs.run_uuid
+    WHERE runs.experiment_id = e.experiment_id AND runs.lifecycle_stage = 'active'
+        AND tags.key = :role AND tags.value = 'pipeline'
+    ORDER BY runs.start_time DESC LIMIT 1
+)
+WHERE e.name = :experiment
+"""
+
+
 def training_view(base_url: str, store: Path) -> tuple[str, str]:
     """Where `make ui` sends a user, and what it shows in words: the newest pipeline's variants
     (`ui_path`), read from the SQLite `store` without writing to it; the experiment while it
     has no pipeline run, the list of experiments while the store has none."""
-    pipeline = view = None
+    keys = {"view": VIEW_TAG, "named": VARIANT_RUNS_TAG, "compared": COMPARED_RUNS_TAG}
+    keys |= {"role": ROLE_TAG, "experiment": EXPERIMENT}
     try:
         with closing(sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            row = db.execute(
-                "SELECT experiment_id FROM experiments WHERE name = ?", (EXPERIMENT,)
-            ).fetchone()
-            if row:
-                pipeline = db.execute(
-                    "SELECT runs.run_uuid FROM runs JOIN tags ON tags.run_uuid = runs.run_uuid "
-                    "WHERE runs.experiment_id = ? AND runs.lifecycle_stage = 'active' "
-                    "AND tags.key = ? AND tags.value = 'pipeline' "
-                    "ORDER BY runs.start_time DESC LIMIT 1",
-                    (row[0], ROLE_TAG),
-                ).fetchone()
-                view = db.execute(
-                    "SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?",
-                    (row[0], VIEW_TAG),
-                ).fetchone()
-                named = (
-                    pipeline
-                    and db.execute(
-                        "SELECT key, value FROM tags WHERE run_uuid = ? AND key IN (?, ?)",
-                        (pipeline[0], VARIANT_RUNS_TAG, COMPARED_RUNS_TAG),
-                    ).fetchall()
-                )
+            row = db.execute(_NEWEST_PIPELINE, keys).fetchone()
     except sqlite3.Error:  # no store yet, or not one of MLflow's
         row = None
     if not row:
@@ -190,10 +196,11 @@ def training_view(base_url: str, store: Path) -> tuple[str, str]:
             f"{base_url}/#/experiments?{TRAINING_VIEW}",
             "no runs yet: `make repro` records them; reload the page after it",
         )
+    experiment_id, pipeline, view, named, compared = row
     if not pipeline:
-        return base_url + ui_path(str(row[0])), "the experiment: no pipeline run yet"
-    rows, sort = shown_runs(dict(named or []))
-    url = base_url + ui_path(str(row[0]), pipeline[0], view[0] if view else None, rows, sort)
+        return base_url + ui_path(str(experiment_id)), "the experiment: no pipeline run yet"
+    rows, sort = shown_runs({VARIANT_RUNS_TAG: named or "", COMPARED_RUNS_TAG: compared or ""})
+    url = base_url + ui_path(str(experiment_id), pipeline, view, rows, sort)
     if sort == BESIDE_SORT:
         return url, "the newest pipeline run, a DVC experiment: its variants beside its baseline's"
     return url, "the newest pipeline run: its variants, fastest first"
