@@ -65,9 +65,11 @@ def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """`_finite`, each `rounded` as it is logged."""
-    return {k: rounded(k, v) for k, v in _finite(metrics).items()}
+def _metrics(values: Mapping[str, Any], step: int = 0, **against: str | None) -> list[Metric]:
+    """The finite numbers of `values`, each `rounded`, as metrics logged now at `step`; with
+    `against`, logged against a model and dataset (`log_evaluation`)."""
+    now = get_current_time_millis()
+    return [Metric(k, rounded(k, v), now, step, **against) for k, v in _finite(values).items()]
 
 
 @tolerant
@@ -131,9 +133,7 @@ def log_evaluation(
         "eval_macro_f1": summary.macro_f1,
         "inference_samples_per_s": summary.inference_samples_per_s,
     }
-    now = get_current_time_millis()
-    metrics = [Metric(k, v, now, 0, **against) for k, v in _numbers(evaluation).items()]
-    metrics += [Metric(k, v, now, 0) for k, v in _numbers(more_metrics or {}).items()]
+    metrics = _metrics(evaluation, **against) + _metrics(more_metrics or {})
     client.log_batch(run_id, metrics=metrics)
     for path in artifacts:
         client.log_artifact(run_id, str(path))
@@ -157,17 +157,8 @@ def catch_up(
         return
     logged = {m.step for m in client.get_metric_history(run_id, "test_accuracy")}
     missed = [record for record in epochs if record.epoch not in logged]
-    now = get_current_time_millis()
-    figures = [
-        Metric(k, v, now, 0)
-        for k, v in _numbers(summary.metrics()).items()
-        if k not in run.data.metrics
-    ]
-    metrics = figures + [
-        Metric(k, v, now, record.epoch)
-        for record in missed
-        for k, v in _numbers(record.metrics()).items()
-    ]
+    figures = [m for m in _metrics(summary.metrics()) if m.key not in run.data.metrics]
+    metrics = figures + [m for r in missed for m in _metrics(r.metrics(), r.epoch)]
     why = why_gone(run.data.tags) if run.info.status == "RUNNING" else None
     if not metrics and why is None:
         return
@@ -217,7 +208,6 @@ def log_variant_figures(
     per epoch (`test_accuracy`): its series keeps its shape."""
     setup(root)
     client = MlflowClient()
-    now = get_current_time_millis()
     series = {f.name for f in fields(EpochRecord)}
     wanted = {k: v for k, v in FIGURE_TAGS.items() if k != "speedup"}
     if speedup_baseline is not None:  # the speedup over it; none: no speedup tag
@@ -226,7 +216,6 @@ def log_variant_figures(
         run = run_in_store(client, run_id)
         if run is None:  # log_evaluation said so
             continue
-        numbers = _numbers(values)
         logged = run.data.metrics
         tags = {  # from the figures as compare has them: the tag reads as the report
             tag: figure_text(_finite(values), *wanted[tag]) if tag in wanted else None
@@ -236,9 +225,9 @@ def log_variant_figures(
         client.log_batch(
             run_id,
             metrics=[
-                Metric(k, v, now, 0)
-                for k, v in numbers.items()
-                if k not in logged or (logged[k] != v and k not in series)
+                m
+                for m in _metrics(values)
+                if m.key not in logged or (logged[m.key] != m.value and m.key not in series)
             ],
             tags=[RunTag(k, v) for k, v in tags.items() if v is not None],
         )
