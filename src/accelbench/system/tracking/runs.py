@@ -26,6 +26,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from accelbench.core.outputs import write_text
 from accelbench.system import lifetime
 from accelbench.system.tracking import outage
 from accelbench.system.tracking.dead_runs import (
@@ -132,11 +133,7 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
             atexit.register(end_by_hand_runs)
         _by_hand[_experiment_key()] = run.info.run_id
         return run.info.run_id
-    pointer = root / PIPELINE_RUN_FILE
-    pointer.parent.mkdir(exist_ok=True)
-    partial = pointer.with_name(f".{pointer.name}.tmp")
-    partial.write_text(run.info.run_id + "\n")
-    partial.replace(pointer)
+    write_text(root / PIPELINE_RUN_FILE, run.info.run_id + "\n")
     return run.info.run_id
 
 
