@@ -47,7 +47,6 @@ BASELINE_REV_ENV = "DVC_EXP_BASELINE_REV"  # DVC sets it for every stage of `dvc
 BASELINE_COMMIT_TAG = "accelbench.baseline_commit"
 BASELINE_RUN_TAG = "accelbench.baseline_run"
 DIFFERING_TAG = "accelbench.params_differ"
-CANDIDATES = 100  # pipeline runs of one commit looked at, newest first
 
 
 @dataclass(frozen=True)
@@ -82,21 +81,15 @@ def find_baseline(client: MlflowClient, experiment_id: str, pipeline: Any, commi
         [experiment_id],
         filter_string=(
             f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{COMMIT_TAG}` = '{commit}' "
+            f"and tags.`{EXP_NAME_TAG}` IS NULL and tags.`{BY_HAND_TAG}` IS NULL "
+            f"and attributes.run_id != '{pipeline.info.run_id}' "
+            f"and attributes.start_time <= {pipeline.info.start_time} "
             "and attributes.status = 'FINISHED'"
         ),
         order_by=["attributes.start_time DESC"],
-        max_results=CANDIDATES,
+        max_results=1,
     )
-    for run in found:
-        tags = run.data.tags
-        if (
-            run.info.run_id != pipeline.info.run_id
-            and run.info.start_time <= pipeline.info.start_time
-            and EXP_NAME_TAG not in tags
-            and tags.get(BY_HAND_TAG) != "true"
-        ):
-            return run
-    return None
+    return found[0] if found else None
 
 
 def differing_params(ours: Sequence[Any], theirs: Sequence[Any]) -> tuple[str, ...]:
