@@ -7,6 +7,7 @@ only then do the training stages downstream of them re-run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from collections.abc import Callable
@@ -19,12 +20,10 @@ from accelbench.core.env_facts import CpuFacts, CudaFacts, GpuFacts, SoftwareFac
 
 
 def cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

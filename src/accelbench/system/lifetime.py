@@ -100,12 +100,10 @@ def _dvc_ancestor():
 
     from accelbench.core.phases import is_dvc
 
-    try:
+    with contextlib.suppress(psutil.Error):
         for ancestor in psutil.Process().parents():
             if is_dvc(ancestor.cmdline()):
                 return ancestor
-    except psutil.Error:
-        return None
     return None
 
 
@@ -212,12 +210,9 @@ def _acquire(path: Path, name: str) -> int:
             os.close(fd)
             raise
         # The holder before us removes the file as it ends: lock the file that is there now.
-        try:
-            current = os.stat(path)
-        except FileNotFoundError:
-            current = None
-        if current is not None and os.path.samestat(os.fstat(fd), current):
-            break
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.stat(path), os.fstat(fd)):
+                break
         os.close(fd)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
