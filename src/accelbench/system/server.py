@@ -280,9 +280,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Check everything, then replace this process with MLflow's server."""
-    own, extra = (
-        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    )
+    own, extra = argv, []
+    if "--" in argv:
+        own, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = parser().parse_args(own)
     try:
         extra = check_mlflow_args(extra)
