@@ -47,19 +47,11 @@ def check_archive(path: Path, expected_md5: str) -> None:
         raise ChecksumError(f"MD5 of the archive is {actual[:12]}…, expected {expected_md5[:12]}…")
 
 
-def download(
-    out_dir: Path,
-    mirrors: list[str],
-    md5: str,
-    *,
-    timeout_s: float = 30.0,
-    retries: int = 2,
-    deadline_s: float = 600.0,
-) -> list[Path]:
-    """The archive in `out_dir`, from the first mirror whose copy has MD5 `md5`. A file of
-    the same name that does not verify is refused before the download."""
+def download(out_dir: Path, mirrors: list[str], md5: str, **limits: float) -> list[Path]:
+    """The archive in `out_dir`, from the first mirror whose copy has MD5 `md5` (`limits`:
+    `download_file`'s timeout_s, retries and deadline_s). A file of the same name that does
+    not verify is refused before the download."""
     checks = {ARCHIVE: functools.partial(check_archive, expected_md5=md5)}
-    limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
     options = {"variable": MIRROR_ENV, "setting": "data.cifar10_mirrors", **limits}
     return download_files(out_dir, checks, mirrors, "the verified {}", **options)
 

@@ -60,21 +60,14 @@ def check_gz(path: Path, expected_sha256: str) -> None:
         )
 
 
-def download(
-    out_dir: Path,
-    mirrors: list[str],
-    *,
-    timeout_s: float = 30.0,
-    retries: int = 2,
-    deadline_s: float = 600.0,
-) -> list[Path]:
-    """The four verified `.gz` files in `out_dir`, each from the first mirror that has it.
-    A file of the same name that is not MNIST's is refused before the first download."""
+def download(out_dir: Path, mirrors: list[str], **limits: float) -> list[Path]:
+    """The four verified `.gz` files in `out_dir`, each from the first mirror that has it
+    (`limits`: `download_file`'s timeout_s, retries and deadline_s). A file of the same name
+    that is not MNIST's is refused before the first download."""
     checks = {
         f"{stem}.gz": functools.partial(check_gz, expected_sha256=sha)
         for stem, sha in FILES.items()
     }
-    limits = {"timeout_s": timeout_s, "retries": retries, "deadline_s": deadline_s}
     return download_files(out_dir, checks, mirrors, "MNIST's {}", variable=MIRROR_ENV, **limits)
 
 
