@@ -59,11 +59,11 @@ def mirrors_with_override(
     ordered = list(mirrors)
     override = env.get(variable, "").strip()
     if override:
+        problem = None
         try:
             local = _local_dir(override)
-            problem = None if local is None or local.is_dir() else "no such folder"
-            if local is not None and local.exists() and not local.is_dir():
-                problem = "a file, not a folder"
+            if local is not None and not local.is_dir():
+                problem = "a file, not a folder" if local.exists() else "no such folder"
         except ValueError as exc:
             problem = str(exc)
         if problem:
