@@ -121,10 +121,9 @@ class EpochSampler(DistributedSampler):
         super().__init__(
             range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
-        self.n = n
 
     def __iter__(self) -> Iterator[int]:
-        order = epoch_permutation(self.seed, self.epoch, self.n)[: self.total_size]
+        order = epoch_permutation(self.seed, self.epoch, len(self.dataset))[: self.total_size]
         return iter(order[self.rank : self.total_size : self.num_replicas].tolist())
 
 
