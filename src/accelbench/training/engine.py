@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -72,10 +71,6 @@ def train_flops_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> in
     with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False) as counter:
         F.cross_entropy(probe(x), torch.zeros(2, dtype=torch.long)).backward()
     return counter.get_total_flops() // 2
-
-
-def peak_host_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def seed_everything(seed: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import asdict
 
 from accelbench.core.params import VariantParams
@@ -47,7 +48,7 @@ def summarize_run(
         steady_tflops=steady_tflops,
         peak_tflops=peak,
         peak_share=steady_tflops / (peak * world_size) if peak else None,
-        peak_host_rss_mib=engine.peak_host_rss_mib(),
+        peak_host_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
         steady_samples_per_s_per_process=(
             per_process / world_size if world_size > 1 and per_process else None
         ),
