@@ -43,7 +43,12 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
         flops = build.flops_per_sample(job.dataset, fitting.model, job.root / FLOPS_CACHE)
     steps = len(fitting.batches)
     if placement.main:
-        log(_start_line(job, fitting.batches.num_samples))
+        log(
+            f"train {job.name}: {placement.device_name}, {variant.precision}, {variant.batches} "
+            f"batches, {fitting.batches.num_samples} samples x {recipe.epochs} epochs, batch "
+            f"{recipe.batch_size}"
+            + (f" over {placement.world_size} processes" if placement.world_size > 1 else "")
+        )
         remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
     path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
     checkpointer = Checkpointer(path, job.run_params, job.name, device=placement.device_name)
@@ -95,11 +100,13 @@ def _load_compile_cache(
         return compile_cache.Loaded()
     with hooks.phase("step_setup"):
         loaded = compile_cache.load(job.out.compile_cache, key, job.root)
-    if job.placement.main and (loaded.reason or loaded.artifacts):
+    if not job.placement.main:
+        return loaded
+    if loaded.reason:
+        log(f"train {job.name}: {loaded.reason}")
+    elif loaded.artifacts:
         log(
-            f"train {job.name}: {loaded.reason}"
-            if loaded.reason
-            else f"train {job.name}: compile cache {job.out.compile_cache}: {loaded.artifacts} "
+            f"train {job.name}: compile cache {job.out.compile_cache}: {loaded.artifacts} "
             f"entries, {loaded.added} graphs new here (loaded in {loaded.seconds:.2f} s)"
         )
     return loaded
@@ -170,9 +177,10 @@ class _Fitting:
 
         def attempt(accumulation_steps: int, fresh: bool) -> list[EpochRecord]:
             # after an OOM: from scratch, the checkpoint's state left behind
+            seed = recipe.seed if fresh else None
             resume_from = resume.state if resume and not fresh else None
             return self._fit_once(
-                progress, accumulation_steps, fresh, resume_from, save_checkpoint, track=True
+                progress, accumulation_steps, seed, resume_from, save_checkpoint, track=True
             )
 
         return retry_on_oom(
@@ -191,45 +199,37 @@ class _Fitting:
         job = self.job
         repeats = []
         for index in range(count):
-            self.batches.seed = job.recipe.seed + index + 1
+            seed = job.recipe.seed + index + 1
+            self.batches.seed = seed
             name = f"{job.name} repeat {index + 2}/{count + 1}"
             progress = self.hooks.progress(name, job.recipe.epochs, len(self.batches))
-            seed = self.batches.seed
-            repeats.append(
-                self._fit_once(progress, accumulation_steps, True, None, None, False, seed)
-            )
+            repeats.append(self._fit_once(progress, accumulation_steps, seed, track=False))
             progress.close()
         return repeats
-
-    def _energy_readers(self) -> tuple[Callable[[], float] | None, Callable[[], float] | None]:
-        """NVML's (a CUDA variant's GPU) and RAPL's (the host's share, every variant) energy
-        counters, each None where unreadable."""
-        placement = self.job.placement
-        with self.hooks.phase("device"):
-            gpu = (
-                hardware.gpu_energy_reader(placement.device.index or 0)
-                if self.job.variant.uses_cuda
-                else None
-            )
-            return gpu, hardware.cpu_energy_reader()
 
     def _fit_once(
         self,
         progress: EpochProgress,
         accumulation_steps: int,
-        fresh: bool,
-        resume_from: engine.TrainingState | None,
-        save_checkpoint: Callable[[engine.TrainingState], None] | None,
+        seed: int | None,
+        resume_from: engine.TrainingState | None = None,
+        save_checkpoint: Callable[[engine.TrainingState], None] | None = None,
+        *,
         track: bool,
-        seed: int | None = None,
     ) -> list[EpochRecord]:
-        """One training: of the model as it is (`fresh`: of a new one seeded with `seed`, by
-        default the recipe's), its epochs logged to the run where `track`; the fit's parts
-        outside its timed epochs are recorded as their phases."""
+        """One training: of the model as it is (`seed` None), or of a new one seeded with
+        `seed`; its epochs logged to the run where `track`; the fit's parts outside its timed
+        epochs are recorded as their phases."""
         job = self.job
         variant, placement = job.variant, job.placement
         device = placement.device
-        gpu_energy_j, cpu_energy_j = self._energy_readers()
+        # NVML's (a CUDA variant's GPU) and RAPL's (the host's share, every variant) energy
+        # counters, each None where unreadable
+        with self.hooks.phase("device"):
+            gpu_energy_j = None
+            if variant.uses_cuda:
+                gpu_energy_j = hardware.gpu_energy_reader(device.index or 0)
+            cpu_energy_j = hardware.cpu_energy_reader()
 
         def on_epoch(record: EpochRecord) -> None:
             progress.epoch_done(record)
@@ -240,8 +240,8 @@ class _Fitting:
             with self.hooks.phase("checkpoint"):
                 save_checkpoint(state)
 
-        if fresh:
-            recipe = job.recipe if seed is None else job.recipe.model_copy(update={"seed": seed})
+        if seed is not None:
+            recipe = job.recipe.model_copy(update={"seed": seed})
             self.model = build.fresh_model(job.dataset, recipe, variant, device)
         distributed = placement.backend is not None
         spec = engine.FitSpec(job.recipe, variant, device, accumulation_steps, distributed)
@@ -268,13 +268,3 @@ class _Fitting:
                 phase=self.hooks.phase,
             )
             return engine.fit(self.model, self.batches, self.test_batches, spec, hooks, resume_from)
-
-
-def _start_line(job: TrainJob, samples: int) -> str:
-    recipe, variant, placement = job.recipe, job.variant, job.placement
-    world_size = placement.world_size
-    return (
-        f"train {job.name}: {placement.device_name}, {variant.precision}, {variant.batches} "
-        f"batches, {samples} samples x {recipe.epochs} epochs, batch {recipe.batch_size}"
-        + (f" over {world_size} processes" if world_size > 1 else "")
-    )
