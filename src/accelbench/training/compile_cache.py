@@ -199,10 +199,10 @@ def load(path: Path, key: CacheKey, root: Path) -> Loaded:
     return Loaded(count, added=added, seconds=time.perf_counter() - started)
 
 
-def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
+def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> None:
     """Write what this process compiled or found cached (none: `key` is None, the variant
     compiles nothing) to `path`, with its key on the first line, followed by the CUDA JIT
-    cache folder `jit` (None: none carried); the artifacts written."""
+    cache folder `jit` (None: none carried)."""
     saved = None
     if key is not None:
         import torch
@@ -223,7 +223,6 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> int:
         "jit": carried if files else None,
     }
     path.write_bytes(json.dumps(header).encode() + b"\n" + stored + packed)
-    return count
 
 
 def jit_folder(root: Path, environ: Mapping[str, str] = os.environ) -> Path | None:
