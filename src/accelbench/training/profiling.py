@@ -73,7 +73,6 @@ def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
         ]
     summary: dict[str, Any] = {
         "steps": steps,
-        # the host's time per step: the step time on a CPU; on a GPU, launch time (async)
         "host_ms_per_step": sum(host) / len(host) / 1000.0 if host else None,
         "device_events": len(device),
     }
