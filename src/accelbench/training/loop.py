@@ -223,8 +223,7 @@ class _Fitting:
         job = self.job
         variant, placement = job.variant, job.placement
         device = placement.device
-        # NVML's (a CUDA variant's GPU) and RAPL's (the host's share, every variant) energy
-        # counters, each None where unreadable
+        # energy: NVML's counter (a CUDA variant's GPU), RAPL's (the host's share); None: unreadable
         with self.hooks.phase("device"):
             gpu_energy_j = None
             if variant.uses_cuda:
