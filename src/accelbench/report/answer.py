@@ -247,31 +247,51 @@ def uncompiled_twins(rows: list[Row]) -> dict[str, str]:
     return _twins(rows, differing, lambda v: v.compile == "none")
 
 
+def _to_target(row: Row, target: float) -> tuple[Figure | None, int | None]:
+    """Training time to the first epoch at `target`, with its interval, and that epoch; None,
+    None where no epoch reached it."""
+    reached = time_to_target(row.epochs, target)
+    if reached is None:
+        return None, None
+    epoch = reached[1]
+    # warm-up epochs (the first, a resume's first) stay as measured, less any time stopped,
+    # as do stopped ones; the steady epochs are redrawn
+    epochs = row.epochs[:epoch]
+    settled = steady_epochs(epochs)
+    fixed = [e.train_time_s - e.stopped_s for e in epochs if e not in settled]
+    return spread.total_after(sum(fixed), [e.train_time_s for e in settled]), epoch
+
+
 def variant_figures(
     rows: list[Row], baseline: str | None, target: float
 ) -> dict[str, VariantFigures]:
     """The figures of every trained variant with a steady epoch (two epochs or more)."""
     samples = {r.name: r.steady_samples for r in rows if r.trained and r.steady_samples}
-    base, twins, out = samples.get(baseline), fp32_twins(rows), {}
-    for row in (r for r in rows if r.name in samples):
-        mine, twin = samples[row.name], twins.get(row.name)
-        steady, reached, to_target = spread.median(mine), time_to_target(row.epochs, target), None
-        if reached:
-            # warm-up epochs (the first, a resume's first) stay as measured, less any time
-            # stopped, as do stopped ones; the steady epochs are redrawn
-            epochs = row.epochs[: reached[1]]
-            settled = steady_epochs(epochs)
-            fixed = [e.train_time_s - e.stopped_s for e in epochs if e not in settled]
-            to_target = spread.total_after(sum(fixed), [e.train_time_s for e in settled])
-        speedup = spread.ratio_of_medians(base, mine) if base else None
+    base = samples.get(baseline)
+    twins = fp32_twins(rows)
+    out: dict[str, VariantFigures] = {}
+    for row in rows:
+        if row.name not in samples:
+            continue
+        mine = samples[row.name]
+        twin = twins.get(row.name)
+        twin = twin if twin in samples else None
+        if base is None:
+            speedup = None
+        elif row.name == baseline:
+            speedup = Figure(1.0)
+        else:
+            speedup = spread.ratio_of_medians(base, mine)
+        steady = spread.median(mine)
+        to_target, target_epoch = _to_target(row, target)
         out[row.name] = VariantFigures(
             steady_epoch=steady,
             samples_per_s=steady.inverse(row.train.train_samples),
-            speedup=Figure(1.0) if base and row.name == baseline else speedup,
-            fp32_twin=twin if twin in samples else None,
-            over_fp32=spread.ratio_of_medians(samples[twin], mine) if twin in samples else None,
+            speedup=speedup,
+            fp32_twin=twin,
+            over_fp32=spread.ratio_of_medians(samples[twin], mine) if twin else None,
             to_target=to_target,
-            target_epoch=reached[1] if reached else None,
+            target_epoch=target_epoch,
             seeds=seeds(row, target),
         )
     epochs_of = {r.name: r.epochs for r in rows}
