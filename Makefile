@@ -66,11 +66,14 @@ repro: setup  ## run the whole DVC pipeline (dvc repro)
 
 # A first result in minutes (docs/pipeline.md): the whole pipeline on a tenth of MNIST as the
 # DVC experiment `smoke`, run in a copy of the workspace (--temp), so the workspace's outputs
-# and dvc.lock stay as they are; its report is then copied out of the experiment.
+# and dvc.lock stay as they are; its report is then copied out of the experiment, whole into a
+# new folder that replaces the last one (`dvc get` would put it inside an existing folder).
 SMOKE := -S train.train_subset=6000 -S train.test_subset=1000 -S train.epochs=3 -S variants.cpu.epochs=3
 smoke: setup  ## a first result in about 2 minutes: the pipeline on a tenth of MNIST (reports/smoke/)
 	dvc exp run --temp --force --name smoke $(SMOKE)
-	dvc get . reports --rev smoke --out reports/smoke --force
+	rm -rf reports/.smoke.new
+	dvc get . reports --rev smoke --out reports/.smoke.new
+	rm -rf reports/smoke && mv reports/.smoke.new reports/smoke
 	@echo "make smoke: wrote reports/smoke/comparison.md; the full run is make repro"
 
 # Two tiers (pyproject.toml's `slow` marker): the fast one covers every module in at most

@@ -350,10 +350,14 @@ def test_make_smoke_writes_a_report_and_leaves_the_workspace_alone(tmp_path) -> 
     repo = tmp_path / "repo"
     copy_repo(repo)
     committed_lock = (repo / "dvc.lock").read_bytes()  # the run of record's
+    earlier = repo / "reports" / "smoke"  # an earlier `make smoke`'s report: replaced whole
+    (earlier / "plots").mkdir(parents=True)
+    (earlier / "comparison.md").write_text("an earlier smoke run's report\n")
     env = _env(mirror) | {"ACCELBENCH_ENV": sys.prefix}  # the tests' environment: no setup
     command = ["make", "--no-print-directory", "smoke"]
     made = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert made.returncode == 0, made.stdout[-4000:] + made.stderr[-4000:]
+    assert not (earlier / "reports").exists() and not (repo / "reports" / ".smoke.new").exists()
     report = (repo / "reports" / "smoke" / "comparison.md").read_text()
     assert "| cpu | trained |" in report and "training subset 6000" in report
     assert (repo / "reports" / "smoke" / "summary.png").is_file()
