@@ -12,6 +12,7 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   eagershift the augmentation outside the compiled loss (written once, as before 1b1bc46)
   im2col    conv1 under torch.compile as its 3x3 patches times the weights (one GEMM, its
             output channels-last) instead of nine multiply-adds
+  im2col16  im2col with the 9 taps padded to 16 with zeros (a GEMM whose K tensor cores take)
   threads1  Inductor compiles in this process, no pool of compile workers
   nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
   warmpool  Inductor's pool of compile workers started right after torch's import, as the
@@ -55,6 +56,7 @@ OPTIONS = (
     "autotune",
     "eagershift",
     "im2col",
+    "im2col16",
     "threads1",
     "nobench",
     "warmpool",
@@ -119,6 +121,8 @@ def _patch(options: set[str], variant):
         step.TrainStep.augment = torch.compiler.disable(step.TrainStep.augment)
     if "im2col" in options:
         models.conv2d_one_channel = conv2d_im2col
+    if "im2col16" in options:
+        models.conv2d_one_channel = conv2d_im2col16
     if "mmgrad" in options:
         global _taps_forward
         _taps_forward = models.conv2d_one_channel
@@ -136,6 +140,20 @@ def conv2d_im2col(x, weight, bias):
     patches = torch.stack([shifted[:, 0] for shifted, _ in taps], dim=-1)  # [N, H, W, k*k]
     weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
     return (patches @ weights.t() + bias).permute(0, 3, 1, 2)  # [N, H, W, C] as NCHW
+
+
+def conv2d_im2col16(x, weight, bias):
+    """conv2d_im2col with K = 16: the 9 taps and 7 zero columns, the weights' 7 rows zero."""
+    import torch
+
+    from accelbench.training.models import one_channel_taps
+
+    taps, bias = one_channel_taps(x, weight, bias)
+    shifted = [shifted[:, 0] for shifted, _ in taps]
+    patches = torch.stack(shifted + [torch.zeros_like(shifted[0])] * (16 - len(taps)), dim=-1)
+    weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
+    weights = torch.nn.functional.pad(weights, (0, 16 - len(taps)))  # [C, 16]
+    return (patches @ weights.t() + bias).permute(0, 3, 1, 2)
 
 
 _taps_forward = None  # the shipped conv2d_one_channel, kept by _patch for mmgrad
