@@ -335,13 +335,15 @@ def test_deterministic_mode_gives_identical_weights(tiny_prepared) -> None:
 
 
 def test_accumulated_chunks_give_the_update_of_one_whole_batch(tiny_prepared) -> None:
+    """Adam divides by sqrt(v): where a gradient is near zero, summing in another order moves a
+    weight by up to 2.2e-6 on a 2-core host, so weights agree to 1% of an lr-1e-3 step."""
     weights = {}
     for k in (1, 4):
         train = TrainParams(epochs=1, batch_size=8, dropout=0.0, accumulation_steps=k)
         model, records = fit_small(tiny_prepared, train, accumulation_steps=k)
         weights[k] = (model.state_dict(), records[0].train_loss)
     for name, value in weights[1][0].items():
-        torch.testing.assert_close(weights[4][0][name], value, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(weights[4][0][name], value, rtol=1e-4, atol=1e-5, msg=name)
     assert abs(weights[4][1] - weights[1][1]) < 1e-5
 
 
