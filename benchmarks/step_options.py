@@ -10,9 +10,8 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   poolfirst max-pool before the second ReLU (the same function: max and ReLU commute)
   autotune  torch.compile mode max-autotune-no-cudagraphs (Triton and cuDNN convolutions)
   eagershift the augmentation outside the compiled loss (written once, as before 1b1bc46)
-  im2col    conv1 under torch.compile as its 3x3 patches times the weights (one GEMM, its
-            output channels-last) instead of nine multiply-adds
-  im2col16  im2col with the 9 taps padded to 16 with zeros (a GEMM whose K tensor cores take)
+  taps      conv1 under torch.compile as its nine shifted multiply-adds (as shipped until
+            2026-12-05), not one GEMM of its 3x3 patches and weights
   threads1  Inductor compiles in this process, no pool of compile workers
   nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
   warmpool  Inductor's pool of compile workers started right after torch's import, as the
@@ -21,8 +20,8 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
             triton.autotune_pointwise off): fewer kernels for Triton to compile, none tried
   aggfuse   Inductor's aggressive_fusion: kernels fused across more of the graph (fewer)
   nopattern Inductor's pattern-matcher passes off (part of its graph passes' time)
-  mmgrad    conv1 under torch.compile as its fused taps forward (as shipped), its weight
-            gradient one GEMM of the output gradient and the 3x3 patches (as im2col's)
+  mmgrad    conv1 under torch.compile as its taps forward, its weight gradient one GEMM of
+            the output gradient and the 3x3 patches (as the shipped GEMM's)
   fork      Inductor's compile workers forked from this process (worker_start_method), not
             started as subprocesses that each import torch
   threads4, threads8  Inductor's pool of compile workers 4 or 8 wide (default: one a core)
@@ -55,8 +54,7 @@ OPTIONS = (
     "poolfirst",
     "autotune",
     "eagershift",
-    "im2col",
-    "im2col16",
+    "taps",
     "threads1",
     "nobench",
     "warmpool",
@@ -119,44 +117,23 @@ def _patch(options: set[str], variant):
         engine.configure_backends = configure_all
     if "eagershift" in options:
         step.TrainStep.augment = torch.compiler.disable(step.TrainStep.augment)
-    if "im2col" in options:
-        models.conv2d_one_channel = conv2d_im2col
-    if "im2col16" in options:
-        models.conv2d_one_channel = conv2d_im2col16
+    if "taps" in options:
+        models.conv2d_one_channel = conv2d_taps
     if "mmgrad" in options:
-        global _taps_forward
-        _taps_forward = models.conv2d_one_channel
         models.conv2d_one_channel = conv2d_taps_mm_grad
     return variant
 
 
-def conv2d_im2col(x, weight, bias):
-    """conv2d of one input channel as (N*H*W, k*k) patches @ (k*k, C): channels-last out."""
-    import torch
-
+def conv2d_taps(x, weight, bias):
+    """conv2d of one input channel as its k*k shifted multiply-adds: Inductor generates one
+    kernel for the forward and a reduction for the weight gradient."""
     from accelbench.training.models import one_channel_taps
 
     taps, bias = one_channel_taps(x, weight, bias)
-    patches = torch.stack([shifted[:, 0] for shifted, _ in taps], dim=-1)  # [N, H, W, k*k]
-    weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
-    return (patches @ weights.t() + bias).permute(0, 3, 1, 2)  # [N, H, W, C] as NCHW
-
-
-def conv2d_im2col16(x, weight, bias):
-    """conv2d_im2col with K = 16: the 9 taps and 7 zero columns, the weights' 7 rows zero."""
-    import torch
-
-    from accelbench.training.models import one_channel_taps
-
-    taps, bias = one_channel_taps(x, weight, bias)
-    shifted = [shifted[:, 0] for shifted, _ in taps]
-    patches = torch.stack(shifted + [torch.zeros_like(shifted[0])] * (16 - len(taps)), dim=-1)
-    weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
-    weights = torch.nn.functional.pad(weights, (0, 16 - len(taps)))  # [C, 16]
-    return (patches @ weights.t() + bias).permute(0, 3, 1, 2)
-
-
-_taps_forward = None  # the shipped conv2d_one_channel, kept by _patch for mmgrad
+    out = bias.view(1, -1, 1, 1)
+    for shifted, tap in taps:
+        out = out + shifted * tap.view(1, -1, 1, 1)
+    return out
 
 
 def conv2d_taps_mm_grad(x, weight, bias):
@@ -169,7 +146,7 @@ def conv2d_taps_mm_grad(x, weight, bias):
         @staticmethod
         def forward(ctx, x, weight, bias):
             ctx.save_for_backward(x, weight)
-            return _taps_forward(x, weight, bias)
+            return conv2d_taps(x, weight, bias)
 
         @staticmethod
         def backward(ctx, grad_out):

@@ -64,12 +64,16 @@ def test_step_options_times_each_candidate_in_its_own_process(tmp_path, prepared
         assert "needs CUDA" in rows["gpu"]["skipped"]  # placement's reason, as a stage skips
 
 
-def test_step_options_im2col_is_the_convolution() -> None:
+def test_step_options_taps_and_mmgrad_are_the_convolution() -> None:
     torch.manual_seed(0)
     conv, images = torch.nn.Conv2d(1, 32, 3), torch.randn(4, 1, 28, 28)
-    got = _step_options().conv2d_im2col(images, conv.weight, conv.bias)
-    assert got.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(got, conv(images))
+    for option in (_step_options().conv2d_taps, _step_options().conv2d_taps_mm_grad):
+        weight = conv.weight.detach().clone().requires_grad_()
+        got = option(images, weight, conv.bias)
+        torch.testing.assert_close(got, conv(images))
+        got.sum().backward()
+        expected = torch.autograd.grad(conv(images).sum(), conv.weight)[0]
+        torch.testing.assert_close(weight.grad, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepared) -> None:

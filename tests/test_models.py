@@ -27,6 +27,7 @@ def test_one_channel_convolution_is_the_convolution_forward_and_backward() -> No
     expected = conv(images)
     got = conv2d_one_channel(images, weight, bias)
     assert got.shape == expected.shape == (4, 32, 26, 26)
+    assert got.is_contiguous(memory_format=torch.channels_last)  # the GEMM's rows are pixels
     torch.testing.assert_close(got, expected)
     upstream = torch.randn_like(expected)
     expected.backward(upstream)

@@ -33,19 +33,24 @@ def one_channel_taps(
 
 def conv2d_one_channel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`F.conv2d(x, weight, bias)` for one input channel (stride 1, no padding), written as
-    its k*k shifted multiply-adds.
+    one GEMM: the k*k shifted inputs (patches [N, H, W, k*k]) times the weights [k*k, C].
 
-    The same function; only the kernels differ. Under torch.compile, Inductor turns it into one
-    kernel (with the bias and the ReLU after it) and one reduction for the weight gradient.
-    cuDNN runs a 1-channel convolution on a non-tensor-core engine and converts layouts around
-    its weight gradient: about 200 us of a 650 us bf16 step on an H200 (docs/results/).
-    Under autocast it computes in the autocast dtype, as the convolution would.
+    The same function; only the kernels differ. cuDNN runs a 1-channel convolution on a
+    non-tensor-core engine and converts layouts around its weight gradient: about 200 us of a
+    650 us bf16 step on an H200. Under torch.compile the GEMM leaves Inductor no reduction to
+    generate for the weight gradient (its forward and backward are matmuls): cold first
+    epochs on one H200, amp 11.9 s and gpu 10.9 s against 13.0-15.9 s and 13.6-15.0 s as
+    nine multiply-adds (docs/results/2026-12-05-h200-cold-compile.md). In a 16-bit dtype K
+    is padded with zero taps to 16, the multiple tensor cores take. Under autocast it computes in the autocast dtype, as the convolution would;
+    its output is channels-last in memory.
     """
     taps, bias = one_channel_taps(x, weight, bias)
-    out = bias.view(1, -1, 1, 1)
-    for shifted, tap in taps:
-        out = out + shifted * tap.view(1, -1, 1, 1)
-    return out
+    shifted = [tap_input[:, 0] for tap_input, _ in taps]
+    weights = torch.cat([tap for _, tap in taps], dim=1)  # [C, k*k]
+    pad = -len(taps) % 16 if weights.element_size() == 2 else 0
+    patches = torch.stack(shifted + [torch.zeros_like(shifted[0])] * pad, dim=-1)
+    weights = nn.functional.pad(weights, (0, pad))
+    return (patches @ weights.t() + bias).permute(0, 3, 1, 2)  # [N, H, W, C] as NCHW
 
 
 class SeedCNN(nn.Module):
@@ -70,7 +75,7 @@ class SeedCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layers = iter(self.features)
         # Eager runs and FX tracing (int8) keep the nn.Conv2d; torch.export (and exporters
-        # built on it) counts as compiling, and exports the multiply-adds.
+        # built on it) counts as compiling, and exports the GEMM.
         if torch.compiler.is_compiling():
             conv1 = next(layers)
             x = conv2d_one_channel(x, conv1.weight, conv1.bias)
