@@ -359,6 +359,9 @@ def test_a_stage_sets_up_its_watchdogs_once(monkeypatch) -> None:
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setattr(lifetime, "end_with_parent", lambda parent: watched.append("parent"))
     monkeypatch.setattr(lifetime, "_dvc_ancestor", lambda: psutil.Process(1))
+    # a shell between DVC (pid 1 here) and the stage, whatever started pytest (a detached
+    # pytest's own parent is pid 1)
+    monkeypatch.setattr(lifetime.os, "getppid", os.getpid)
     monkeypatch.setattr(lifetime, "_watch", lambda gone, why: watched.append(why))
     lifetime.end_with_launcher()
     lifetime.end_with_launcher()
