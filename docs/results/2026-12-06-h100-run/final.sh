@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The run of record (benchmarks/gpu-host-e2e.sh), then `pytest -m gpu`, then, with the time
+# A run of record (benchmarks/gpu-host-e2e.sh), then `pytest -m gpu`, then, with the time
 # left, amp's cold first epoch with and without forked compile workers, alternating, on one
 # fresh lent GPU: bash final.sh from the repository root (OUT: where logs go; at most 8 files
 # come back, so the e2e logs travel as one archive).
