@@ -176,6 +176,33 @@ def test_what_a_training_takes_and_gives_back(tmp_path, monkeypatch) -> None:
         assert held.fds == () and environ["CUDA_VISIBLE_DEVICES"] == "4,5,6"
 
 
+@pytest.mark.parametrize("plant", ["symlink", "hardlink", "fifo"])
+def test_a_planted_lock_file_is_refused_and_what_it_points_at_untouched(tmp_path, plant) -> None:
+    """In a shared slots folder another user could plant `cpu.lock` as a link to a file of
+    this user's: the stage must neither empty it, write its holder line into it nor make it
+    world-writable, and must say what to do."""
+    victim = tmp_path / "notes.txt"
+    victim.write_text("my notes\n")
+    victim.chmod(0o600)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    lock = locks / slots.CPU_SLOT
+    if plant == "symlink":
+        lock.symlink_to(victim)
+    elif plant == "hardlink":
+        os.link(victim, lock)
+    else:
+        os.mkfifo(lock)
+    refused = r"cpu\.lock: .*remove it, or set ACCELBENCH_SLOTS_DIR"
+    with (
+        pytest.raises(StageError, match=refused),
+        slots.tenancy("cpu", cpu=True, environ=_environ(tmp_path)),
+    ):
+        pass
+    assert victim.read_text() == "my notes\n"
+    assert victim.stat().st_mode & 0o777 == 0o600
+
+
 def test_the_note_names_trainings_seen_at_the_start_or_during(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(slots, "SAMPLE_S", 0.02)
     monkeypatch.setattr(slots, "cpu_seconds", lambda: (0.0, 0.0))  # this host, idle otherwise

@@ -112,12 +112,34 @@ def _read_holder(path: Path) -> Holder | None:
         return None
 
 
+def _open_lock(path: Path) -> int:
+    """`path` opened to lock it: never through a link, never a file other than a lock file of
+    its own. In a shared folder another user could plant `gpu0.lock` as a link to, or a hard
+    link of, a file of this user's, which the lock's holder line and mode would overwrite."""
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO must not block the open
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
+        except PermissionError:  # another user's file in a shared folder: a lock, no holder
+            fd = os.open(path, os.O_RDONLY | flags)
+    except OSError as error:  # ELOOP: a symbolic link
+        raise StageError(
+            f"{path}: cannot open this lock file ({error.strerror}); a lock file is a plain "
+            f"file of its own, never a link: remove it, or set {SLOTS_DIR_ENV} to a folder"
+        ) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise StageError(
+            f"{path}: not a lock file (a hard link of another file, or not a plain file); "
+            f"remove it, or set {SLOTS_DIR_ENV} to a folder of your own"
+        )
+    return fd
+
+
 def _try_lock(path: Path) -> int | None:
     """A descriptor of `path` holding its exclusive lock, or None where another holds it."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except PermissionError:  # another user's file in a shared folder: a lock, no holder line
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
