@@ -10,13 +10,14 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from accelbench.core.console import redact
+from accelbench.core.console import clip, echo, redact
 from accelbench.system import tracking
 from helpers import REPO, write_params
 
@@ -62,10 +63,30 @@ def _assert_hidden(output: str, host: str) -> None:
         (f"x http://[::1 y ?sig={SECRET}", "x http://[::1 y ?sig=***"),
         (f"http://alice:{SECRET}/x@mlbox", "http://***@mlbox"),
         ("sqlite:////home/me@corp/mlflow.db", "sqlite:////home/me@corp/mlflow.db"),
+        (f"https://h/?accessToken={SECRET}&Authorization={SECRET}&apiKey={SECRET}&page=2",
+         "https://h/?accessToken=***&Authorization=***&apiKey=***&page=2"),
+        (f"host=db user=u password={SECRET} dbname=m", "host=db user=u password=*** dbname=m"),
     ],
 )  # fmt: skip
 def test_redact_masks_user_info_and_secret_query_values(uri: str, shown: str) -> None:
     assert redact(uri) == shown
+
+
+def test_a_message_cut_short_shows_no_part_of_a_long_password() -> None:
+    """An error line cut a mirror's URL to 80 characters before masking it: the "@" lay past
+    the cut, and the start of a long token was printed."""
+    token = "github_pat_11ABCDEFG0" + SECRET * 8
+    mirror = f"https://ci-bot:{token}@mirror.example/mnist/"
+    for shown in (clip(mirror), echo(mirror), clip(f"mirror {mirror} refused: 403 Forbidden")):
+        assert "ci-bot" not in shown and token[:6] not in shown, shown
+
+
+def test_redact_takes_linear_time_on_crafted_text() -> None:
+    """A run of characters without "@" after many "scheme://" took 7 minutes for 1 MB."""
+    started = time.monotonic()
+    for crafted in ("a://" * 250_000, "?" * 1_000_000, "&x" * 500_000, "x" * 1_000_000):
+        clip(crafted)
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1:{port}", "[::1"])  # the second: malformed

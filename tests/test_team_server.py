@@ -406,6 +406,12 @@ def test_refuses_what_is_not_a_postgresql_database_or_a_folder(tmp_path) -> None
     assert_refused(
         run_server("--database", good, "--artifacts", str(tmp_path / "a-file")), "not a folder"
     )
+    # `mlflow server`'s command line, which ps shows everyone, would hold the password
+    assert_refused(
+        run_server("--database", good, "--artifacts", f"sftp://mlflow:{DB_PASSWORD}@h/a"),
+        "sftp://***@h/a: holds a password",
+        "~/.ssh/config",
+    )
     assert_refused(
         run_server("--database", good, "--artifacts", folder, "--", "--backend-store-uri", "x"),
         "--backend-store-uri after `--`",

@@ -142,14 +142,18 @@ ECHO_CHARS = 80
 
 
 def clip(text: str, limit: int = ECHO_CHARS) -> str:
-    """`text`, cut to `limit` characters with a trailing "…" when longer."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """`text` with its URIs' secrets masked (`redact`), cut to `limit` characters with a
+    trailing "…" when longer: masked before the cut (a password's "@" may lie past it), and a
+    cut inside a URI's host part keeps its `scheme://` only (the text may have been cut before).
+    """
+    text = redact(text)
+    return text if len(text) <= limit else _CUT_AUTHORITY.sub("", text[: limit - 1]) + "…"
 
 
 def first_sentence(exc: BaseException, limit: int) -> str:
     """An error's type and the first sentence of its words, cut to `limit` characters: torch's
     weights-only refusal goes on for a page, and a bare KeyError says only "101"."""
-    first = " ".join(str(exc).split()).split(". ")[0][:limit]
+    first = redact(" ".join(str(exc).split())).split(". ")[0][:limit]  # masked, then cut
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
@@ -161,7 +165,7 @@ _SHORT_REPR.maxlevel = 3
 def echo(value: object, limit: int = ECHO_CHARS) -> str:
     """A value as an error message quotes it (`repr`), cut to `limit` characters."""
     if isinstance(value, str):
-        text = repr(value[: limit + 1])  # a longer one is cut anyway
+        text = repr(redact(value)[: limit + 1])  # masked, then cut (clip cuts a longer one)
     elif isinstance(value, int) and value.bit_length() > 256:  # repr refuses > 4300 digits
         text = f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
     else:
@@ -172,21 +176,47 @@ def echo(value: object, limit: int = ECHO_CHARS) -> str:
     return clip(text, limit)
 
 
-# A URI's user info (after "scheme://", up to the last "@": a password may hold "@" or "/";
-# sqlite:////home/me@corp has none) and the values of query or fragment parameters whose name
-# ends in a secret's word (X-Amz-Signature, access_token, sig).
-_USER_INFO = re.compile(r"(?<=[\w+.-]://)[^\s/'\"<>][^\s'\"<>]*@")
-_SECRET_PARAM = re.compile(
-    r"(?i)([?&;#](?:[^=&;#\s]*[-_.])?(?:token|key|apikey|secret|password|passwd|pwd|pass|sig"
-    r"|signature|credential|credentials|auth|session|sessionid|jwt)=)[^&;#\s'\"<>]*"
-)
+# A URI's user info: in a run of characters a URI may hold, from its first "scheme://" (not
+# "scheme:///": sqlite:////home/me@corp is a path) up to the run's last "@" (a password may
+# hold "@" or "/"). Query or fragment parameters whose name ends in a secret's word
+# (X-Amz-Signature, access_token, accessToken, sig) and libpq's `password=`. Every pattern
+# is matched in one pass: a crafted text of megabytes costs milliseconds.
+_URI_RUN = re.compile(r"[^\s'\"<>]+")
+_SCHEME = re.compile(r"[\w+.-]://(?!/)")
+_PARAM = re.compile(r"([?&;#])([^=&;#?\s'\"<>]*)=([^&;#\s'\"<>]*)")
+_NAME_PARTS = re.compile(r"[-_.]|(?<=[a-z])(?=[A-Z])")  # access_token, X-Amz-Signature, apiKey
+_SECRET_WORDS = {
+    *("token", "key", "apikey", "secret", "password", "passwd", "pwd", "pass", "sig", "signature"),
+    *("credential", "credentials", "auth", "authorization", "session", "sessionid", "jwt"),
+}
+_NOT_SECRET = frozenset({"viewStateShareKey"})  # the MLflow UI's saved view, in our links
+_LIBPQ_PASSWORD = re.compile(r"(?i)(?<![\w.-])(password=)[^\s'\"<>]*")
+_CUT_AUTHORITY = re.compile(r"(?<=://)[^\s'\"<>/]*$")  # a cut text ending in a URI's host part
+
+
+def _mask_user_info(run: re.Match[str]) -> str:
+    text = run.group()
+    at = text.rfind("@")
+    scheme = _SCHEME.search(text) if at > 0 else None
+    if scheme is None or at < scheme.end():
+        return text
+    return text[: scheme.end()] + "***" + text[at:]
+
+
+def _mask_param(param: re.Match[str]) -> str:
+    start, name, _ = param.groups()
+    last_word = _NAME_PARTS.split(name)[-1].lower()
+    if last_word not in _SECRET_WORDS or name in _NOT_SECRET:
+        return param.group()
+    return f"{start}{name}=***"
 
 
 def redact(text: str) -> str:
     """`text` with the secrets of the URIs in it as ***: user info (user and password; the
     host and port stay) and secret-looking parameters. Works on any text, a malformed URI or
     a whole message; never raises."""
-    return _SECRET_PARAM.sub(r"\1***", _USER_INFO.sub("***@", text))
+    text = _PARAM.sub(_mask_param, _URI_RUN.sub(_mask_user_info, text))
+    return _LIBPQ_PASSWORD.sub(r"\1***", text)
 
 
 def log(message: str) -> None:

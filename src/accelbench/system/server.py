@@ -82,6 +82,13 @@ def check_artifacts(destination: str | None) -> str:
             f"no artifact store: pass --artifacts FOLDER (or s3://BUCKET/PATH) or set {ARTIFACTS_ENV}"
         )
     parts = urlsplit(destination)
+    if parts.password is not None:
+        raise InputError(
+            f"--artifacts {redact(destination)}: holds a password, which `mlflow "
+            "server`'s command line would show to everyone on this host (ps); leave them out and "
+            "give the store's client its credentials (AWS_* or GOOGLE_* variables, "
+            "~/.ssh/config and a key for sftp://)"
+        )
     if len(parts.scheme) > 1 and parts.scheme != "file":
         return destination
     folder = Path(parts.path if parts.scheme == "file" else destination).expanduser()
@@ -300,7 +307,7 @@ def main(argv: list[str]) -> int:
     url = users_url(args.host, args.port)
     env, warning = server_env(database, extra, url)
     print(
-        f"accelbench server: runs in {redact(database)}, artifacts in {artifacts}; users set "
+        f"accelbench server: runs in {redact(database)}, artifacts in {redact(artifacts)}; users set "
         f"MLFLOW_TRACKING_URI={url}",
         file=sys.stderr,
         flush=True,
