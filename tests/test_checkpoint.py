@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from accelbench.core.results import EpochRecord
+from accelbench.training import checkpoint
 from accelbench.training.checkpoint import Checkpointer
 from accelbench.training.engine import TrainingState
 
@@ -55,6 +56,32 @@ def test_a_state_saved_under_another_torch_or_device_is_not_resumed(
     monkeypatch.undo()
     assert Checkpointer(path, {}, "gpu", device="NVIDIA H200").load() is not None
     assert path.is_file()  # a foreign state is left as it was, not set aside
+
+
+def test_a_state_saved_under_other_model_code_is_not_resumed(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "checkpoint.pt"
+    Checkpointer(path, {}, "cpu", device=CPU).saver("run-1")(_state())
+    monkeypatch.setattr(checkpoint, "step_code_digest", lambda: "an edited models.py")
+    assert Checkpointer(path, {}, "cpu", device=CPU).load() is None
+    assert path.is_file()
+
+
+def test_weights_that_do_not_fit_the_model_are_set_aside(tmp_path, capsys) -> None:
+    """A file with the right fingerprint whose weights the model cannot load (crafted, or
+    written by a bug) would crash every rerun in load_state_dict: it is set aside."""
+    path = tmp_path / "cpu.pt"
+    Checkpointer(path, {}, "cpu", device=CPU).saver("run-1")(_state())
+    fits = torch.nn.Module()
+    fits.conv = torch.nn.Linear(2, 2, bias=False)  # "conv.weight": 2 x 2
+    assert Checkpointer(path, {}, "cpu", device=CPU).load(fits) is not None
+    for other in (torch.nn.Linear(2, 3, bias=False), torch.nn.Linear(2, 2)):
+        model = torch.nn.Module()
+        model.conv = other
+        Checkpointer(path, {}, "cpu", device=CPU).saver("run-1")(_state())
+        assert Checkpointer(path, {}, "cpu", device=CPU).load(model) is None
+        assert "do not fit the model's names and shapes" in capsys.readouterr().err
+        assert not path.exists() and path.with_name("cpu.pt.bad").exists()
+        path.with_name("cpu.pt.bad").unlink()
 
 
 def test_without_a_path_nothing_is_saved_or_resumed(tmp_path) -> None:

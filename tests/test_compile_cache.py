@@ -310,7 +310,7 @@ def _packed(files: dict, **pax: str) -> bytes:
         (_packed({"../../outside": b"evil"}), None, "outside the destination"),
         (_packed({"index": b"x" * 4000})[:-30], None, "not restored ("),  # truncated gzip
         (_packed({"index": b"x" * 4000}), "0" * 64, "its bytes do not match their digest"),
-        (_packed({"index": b"x" * 4000}), "limit", "bytes unpacked"),
+        (_packed({"index": b"x" * 4000}), "limit", "files unpacked"),
         (_packed({"index": b"x"}, mtime="nan"), None, "not restored ("),
         (_packed({"index": b"x"}, mtime="1e300"), None, "not restored ("),
         (_packed({"index": b"x"}, path="a\x00b"), None, "not restored ("),
@@ -341,6 +341,35 @@ def test_a_bad_jit_cache_is_not_restored_and_says_why(
     assert says in line and line.endswith("the driver builds it again")
     assert not (tmp_path / "outside").exists() and not (tmp_path / "w" / "outside").exists()
     assert not folder.exists() and _no_staging_left(folder)
+
+
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE])
+def test_a_jit_cache_holding_a_link_or_a_special_file_is_not_restored(tmp_path, kind) -> None:
+    """The driver writes files and folders only. Links are where tarfile's "data" filter had
+    its bypasses (CVE-2025-4517: writes outside the folder, on Pythons before 3.11.13 and
+    3.12.11); even one pointing inside the folder is refused."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.addfile(tarfile.TarInfo("index"), io.BytesIO(b""))
+        odd = tarfile.TarInfo("0/entry")
+        odd.type, odd.linkname = kind, "index"
+        tar.addfile(odd)
+    path = tmp_path / "w" / "gpu.bin"
+    path.parent.mkdir()
+    _with_jit(path, buffer.getvalue())
+    folder = tmp_path / "w" / ".accelbench" / "cuda-jit-cache" / "train-gpu"
+    line = compile_cache.restore_jit(path, folder, _vouch(path))
+    assert "not restored (it holds a link or a special file)" in line
+    assert not folder.exists() and _no_staging_left(folder)
+
+
+def test_a_jit_cache_of_too_many_files_is_not_restored(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(compile_cache, "JIT_LIMIT_FILES", 3)
+    path = tmp_path / "gpu.bin"
+    _with_jit(path, _packed({f"0/{i}": b"x" for i in range(4)}))
+    folder = tmp_path / "train-gpu"
+    line = compile_cache.restore_jit(path, folder, _vouch(path))
+    assert "more than 67108864 bytes or 3 files unpacked" in line and not folder.exists()
 
 
 def test_an_interrupted_restore_leaves_no_staging_folder(tmp_path, monkeypatch) -> None:

@@ -2,8 +2,9 @@
 
 The file holds only tensors and plain types and is loaded with `weights_only=True`: it
 never runs code. A file that cannot be read or is not a checkpoint of ours (garbage,
-empty, truncated, another structure) is moved aside to `<name>.bad` with one warning and
-training starts over: never a crash, never a stage stuck on the same file.
+empty, truncated, another structure, weights of another shape than the model's) is moved
+aside to `<name>.bad` with one warning and training starts over: never a crash, never a
+stage stuck on the same file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from accelbench.core.console import first_sentence, log
 from accelbench.core.results import RECORD, Str, atomic_torch_save, check, load_torch, record
+from accelbench.training.compile_cache import step_code_digest
 from accelbench.training.engine import TrainingState
 
 
@@ -38,22 +40,24 @@ class Resume:
 class Checkpointer:
     """Saves to and resumes from `path` (None: neither), for one variant and its params.
 
-    The file holds a fingerprint of the run's params, torch's version and the `device`'s name:
-    a state saved under others is ignored (training starts over), never resumed. Its epochs
-    were timed on that stack: resumed on another, one training's figures would mix two.
+    The file holds a fingerprint of the run's params, torch's version, the `device`'s name and
+    the model's and step's code: a state saved under others is ignored (training starts over),
+    never resumed. Its epochs were timed on that stack: resumed on another, one training's
+    figures would mix two; and weights of an edited model would not load.
     """
 
     def __init__(
         self, path: Path | None, run_params: dict[str, Any], name: str, *, device: str
     ) -> None:
         self.path, self.name = path, name
-        stack = {"torch": torch.__version__, "device": device}
+        stack = {"torch": torch.__version__, "device": device, "code": step_code_digest()}
         self.fingerprint = hashlib.sha256(
             json.dumps({"params": run_params, "stack": stack}, sort_keys=True).encode()
         ).hexdigest()
 
-    def load(self) -> Resume | None:
-        """The saved state if it belongs to these exact params, else None."""
+    def load(self, model: torch.nn.Module | None = None) -> Resume | None:
+        """The saved state if it belongs to these exact params (and its weights fit `model`'s
+        names and shapes), else None."""
         if self.path is None:
             return None
         self.path.with_name(f".{self.path.name}.tmp").unlink(missing_ok=True)  # a crash's
@@ -73,6 +77,8 @@ class Checkpointer:
                 "starting from epoch 1"
             )
             return None
+        if model is not None and _shapes(saved.state.model) != _shapes(model.state_dict()):
+            return self._set_aside("its weights do not fit the model's names and shapes")
         resume = Resume(saved.state, saved.mlflow_run_id)
         log(f"train {self.name}: resuming after epoch {resume.epochs_done} from {self.path}")
         return resume
@@ -106,6 +112,10 @@ class Checkpointer:
         """Training finished: the outputs are the record now."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+
+
+def _shapes(weights: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(tensor.shape) for name, tensor in weights.items()}
 
 
 @record(frozen=True, config=RECORD)

@@ -74,6 +74,7 @@ ARTIFACTS_LIMIT_BYTES = 256 * 2**20  # a header promising more unpacked bytes is
 XZ_MEMORY_LIMIT = 64 * 2**20  # preset 1 needs ~1 MiB to unpack; a crafted header asks GiBs
 JIT_ENV = "CUDA_CACHE_PATH"  # the CUDA driver's JIT cache folder (NVIDIA's variable)
 JIT_LIMIT_BYTES = 64 * 2**20  # a folder larger than this is not carried (the driver's cap: 256 MiB)
+JIT_LIMIT_FILES = 10_000  # nor one of more files (an H200's pipeline leaves a few dozen)
 if TYPE_CHECKING:
     import torch
 
@@ -290,8 +291,14 @@ def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
     try:
         with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
             members = tar.getmembers()
-            if sum(m.size for m in members) > JIT_LIMIT_BYTES:
-                return not_restored.format(f"more than {JIT_LIMIT_BYTES} bytes unpacked")
+            if sum(m.size for m in members) > JIT_LIMIT_BYTES or len(members) > JIT_LIMIT_FILES:
+                return not_restored.format(
+                    f"more than {JIT_LIMIT_BYTES} bytes or {JIT_LIMIT_FILES} files unpacked"
+                )
+            # the driver writes files and folders only; a link is where tarfile's filter
+            # has had its bypasses (CVE-2025-4517, in Pythons before 3.11.13 and 3.12.11)
+            if any(not (m.isfile() or m.isdir()) for m in members):
+                return not_restored.format("it holds a link or a special file")
             tar.extractall(staging, filter="data")  # no path leaves the folder
         for sub, _, _ in os.walk(folder, topdown=False):  # a run that built nothing may
             if sub != str(folder):  # leave empty folders: rmdir never removes a file
@@ -420,7 +427,9 @@ def _pack(folder: Path) -> tuple[bytes, int]:
     """`folder`'s files as a gzipped tar, and how many; nothing when it has none or is
     larger than JIT_LIMIT_BYTES (then the next machine's driver builds its own)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
-    if not files or sum(p.stat().st_size for p in files) > JIT_LIMIT_BYTES:
+    if not files or len(files) > JIT_LIMIT_FILES:
+        return b"", 0
+    if sum(p.stat().st_size for p in files) > JIT_LIMIT_BYTES:
         return b"", 0
     buffer = io.BytesIO()
     try:

@@ -53,7 +53,7 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
     path = out.checkpoint if placement.world_size == 1 else None  # DDP starts over
     checkpointer = Checkpointer(path, job.run_params, job.name, device=placement.device_name)
     with hooks.phase("checkpoint"):
-        resume = checkpointer.load()
+        resume = checkpointer.load(fitting.model)
     if out.profile is not None:
         epochs_done = resume.epochs_done if resume else 0
         profiling.check_request(job.name, recipe.epochs, steps, epochs_done)
