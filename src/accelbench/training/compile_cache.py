@@ -1,39 +1,27 @@
 """A compiled variant's torch.compile caches, carried from one machine to the next.
 
-torch.compile keeps what it compiled (Inductor's FX graphs with their Triton kernels,
-AOTAutograd's graphs, autotuning choices) in a cache folder on this machine
-(`.accelbench/compile-cache/`, set by the CLI). A new machine, container or DVC queue
-workspace starts with that folder empty, and the first epoch of a compiled variant waits
-15-28 s for the compiler on an H200.
+torch.compile keeps what it compiled in a cache folder (`.accelbench/compile-cache/`, set by
+the CLI) that a new machine, container or DVC queue workspace starts without, so the first
+epoch of a compiled variant waits for the compiler. The train stage writes PyTorch's
+portable cache (`torch.compiler.save_cache_artifacts`), xz-compressed, to
+`compile-cache/<variant>.bin` (a DVC output kept in place on re-runs and carried by `dvc
+push`/`dvc pull`), and hot-loads it before the next training compiles.
 
-PyTorch's portable cache (`torch.compiler.save_cache_artifacts` / `load_cache_artifacts`)
-serializes what this process compiled or found in its caches into bytes that another
-process hot-loads into its own caches before compiling. The train stage writes them,
-xz-compressed, to `compile-cache/<variant>.bin` (a DVC output that DVC keeps in place when
-the stage re-runs, and that `dvc push`/`dvc pull` carry), and loads them before the next
-training compiles.
-
-They are only valid for the same torch, Triton and GPU, and are only useful for the same
-step code: the file's first line names those (its `CacheKey`), and a file made under
-another key is not loaded (one line says what differs). Inductor checks its own entries as
-well (shapes, settings, code), so a stale entry is a cache miss, never a wrong kernel.
+The file's first line names what it is valid for (its `CacheKey`: torch, Triton, GPU, the
+step's code); a file made under another key is not loaded (one line says what differs).
+Inductor checks its own entries too, so a stale entry is a cache miss, never a wrong kernel.
 
 The file also carries the CUDA driver's JIT cache (`CUDA_CACHE_PATH`, which the CLI points
-at `.accelbench/cuda-jit-cache/`): the machine code the driver built from PTX for cuDNN's
-engines. On a machine without it, the first convolutions of a process in cuDNN's benchmark
-mode wait for the driver to build those engines, 2-4 s per stage on an H200
-(docs/results/2026-12-01-h200-jit-cache.md). The driver keys those engines by the
-checkout's path, so the cache is restored only at the path it was made at, into a
-variant's empty folder, before CUDA starts; its bytes are checked against their digest, and
-the driver checks each entry itself (driver version, GPU).
+at `.accelbench/cuda-jit-cache/`): cuDNN's engines built from PTX, which a machine without
+them waits seconds for in benchmark mode (docs/results/2026-12-01-h200-jit-cache.md). The
+driver keys them by the checkout's path, so they are restored only at that path, into a
+variant's empty folder, before CUDA starts, after a digest check.
 
-Both parts are code, not data: Inductor's entries are pickles and generated Python modules
-that torch imports, the JIT cache is machine code the driver runs. Like a checkpoint or a
-model, such a file is trusted only as far as its source, so a file is loaded only when this
-repository's own record vouches for it: its md5 is the one `dvc.lock` records for that
-output (DVC writes it after the stage that made the file, and `dvc pull` checks a pulled
-file against it). Any other file means compiling from scratch, with one line saying why;
-and no entry whose key would leave the cache folder reaches torch, even from a vouched file.
+Both parts are code (pickles, generated modules, machine code): a file is loaded only when
+this repository's `dvc.lock` records its md5 for that output (DVC writes it after the stage
+that made the file; `dvc pull` checks a pulled file against it). Any other file means
+compiling from scratch, with one line saying why; and no entry whose key would leave the
+cache folder reaches torch, even from a vouched file.
 """
 
 from __future__ import annotations
@@ -66,9 +54,8 @@ from accelbench.core.params import VariantParams
 # /1: no JIT cache after the artifacts; /2: the artifacts as torch wrote them; /3: xz
 FORMAT = "accelbench-compile-cache/3"
 READABLE = ("accelbench-compile-cache/1", "accelbench-compile-cache/2", FORMAT)
-# torch's artifacts are mostly Python source and text: xz's preset 1 (of 0-9) stores them in
-# a twelfth of the bytes (8.7 MB -> 0.72 MB for gpu on an H200) in 0.2-0.45 s, so every
-# re-trained variant adds an eighth as much to the DVC cache and to a `dvc push`
+# torch's artifacts are mostly text: xz's preset 1 (of 0-9) packs them to about a twelfth
+# in well under a second, shrinking what each re-trained variant adds to the DVC cache
 XZ_PRESET = 1
 ARTIFACTS_LIMIT_BYTES = 256 * 2**20  # a header promising more unpacked bytes is not ours
 XZ_MEMORY_LIMIT = 64 * 2**20  # preset 1 needs ~1 MiB to unpack; a crafted header asks GiBs
@@ -136,9 +123,8 @@ def step_code_digest() -> str:
 
 @dataclass(frozen=True)
 class Loaded:
-    """What `load` found: `artifacts` entries hot-loaded into this machine's caches, or
-    why none were (`reason`, a line for the log; None when there was nothing to load: no
-    file, or one from a training that compiled nothing)."""
+    """What `load` found: `artifacts` entries hot-loaded, or why none were (`reason`, a line
+    for the log; None when there was nothing to load)."""
 
     artifacts: int = 0
     reason: str | None = None
@@ -147,10 +133,9 @@ class Loaded:
 
 
 def load(path: Path, key: CacheKey, root: Path) -> Loaded:
-    """Hot-load the cache artifacts in `path` into this machine's compile caches, when the
-    file was made under `key` and workspace `root`'s `dvc.lock` vouches for it. Never
-    fails: a missing, foreign, unvouched or unreadable file means compiling from scratch,
-    with one line saying why."""
+    """Hot-load `path`'s artifacts into this machine's compile caches when the file was made
+    under `key` and `root`'s `dvc.lock` vouches for it. Never fails: any other file means
+    compiling from scratch, with one line saying why."""
     try:
         header, stored, _ = _read(path) if path.is_file() else ({}, b"", b"")
     except (OSError, ValueError) as exc:
@@ -201,9 +186,8 @@ def load(path: Path, key: CacheKey, root: Path) -> Loaded:
 
 
 def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> None:
-    """Write what this process compiled or found cached (none: `key` is None, the variant
-    compiles nothing) to `path`, with its key on the first line, followed by the CUDA JIT
-    cache folder `jit` (None: none carried)."""
+    """Write what this process compiled or found cached (none where `key` is None) to `path`,
+    its key on the first line, then the CUDA JIT cache folder `jit` (None: none carried)."""
     saved = None
     if key is not None:
         import torch
@@ -227,9 +211,8 @@ def save(path: Path, key: CacheKey | None, jit: Path | None = None) -> None:
 
 
 def jit_folder(root: Path, environ: Mapping[str, str] = os.environ) -> Path | None:
-    """The CUDA driver's JIT cache folder when it is this workspace's own (under `root`: the
-    CLI's default), so carried in the portable file; None when it is the user's (their other
-    programs' kernels are not the workspace's to copy) or the cache is disabled."""
+    """The CUDA driver's JIT cache folder when it is this workspace's own (under `root`), so
+    carried; None when it is the user's (not ours to copy) or the cache is disabled."""
     chosen = environ.get(JIT_ENV)
     if not chosen or environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
         return None
@@ -241,11 +224,10 @@ def jit_folder(root: Path, environ: Mapping[str, str] = os.environ) -> Path | No
 def use_variant_jit_folder(
     root: Path, name: str, environ: MutableMapping[str, str] = os.environ
 ) -> Path | None:
-    """Before CUDA starts, in a train stage: variant `name`'s own JIT cache folder inside the
-    workspace's (`train-<name>/`), set as this process's (and its torchrun workers')
-    `CUDA_CACHE_PATH`. Each variant's file then carries that variant's engines, and restores
-    them into a folder of their own: in a shared one, the first variant's restore would
-    leave the next with nothing to restore into. None where `jit_folder` is None."""
+    """Before CUDA starts: variant `name`'s own JIT cache folder (`train-<name>/` inside the
+    workspace's), set as `CUDA_CACHE_PATH` for this process and its torchrun workers. In a
+    shared folder, the first variant's restore would leave the next nothing to restore into.
+    None where `jit_folder` is None."""
     shared = jit_folder(root, environ)
     if shared is None:
         return None
@@ -257,12 +239,9 @@ def use_variant_jit_folder(
 
 
 def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
-    """Before CUDA starts: fill the variant's JIT cache `folder`, when it is empty, from
-    `path`; a line for the log, or None when there was nothing to do (no file, no JIT cache
-    in it, or this machine's folder already holds one). Never fails: a damaged file, one
-    that workspace `root`'s `dvc.lock` does not vouch for, or one made at another checkout
-    path (whose entries the driver would not reuse), only means the driver builds the
-    engines again."""
+    """Before CUDA starts: fill the variant's empty JIT cache `folder` from `path`; a line for
+    the log, or None when there was nothing to do. Never fails: a damaged, unvouched or
+    other-checkout file only means the driver builds the engines again."""
     if folder is None or not path.is_file() or _has_files(folder):
         return None
     try:
@@ -319,9 +298,8 @@ def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
 
 
 def untrusted(path: Path, root: Path) -> str | None:
-    """Why `path` is not to be trusted, or None when workspace `root`'s `dvc.lock` records
-    exactly its bytes as an output (DVC 3's plain md5): written by this repository's own
-    stage, or pulled and checked against that record."""
+    """Why `path` is not to be trusted, or None when `root`'s `dvc.lock` records exactly its
+    bytes (DVC 3's plain md5) as an output."""
     lock = root / "dvc.lock"
     try:
         name = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)))
@@ -356,16 +334,15 @@ def _inside(key: str) -> bool:
 
 
 def checkout_digest() -> str:
-    """This process's working directory, hashed (the file may be pushed: no user's path in
-    it): the CUDA driver's JIT cache entries for cuDNN's engines are only reused there."""
+    """This process's working directory, hashed (no user's path in a pushed file): the driver
+    reuses cuDNN's JIT-built engines only there."""
     return hashlib.sha256(os.getcwd().encode()).hexdigest()[:16]
 
 
 def state(counts: tuple[int, int], loaded: Loaded) -> str | None:
-    """The first epoch's compile cache, from (hits, misses) of this process's graph caches:
-    "portable" (every graph found, some of them only because the portable file gave them),
-    "warm" (every graph found in this machine's own caches), "cold" (none), "partial", or
-    None when nothing was compiled."""
+    """The first epoch's compile cache from (hits, misses): "portable" (all hit, some thanks
+    to the portable file), "warm" (all hit locally), "cold", "partial", or None (nothing
+    compiled)."""
     hits, misses = counts
     if misses:
         return "partial" if hits else "cold"
@@ -406,8 +383,8 @@ def _read(path: Path) -> tuple[dict, bytes, bytes]:
 
 
 def _artifacts(header: dict, stored: bytes) -> bytes:
-    """torch's artifacts from the file's `stored` bytes: as stored before /3, unpacked from xz
-    since, to exactly the size the header gives (at most ARTIFACTS_LIMIT_BYTES)."""
+    """torch's artifacts: as stored before /3, else unpacked from xz to exactly the header's
+    size (at most ARTIFACTS_LIMIT_BYTES)."""
     if header["format"] != FORMAT or not stored:
         return stored
     size = header.get("raw_bytes")
@@ -424,8 +401,8 @@ def _artifacts(header: dict, stored: bytes) -> bytes:
 
 
 def _pack(folder: Path) -> tuple[bytes, int]:
-    """`folder`'s files as a gzipped tar, and how many; nothing when it has none or is
-    larger than JIT_LIMIT_BYTES (then the next machine's driver builds its own)."""
+    """`folder`'s files as a gzipped tar, and how many; nothing when it has none or exceeds
+    the JIT limits."""
     files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
     if not files or len(files) > JIT_LIMIT_FILES:
         return b"", 0
