@@ -206,10 +206,6 @@ class FitSpec:
     distributed: bool = False
 
 
-def _never_stopped() -> float:
-    return 0.0
-
-
 @dataclass(frozen=True)
 class FitHooks:
     """What `fit` calls out to, all optional.
@@ -225,7 +221,7 @@ class FitHooks:
     on_checkpoint: Callable[[TrainingState], None] | None = None  # after each epoch
     gpu_energy_j: Callable[[], float] | None = None  # the GPU board's counter (NVML)
     cpu_energy_j: Callable[[], float] | None = None  # the CPU packages' counter (RAPL)
-    stopped_s: Callable[[], float] = _never_stopped  # seconds stopped so far (a Heartbeat)
+    stopped_s: Callable[[], float] = lambda: 0.0  # seconds stopped so far (a Heartbeat)
     phase: Callable[[str], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
@@ -247,11 +243,10 @@ def fit(
     recipe, variant, device = spec.recipe, spec.variant, spec.device
     clock = DeviceClock(device)
     with hooks.phase("step_setup"):
-        step, optimizer, scheduler = _make_step(model, spec, train_batches)
-    records: list[EpochRecord] = []
-    first_epoch = 0
+        step, scheduler = _make_step(model, spec, train_batches)
+    first_epoch, records = 0, []
     if resume_from is not None:
-        first_epoch, records = _restore(resume_from, model, optimizer, scheduler, step.scaler)
+        first_epoch, records = _restore(resume_from, model, step, scheduler)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -280,10 +275,7 @@ def fit(
             if hooks.on_epoch is not None:
                 hooks.on_epoch(record)
             if hooks.on_checkpoint is not None:
-                state = _training_state(
-                    epoch + 1, model, optimizer, scheduler, step.scaler, records
-                )
-                hooks.on_checkpoint(state)
+                hooks.on_checkpoint(_training_state(epoch + 1, model, step, scheduler, records))
     finally:
         step.close()  # a graph holding DDP's collectives must not outlive training
 
@@ -292,9 +284,8 @@ def fit(
 
 def _make_step(
     model: nn.Module, spec: FitSpec, batches: Batches
-) -> tuple[TrainStep, torch.optim.Optimizer, torch.optim.lr_scheduler.OneCycleLR | None]:
-    """The step (DDP-wrapped as the spec says; TrainStep compiles), its optimizer and
-    schedule."""
+) -> tuple[TrainStep, torch.optim.lr_scheduler.OneCycleLR | None]:
+    """The step (DDP-wrapped as the spec says; TrainStep compiles) and its schedule."""
     recipe, variant, device = spec.recipe, spec.variant, spec.device
     trained = model
     stream = None
@@ -316,7 +307,7 @@ def _make_step(
         warmup_steps=DDP_CAPTURE_WARMUP_STEPS if spec.distributed else CAPTURE_WARMUP_STEPS,
         stream=stream,
     )
-    return step, optimizer, scheduler
+    return step, scheduler
 
 
 @dataclass(frozen=True)
@@ -476,19 +467,14 @@ class TrainingState:
 
 
 def _training_state(
-    epochs_done: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.OneCycleLR | None,
-    scaler: torch.amp.GradScaler,
-    records: list[EpochRecord],
+    epochs_done: int, model: nn.Module, step: TrainStep, scheduler: Any, records: list[EpochRecord]
 ) -> TrainingState:
     return TrainingState(
         epochs_done=epochs_done,
         model=model.state_dict(),
-        optimizer=optimizer.state_dict(),
+        optimizer=step.optimizer.state_dict(),
         scheduler=scheduler.state_dict() if scheduler is not None else None,
-        scaler=scaler.state_dict(),
+        scaler=step.scaler.state_dict(),
         rng_cpu=torch.get_rng_state(),
         rng_cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         records=list(records),
@@ -496,17 +482,13 @@ def _training_state(
 
 
 def _restore(
-    state: TrainingState,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.OneCycleLR | None,
-    scaler: torch.amp.GradScaler,
+    state: TrainingState, model: nn.Module, step: TrainStep, scheduler: Any
 ) -> tuple[int, list[EpochRecord]]:
     model.load_state_dict(state.model)
-    optimizer.load_state_dict(state.optimizer)
+    step.optimizer.load_state_dict(state.optimizer)
     if scheduler is not None and state.scheduler is not None:
         scheduler.load_state_dict(state.scheduler)
-    scaler.load_state_dict(state.scaler)
+    step.scaler.load_state_dict(state.scaler)
     torch.set_rng_state(state.rng_cpu)
     if state.rng_cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state.rng_cuda)
