@@ -36,13 +36,11 @@ def conv2d_one_channel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     one GEMM: the k*k shifted inputs (patches [N, H, W, k*k]) times the weights [k*k, C].
 
     The same function; only the kernels differ. cuDNN runs a 1-channel convolution on a
-    non-tensor-core engine and converts layouts around its weight gradient: about 200 us of a
-    650 us bf16 step on an H200. Under torch.compile the GEMM leaves Inductor no reduction to
-    generate for the weight gradient (its forward and backward are matmuls): cold first
-    epochs on one H200, amp 11.9 s and gpu 10.9 s against 13.0-15.9 s and 13.6-15.0 s as
-    nine multiply-adds (docs/results/2026-12-05-h200-cold-compile.md). In a 16-bit dtype K
-    is padded with zero taps to 16, the multiple tensor cores take. Under autocast it computes in the autocast dtype, as the convolution would;
-    its output is channels-last in memory.
+    non-tensor-core engine and converts layouts around its weight gradient; as a GEMM, its
+    forward and backward are matmuls, which also leaves Inductor no reduction to generate
+    (docs/results/2026-12-05-h200-cold-compile.md). In a 16-bit dtype K is padded with zero
+    taps to 16, the multiple tensor cores take. Under autocast it computes in the autocast
+    dtype, as the convolution would; its output is channels-last in memory.
     """
     taps, bias = one_channel_taps(x, weight, bias)
     shifted = [tap_input[:, 0] for tap_input, _ in taps]
@@ -55,10 +53,7 @@ def conv2d_one_channel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 class SeedCNN(nn.Module):
     """The tutorials' MNIST CNN: two 3x3 convolutions, max-pool, Dropout2d, one linear layer.
-
-    Conv2d(1,32,3) -> ReLU -> Conv2d(32,64,3) -> ReLU -> MaxPool2d(2) -> Dropout2d(0.25)
-    -> Flatten -> Linear(9216, 10). About 21.8 MFLOP per sample forward, 97% of it in conv2.
-    """
+    About 21.8 MFLOP per sample forward, 97% of it in conv2."""
 
     def __init__(self, dropout: float = 0.25) -> None:
         super().__init__()
@@ -85,13 +80,8 @@ class SeedCNN(nn.Module):
 
 
 class LeNet(nn.Module):
-    """The DDP/AMP tutorial's CIFAR-10 `Net`: LeNet-5 with max-pooling and ReLU.
-
-    Conv2d(3,6,5) -> ReLU -> MaxPool2d(2) -> Conv2d(6,16,5) -> ReLU -> MaxPool2d(2)
-    -> Flatten -> Linear(400,120) -> ReLU -> Linear(120,84) -> ReLU -> Linear(84,10).
-    About 1.3 MFLOP per sample forward, 54% of it in conv1; no dropout (the tutorial's has
-    none).
-    """
+    """The DDP/AMP tutorial's CIFAR-10 `Net`: LeNet-5 with max-pooling and ReLU, no dropout
+    (the tutorial's has none). About 1.3 MFLOP per sample forward, 54% of it in conv1."""
 
     def __init__(self) -> None:
         super().__init__()

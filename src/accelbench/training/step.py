@@ -1,7 +1,6 @@
-"""The training step: the augmentation, forward pass, loss, backward pass and optimizer step
-of one batch, compiled and replayed as one CUDA graph where the variant asks
-(`TrainStep`), and DistributedDataParallel around a model (`wrap_ddp`). `engine.fit` runs it
-over the epochs; `compile_cache` keys a compiled variant's graphs by this module's code.
+"""The training step of one batch (`TrainStep`: augmentation, loss, backward, optimizer;
+compiled and replayed as one CUDA graph where the variant asks) and DDP (`wrap_ddp`).
+`compile_cache` keys a compiled variant's graphs by this module's code.
 """
 
 from __future__ import annotations
@@ -74,14 +73,11 @@ class TrainStep:
     also holds DDP's gradient all-reduce (NCCL collectives can be captured).
 
     `model` is the module trained (the plain module, or its DDP wrapper). With `compile`, the
-    whole loss (augmentation, forward pass and cross-entropy, under autocast) goes through
-    torch.compile as one function, so Inductor fuses the augmentation's gather and layout
-    change and the loss into its kernels (the model alone left them as separate eager
-    kernels in every step). Under DDP, Dynamo splits it at DDP's forward into three graphs
-    (augmentation, the model under DDPOptimizer, the loss); the results are the same.
-    Batches of another size than the first (the last, partial one of an epoch) run eagerly,
-    so a compiled variant compiles the full batch's shapes only (one per chunk size with
-    gradient accumulation), not the partial batch's inside its timed epoch.
+    whole loss (augmentation, forward pass and cross-entropy, under autocast) is compiled as
+    one function, so Inductor fuses the augmentation and the loss into its kernels (under
+    DDP, Dynamo splits it at DDP's forward into three graphs; the results are the same).
+    Batches of another size than the first (an epoch's partial last one) run eagerly, so a
+    compiled variant never compiles the partial batch's shapes inside its timed epoch.
     """
 
     def __init__(
@@ -97,10 +93,9 @@ class TrainStep:
         warmup_steps: int = CAPTURE_WARMUP_STEPS,
         stream: torch.cuda.Stream | None = None,
     ) -> None:
-        # `fill`: the augmentation's padding, a normalized black pixel (a constant to
-        # torch.compile). `stream`: where every step runs (warm-up, capture, replays, partial
-        # batches): the stream a captured DDP module was built on, so that autograd's
-        # gradient accumulators, which DDP holds from its construction, see one stream.
+        # `fill`: the augmentation's padding, a normalized black pixel. `stream`: where every
+        # step runs: the one a captured DDP module was built on, so that autograd's gradient
+        # accumulators, which DDP holds from its construction, see one stream.
         self.model, self.shift_px, self.fill = model, shift_px, fill
         self.stream = stream
         self.warmup_steps = warmup_steps
@@ -141,15 +136,9 @@ class TrainStep:
         loss = torch.zeros((), device=images.device)
         # Gradient accumulation: the batch in chunks, each loss weighted by its share of the
         # batch, so the update equals one pass over the whole batch (with less memory).
-        chunks = [
-            (chunk, chunk_labels)
-            for chunk, chunk_labels in zip(
-                images.tensor_split(self.accumulation_steps),
-                labels.tensor_split(self.accumulation_steps),
-                strict=True,
-            )
-            if len(chunk_labels)
-        ]
+        parts = self.accumulation_steps
+        split = zip(images.tensor_split(parts), labels.tensor_split(parts), strict=True)
+        chunks = [(chunk, chunk_labels) for chunk, chunk_labels in split if len(chunk_labels)]
         for i, (chunk, chunk_labels) in enumerate(chunks):
             # Under DDP only the last chunk's backward all-reduces (the accumulated gradients):
             # one collective per step on every process, however its shard was chunked.
@@ -240,13 +229,10 @@ class TrainStep:
         return static_loss.float()
 
 
-# DDP's "Grad strides do not match bucket view strides" (once per process) is about conv1's
-# [32, 1, 3, 3] weight in channels_last: its gradient's strides differ from the parameter's
-# in the stride of the size-1 input-channel dimension alone, which cuDNN sets as its
-# algorithm chooses. The memory order is the same, so the reducer's copy into the bucket is
-# a plain one: the "may impair performance" the warning names (the reducer's source: "The
-# penalty for disobedience is reduced performance, not numerical death") does not arise.
-# Other layout warnings still show.
+# DDP's "Grad strides do not match bucket view strides" is about conv1's [32, 1, 3, 3]
+# weight in channels_last: its gradient's strides differ only in the size-1 input-channel
+# dimension, as cuDNN chooses; the memory order is the same, so the reducer's copy is a plain
+# one and the slowdown the warning names does not arise. Other layout warnings still show.
 warnings.filterwarnings(
     "ignore", message="Grad strides do not match bucket view strides", category=UserWarning
 )
