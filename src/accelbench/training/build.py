@@ -91,17 +91,9 @@ def train_batches(
 ) -> Batches:
     """The variant's training batches: this process's share of every global batch."""
     split = prepared.load_split(prepared_dir, "train", recipe.train_subset)
+    shard = {"channels_last": variant.channels_last, "rank": rank, "world_size": world_size}
     if variant.batches == "resident":
-        return ResidentBatches(
-            split,
-            dataset,
-            device,
-            recipe.batch_size,
-            recipe.seed,
-            channels_last=variant.channels_last,
-            rank=rank,
-            world_size=world_size,
-        )
+        return ResidentBatches(split, dataset, device, recipe.batch_size, recipe.seed, **shard)
     return LoaderBatches(
         prepared_dir,
         dataset,
@@ -110,9 +102,7 @@ def train_batches(
         recipe.batch_size,
         recipe.seed,
         variant.loader or LoaderParams(),
-        channels_last=variant.channels_last,
-        rank=rank,
-        world_size=world_size,
+        **shard,
     )
 
 

@@ -225,9 +225,8 @@ class _Fitting:
         device = placement.device
         # energy: NVML's counter (a CUDA variant's GPU), RAPL's (the host's share); None: unreadable
         with self.hooks.phase("device"):
-            gpu_energy_j = None
-            if variant.uses_cuda:
-                gpu_energy_j = hardware.gpu_energy_reader(device.index or 0)
+            cuda = variant.uses_cuda
+            gpu_energy_j = hardware.gpu_energy_reader(device.index or 0) if cuda else None
             cpu_energy_j = hardware.cpu_energy_reader()
 
         def on_epoch(record: EpochRecord) -> None:
@@ -250,7 +249,7 @@ class _Fitting:
             job.name,
             placement.rank,
             len(self.batches),
-            cuda=variant.uses_cuda,
+            cuda=cuda,
         ) as profile_step:
 
             def on_step(samples: int) -> None:

@@ -81,8 +81,9 @@ def gpus_needed(variant: VariantParams) -> int:
 _PLURAL = {"needs": "need", "asks": "ask"}
 
 
-def _lack(variant: VariantParams, here: Visible, why: bool) -> tuple[str, str] | None:
-    """`shortfall` as (verb, the rest), the verb in the singular (a key of _PLURAL)."""
+def _lack(variant: VariantParams, here: Visible, why: bool = True) -> tuple[str, str] | None:
+    """`shortfall` as (verb, the rest), the verb in the singular (a key of _PLURAL); `why`:
+    with the machine's reason for having no GPU, where it has one."""
     needed = gpus_needed(variant)
     if here.gpus >= needed:
         return None
@@ -95,10 +96,9 @@ def _lack(variant: VariantParams, here: Visible, why: bool) -> tuple[str, str] |
     )
 
 
-def shortfall(variant: VariantParams, here: Visible, *, why: bool = True) -> str | None:
-    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run;
-    `why`: with the machine's reason for having no GPU, where it has one."""
-    lack = _lack(variant, here, why)
+def shortfall(variant: VariantParams, here: Visible) -> str | None:
+    """What `variant` lacks on this machine ("needs CUDA but ..."), or None if it can run."""
+    lack = _lack(variant, here)
     return None if lack is None else " ".join(lack)
 
 

@@ -130,9 +130,8 @@ def check_request(name: str, epochs: int, steps_per_epoch: int, epochs_done: int
         )
 
 
-# Kineto (torch.profiler's tracer) logs at and above this level; 6 is above its highest, so a
-# profile of the CPU alone prints nothing of its own. A GPU profile keeps its messages (CUPTI
-# permissions and the like).
+# Kineto (torch.profiler's tracer) logs at and above this level; 6 is above its highest. Only
+# a CPU profile is quieted: a GPU one keeps its messages (CUPTI permissions and the like).
 KINETO_LOG_ENV, KINETO_QUIET = "KINETO_LOG_LEVEL", "6"
 
 
