@@ -1,10 +1,9 @@
 """A training stage's state after every epoch, to resume after a kill with the same params.
 
 The file holds only tensors and plain types and is loaded with `weights_only=True`: it
-never runs code. A file that cannot be read or is not a checkpoint of ours (garbage,
-empty, truncated, another structure, weights of another shape than the model's) is moved
-aside to `<name>.bad` with one warning and training starts over: never a crash, never a
-stage stuck on the same file.
+never runs code. A file that is unreadable or not a checkpoint of ours (weights of another
+shape included) is moved aside to `<name>.bad` with one warning and training starts over:
+never a crash, never a stage stuck on the same file.
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ class Checkpointer:
     """Saves to and resumes from `path` (None: neither), for one variant and its params.
 
     The file holds a fingerprint of the run's params, torch's version, the `device`'s name and
-    the model's and step's code: a state saved under others is ignored (training starts over),
-    never resumed. Its epochs were timed on that stack: resumed on another, one training's
-    figures would mix two; and weights of an edited model would not load.
+    the model's and step's code: a state saved under others is never resumed (one training's
+    figures would mix two stacks, and an edited model's weights would not load).
     """
 
     def __init__(

@@ -162,9 +162,8 @@ def evaluate(
     elapsed = clock.now() - start
     predicted = torch.cat(predictions).cpu()
     target = torch.cat(targets).cpu()
-    n = len(target)
     return EvalPass(
-        loss=loss_sum.item() / n,
+        loss=loss_sum.item() / len(target),
         accuracy=(predicted == target).double().mean().item(),
         predictions=predicted,
         targets=target,
@@ -210,10 +209,9 @@ class FitSpec:
 class FitHooks:
     """What `fit` calls out to, all optional.
 
-    The energy counters are cumulative (joules), read at the same synchronized epoch
-    boundaries as the clock. `phase` wraps the parts of a fit outside its timed epochs
-    ("step_setup": building the step; "evaluation": each epoch's), so that a caller can
-    time them: the train stage records them as phases.
+    The energy counters are cumulative (joules), read at the clock's synchronized epoch
+    boundaries. `phase` wraps the parts outside the timed epochs ("step_setup", "evaluation")
+    so that a caller can time them (the train stage's phases).
     """
 
     on_step: Callable[[int], None] | None = None  # after each step, with its samples
@@ -440,8 +438,7 @@ def _summed_over_processes(totals: _EpochTotals, device: torch.device) -> _Epoch
 
 @record(frozen=True, config=RECORD | ConfigDict(arbitrary_types_allowed=True))
 class TrainingState:
-    """What `fit` needs to go on after `epochs_done` epochs as if never interrupted: the
-    weights, the optimizer, schedule and scaler, the random generators, the epochs (a
+    """What `fit` needs to go on after `epochs_done` epochs as if never interrupted (a
     checkpoint holds it: checkpoint.py)."""
 
     epochs_done: Annotated[int, Strict(), Field(ge=1)]

@@ -55,8 +55,7 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
     with hooks.phase("checkpoint"):
         resume = checkpointer.load(fitting.model)
     if out.profile is not None:
-        epochs_done = resume.epochs_done if resume else 0
-        profiling.check_request(job.name, recipe.epochs, steps, epochs_done)
+        profiling.check_request(job.name, recipe.epochs, steps, resume.epochs_done if resume else 0)
     with hooks.run(resume) as run_id:
         # a DataLoader's workers end with the trainings, not at the process's exit
         with contextlib.closing(fitting.batches):

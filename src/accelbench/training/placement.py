@@ -1,14 +1,11 @@
 """Where a variant runs: the device, this process's rank and the world size, or why not here.
 
-One rule, used by the env stage (to refuse early under `train.require_gpu`), by train (in
-the launching process and in each of torchrun's children) and by evaluate:
-
-- a CPU variant runs on the CPU;
-- a CUDA variant needs one GPU, a DDP variant `distributed.nproc_per_node` of them;
-- where the GPUs are missing, the variant is skipped (recorded as such), or refused when
-  `train.require_gpu` is true; evaluation of a model trained on CUDA is always refused;
-- a DDP variant is launched under torchrun by the stage's own process, and each child
-  (torchrun sets LOCAL_RANK, RANK and WORLD_SIZE) binds itself to GPU LOCAL_RANK.
+One rule for env (refusing early under `train.require_gpu`), train (the launcher and each
+torchrun child) and evaluate: a CPU variant runs on the CPU; a CUDA variant needs one GPU, a
+DDP variant `distributed.nproc_per_node`; lacking them, it is skipped (recorded as such), or
+refused under `train.require_gpu` (evaluating a CUDA-trained model is always refused). A DDP
+variant is re-launched under torchrun, and each child (torchrun sets LOCAL_RANK, RANK and
+WORLD_SIZE) binds itself to GPU LOCAL_RANK.
 """
 
 from __future__ import annotations

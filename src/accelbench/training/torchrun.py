@@ -1,14 +1,11 @@
 """A DDP variant's processes: the stage re-launches itself under torchrun, and each child
 joins the process group for the length of its training.
 
-None outlives the stage: torchrun runs as `python -m accelbench.training.torchrun`, which ends it
-(SIGTERM) when the stage ends, and its workers end with it (`lifetime.end_with_launcher`);
-an interrupted stage stops torchrun, which stops its workers, before it unwinds.
-
-Nothing waits without bound: every collective has the variant's `distributed.timeout_s`
-(NCCL's watchdog then ends the rank with the operation it waited for), the ranks leave
-together through a barrier with the same bound, and the process group's teardown has
-`SHUTDOWN_LIMIT_S`, after which the rank says so in one line and ends.
+None outlives the stage: torchrun runs as `python -m accelbench.training.torchrun`, which
+ends it when the stage ends, and its workers end with it; an interrupted stage stops
+torchrun, which stops its workers, before it unwinds. Nothing waits without bound: every
+collective and the leaving barrier have `distributed.timeout_s`, and the process group's
+teardown has `SHUTDOWN_LIMIT_S`, after which the rank says so in one line and ends.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ import contextlib
 import datetime
 import gc
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -69,8 +65,7 @@ def _stop(process: subprocess.Popen, signalled: bool) -> None:
     then end with it)."""
     if signalled and _ended(process, STOP_TIMEOUT_S):
         return
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(signal.SIGTERM)
+    process.terminate()  # SIGTERM; a no-op once the process has ended
     if not _ended(process, STOP_TIMEOUT_S):
         process.kill()
         process.wait()
@@ -149,8 +144,8 @@ def _destroy_within(limit_s: float, rank: int) -> None:
 
 
 def _main() -> None:
-    """`python -m accelbench.training.torchrun ARGS`: torchrun ARGS, ended with the stage that started
-    it; its workers end with it."""
+    """`python -m accelbench.training.torchrun ARGS`: torchrun ARGS, ended with the stage that
+    started it; its workers end with it."""
     lifetime.end_with_parent(int(os.environ[lifetime.PARENT_ENV]))
     os.environ[lifetime.PARENT_ENV] = str(os.getpid())
     from torch.distributed.elastic.multiprocessing.api import SignalException
