@@ -255,9 +255,8 @@ def fit(
         for epoch in range(first_epoch, recipe.epochs):
             model.train()
             stopped_from = hooks.stopped_s()  # outside the timed epoch: the heartbeat's lock
-            energy = (hooks.gpu_energy_j, hooks.cpu_energy_j)
             batches = train_batches.epoch(epoch)
-            totals = _train_epoch(step, scheduler, batches, losses, clock, energy, hooks.on_step)
+            totals = _train_epoch(step, scheduler, batches, losses, clock, hooks)
             stopped_s = hooks.stopped_s() - stopped_from
             check_nonfinite(totals.finite, epoch + 1, recipe.max_nonfinite_steps, variant)
             if spec.distributed:
@@ -360,12 +359,11 @@ def _train_epoch(
     batches: Iterator[Batch],
     losses: torch.Tensor,
     clock: DeviceClock,
-    counters: tuple[Callable[[], float] | None, Callable[[], float] | None],
-    on_step: Callable[[int], None] | None,
+    hooks: FitHooks,
 ) -> _EpochTotals:
     """One timed pass over the batches; the clock and the energy counters (GPU, CPU) are
     read only around it, after a synchronize."""
-    energy_j, cpu_energy_j = counters
+    energy_j, cpu_energy_j, on_step = hooks.gpu_energy_j, hooks.cpu_energy_j, hooks.on_step
     optimizer, steps = step.optimizer, len(losses)
     sizes: list[int] = []
     data_wait_s = 0.0

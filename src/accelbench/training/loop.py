@@ -217,8 +217,7 @@ class _Fitting:
         track: bool,
     ) -> list[EpochRecord]:
         """One training: of the model as it is (`seed` None), or of a new one seeded with
-        `seed`; its epochs logged to the run where `track`; the fit's parts outside its timed
-        epochs are recorded as their phases."""
+        `seed`; its epochs logged to the run where `track`."""
         job = self.job
         variant, placement = job.variant, job.placement
         device = placement.device

@@ -46,16 +46,14 @@ def _span(event: dict[str, Any]) -> tuple[float, float]:
 
 
 def summarize_trace(trace: dict[str, Any]) -> dict[str, Any]:
-    """Per-step GPU time from a Chrome trace written by torch.profiler.
+    """Per-step GPU time (ms per step) from a Chrome trace written by torch.profiler.
 
-    host: the host's ProfilerStep spans (on a CPU the step time; with a GPU, the time to
-    launch a step, which runs asynchronously);
-    span: the GPU-side step time: from the start of the first recorded step's GPU work to the
-    end of the last one's (the profiler's GPU-track ProfilerStep spans; work launched in its
-    warm-up steps or after the window is left out, clipped at the edges);
-    busy: time any kernel or copy ran; compute: non-NCCL work; allreduce: NCCL kernels;
-    exposed_allreduce: NCCL time not hidden under compute; idle_share: 1 - busy/span.
-    Times in milliseconds per step. GPU fields are None when the trace has no device work.
+    host: the host's ProfilerStep spans (a CPU's step time; with a GPU, the time to launch a
+    step); span: the GPU-side step time, from the first recorded step's GPU work to the end
+    of the last one's (the GPU-track ProfilerStep spans; work outside them is left out,
+    clipped at the edges); busy: time any kernel or copy ran; compute: non-NCCL work;
+    allreduce: NCCL kernels; exposed_allreduce: NCCL time not hidden under compute;
+    idle_share: 1 - busy/span. GPU fields are None when the trace has no device work.
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     # One ProfilerStep#N span per step on the host, and copies on the GPU streams' tracks.

@@ -22,10 +22,9 @@ def summarize_run(
     repeats: list[list[EpochRecord]] | None = None,
     compile_cache: str | None = None,
 ) -> TrainSummary:
-    """Epoch figures, plus achieved TFLOP/s against the datasheet peak of every process's
-    device, and per-process throughput under DDP; `repeats`' epochs 2..N join the steady
-    samples. `compile_cache`: `compile_cache.state(...)` after the run, before its
-    repeats (which find every graph cached)."""
+    """Epoch figures, plus achieved TFLOP/s against every process's datasheet peak, and
+    per-process throughput under DDP; `repeats`' epochs 2..N join the steady samples.
+    `compile_cache`: `compile_cache.state(...)` before the repeats (which hit every graph)."""
     repeats = repeats or []
     more_steady = [r.train_time_s for repeat in repeats for r in steady_epochs(repeat)]
     figures = engine.summarize(records, more_steady)  # the TrainSummary's first fields
