@@ -57,9 +57,8 @@ def trained_model(
 
 def flops_per_sample(dataset: Dataset, model: torch.nn.Module, cache: Path | None = None) -> int:
     """Training FLOPs per sample of `model` (the dataset's), counted once per model and torch
-    version: the first count in a process imports much of torch's tracing machinery (2-3 s),
-    so the pipeline's train stages share one count through `cache` (a JSON file keyed by the
-    model's layers)."""
+    version: counting imports much of torch's tracing machinery (seconds), so the train
+    stages share one count through `cache` (a JSON file keyed by the model's layers)."""
     shape = dataset.input_shape
     key = f"{torch.__version__}\n{model!r}\n{tuple(shape)}"
     key = hashlib.sha256(key.encode()).hexdigest()[:16]

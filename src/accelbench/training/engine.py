@@ -78,11 +78,8 @@ def seed_everything(seed: int) -> None:
 
 
 def configure_backends(variant: VariantParams, deterministic: bool = False) -> None:
-    """Threads, TF32, cuDNN autotuning and, on request, deterministic algorithms.
-
-    Deterministic mode also needs CUBLAS_WORKSPACE_CONFIG before CUDA starts: the CLI sets it
-    (`request_determinism`) before anything touches the GPU.
-    """
+    """Threads, TF32, cuDNN autotuning and, on request, deterministic algorithms (which also
+    need CUBLAS_WORKSPACE_CONFIG, set by the CLI before CUDA starts: `request_determinism`)."""
     if variant.threads is not None:
         torch.set_num_threads(variant.threads)
     if variant.uses_cuda:

@@ -97,8 +97,7 @@ class TrainStep:
         # step runs: the one a captured DDP module was built on, so that autograd's gradient
         # accumulators, which DDP holds from its construction, see one stream.
         self.model, self.shift_px, self.fill = model, shift_px, fill
-        self.stream = stream
-        self.warmup_steps = warmup_steps
+        self.stream, self.warmup_steps = stream, warmup_steps
         self.ddp = isinstance(model, DistributedDataParallel)
         self.accumulation_steps = accumulation_steps
         self.optimizer, self.variant, self.device = optimizer, variant, device
