@@ -1,15 +1,12 @@
 """Verified, atomic downloads from a list of mirrors: what every dataset's download shares.
 
 A mirror is an http(s):// URL, a file:// URL or a folder; an environment variable named by
-the dataset puts one in front of the list. Each file is fetched from one mirror after the
-other until a copy passes the dataset's `check` (which raises `ChecksumError`). Nothing
-reaches its final path unless it verified: a download goes to a temporary `.part` file in
-the same folder and is renamed into place, with the mode the umask gives; the `.part` files
-a killed download left are removed on the next start. Each file from each mirror has an
-overall deadline besides the per-read timeout. A file already at the final path that
-verifies is kept, and nothing is fetched (DVC keeps the stage's folder when it re-runs, so
-a re-run after a code change needs no network); a damaged copy of it is fetched again;
-anything else there is refused.
+the dataset puts one in front of the list. Each file comes from the first mirror whose copy
+passes the dataset's `check` (else `ChecksumError`), through a `.part` file in the same
+folder renamed into place with the umask's mode (a killed download's `.part` files go at the
+next start), within an overall deadline besides the per-read timeout. A verified file at the
+final path is kept (DVC keeps the stage's folder, so a re-run needs no network); a damaged
+copy is fetched again; anything else there is refused.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from urllib3.util.retry import Retry
 from accelbench.core.console import DISK_FULL_ERRNOS, AccelbenchError, InputError, clip, log
 
 _CHUNK = 1 << 20
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class DownloadError(AccelbenchError, RuntimeError):
@@ -46,8 +42,7 @@ class ChecksumError(ValueError):
 
 
 class DamagedError(ChecksumError):
-    """A copy of the expected file damaged since (its compressed stream breaks off or does
-    not decode): fetched again, never refused as a file of the user's."""
+    """A damaged copy of the expected file (its gzip stream breaks): fetched again, not refused."""
 
 
 def mirrors_with_override(
@@ -56,24 +51,22 @@ def mirrors_with_override(
     """The mirror list, with the one in $`variable` (if set) tried first. The variable is the
     user's own instruction to use a copy (`holding` says of what), so a local one that is not
     a folder is refused before any download, rather than passed over for the internet."""
-    ordered = list(mirrors)
     override = env.get(variable, "").strip()
-    if override:
+    if not override:
+        return list(mirrors)
+    try:
+        local = _local_dir(override)
         problem = None
-        try:
-            local = _local_dir(override)
-            if local is not None and not local.is_dir():
-                problem = "a file, not a folder" if local.exists() else "no such folder"
-        except ValueError as exc:
-            problem = str(exc)
-        if problem:
-            raise InputError(
-                f"${variable}={clip(override)}: {problem}. Set it to a folder holding "
-                f"{holding} (or a file:// or http(s) URL), or unset it to use the mirrors in "
-                "params.yaml"
-            )
-        ordered = [override] + [m for m in ordered if m != override]
-    return ordered
+        if local is not None and not local.is_dir():
+            problem = "a file, not a folder" if local.exists() else "no such folder"
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        raise InputError(
+            f"${variable}={clip(override)}: {problem}. Set it to a folder holding {holding} "
+            "(or a file:// or http(s) URL), or unset it to use the mirrors in params.yaml"
+        )
+    return [override, *(m for m in mirrors if m != override)]
 
 
 def _session(retries: int) -> requests.Session:
@@ -148,7 +141,7 @@ def _unwrap_transfer_gzip(path: Path) -> None:
     """A server that gzips the .gz again on the way: keep the .gz inside."""
     with gzip.open(path, "rb") as stream:
         try:
-            nested = stream.read(2) == _GZIP_MAGIC
+            nested = stream.read(2) == b"\x1f\x8b"  # gzip's magic number
         except (OSError, EOFError):
             return  # the dataset's check says what is wrong with it
     if nested:
@@ -169,13 +162,10 @@ def _umask_mode() -> int:
 def remove_leftovers(folder: Path, names: Iterable[str]) -> None:
     """The temporaries a killed earlier download of `names` left in `folder` (its own only:
     `.<name>.<random>.part`, and `.inner` beside it; other files in the folder stay)."""
-    if not folder.is_dir():
-        return
-    for name in names:
-        for pattern in (f".{name}.*.part", f".{name}.*.part.inner"):
-            for leftover in folder.glob(pattern):
-                if leftover.is_file() or leftover.is_symlink():
-                    leftover.unlink(missing_ok=True)
+    for name in names:  # (glob finds nothing in a folder that is not there)
+        for leftover in (*folder.glob(f".{name}.*.part"), *folder.glob(f".{name}.*.part.inner")):
+            if leftover.is_file() or leftover.is_symlink():
+                leftover.unlink(missing_ok=True)
 
 
 def output_folder(folder: Path) -> Path:
@@ -191,10 +181,9 @@ def output_folder(folder: Path) -> Path:
 
 
 def refuse_foreign_download(final: Path, check: Callable[[Path], None], what: str) -> bool:
-    """Whether the verified file is at a download's final path already (an earlier
-    download's: kept); anything else there is the user's and is refused, before any
-    download starts."""
-    if not os.path.lexists(final) or not final.exists():  # absent, or a dangling link
+    """Whether the verified file is at a download's final path already (kept); anything else
+    there is the user's and is refused, before any download starts."""
+    if not final.exists():  # absent, or a dangling link
         return False
     if final.is_file():
         try:
@@ -218,9 +207,9 @@ _CONNECTION_PREFIX = re.compile(r"^<?\w*Connection(?:Pool)?\(host='[^']*', port=
 
 
 def _reason(exc: BaseException) -> str:
-    """Why a mirror failed, in a phrase: requests wraps urllib3's MaxRetryError, which holds
-    the last attempt's error (a name that does not resolve, a refused connection, a connect
-    timeout); that innermost error says it, without the wrappers' repeated host and URL."""
+    """Why a mirror failed, in a phrase: the innermost error (requests wraps urllib3's
+    MaxRetryError, which holds the last attempt's: a name that does not resolve, a refused
+    connection, a timeout), without the wrappers' repeated host and URL."""
     inner: BaseException = exc
     for _ in range(4):  # requests -> MaxRetryError -> NewConnectionError (bounded: no cycles)
         nested = getattr(inner, "reason", None)
@@ -250,9 +239,8 @@ def download_file(
     deadline_s: float = 600.0,
     verified: bool | None = None,
 ) -> Path:
-    """Fetch `name` into `out_dir` from the first mirror that yields a copy `check` accepts
-    (it raises ChecksumError otherwise); each mirror that failed before it is logged. When
-    all fail, the error names each mirror and why, and $`variable`, the local override.
+    """Fetch `name` into `out_dir` from the first mirror whose copy `check` accepts, logging
+    each that failed; when all fail, the error names each mirror and why, and $`variable`.
     `verified`: `refuse_foreign_download`'s answer for the file, where the caller has it."""
     final = out_dir / name
     output_folder(out_dir)
@@ -275,12 +263,7 @@ def download_file(
             after = f", after {len(failures)} failed mirror(s)" if failures else ""
             log(f"download: {name} verified, from {mirror}{after}")
             return final
-        except (
-            requests.RequestException,
-            urllib3.exceptions.HTTPError,
-            OSError,
-            ValueError,
-        ) as exc:
+        except (OSError, ValueError, urllib3.exceptions.HTTPError) as exc:  # requests': OSErrors
             if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
                 # this machine's disk, not the mirror: the next mirror would fail the same way
                 raise OSError(exc.errno, exc.strerror, str(final)) from exc
@@ -305,10 +288,9 @@ def download_files(
     what: str,
     **options: Any,
 ) -> list[Path]:
-    """A dataset's files (`checks`: each name's check) in `out_dir`, each from the first mirror
-    that has it (`download_file`, with `options`). A file of the same name that does not
-    verify (`what`, formatted with the name, says what it should be) is refused before the
-    first download."""
+    """A dataset's files (`checks`: each name's check) in `out_dir`, by `download_file` with
+    `options`. A file there that does not verify (`what`, formatted with the name, says what
+    it should be) is refused before the first download."""
     output_folder(out_dir)
     here = {  # every file checked before the first download: a foreign one stops it all
         name: refuse_foreign_download(out_dir / name, check, what.format(name))
