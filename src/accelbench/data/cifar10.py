@@ -2,11 +2,10 @@
 decoded safely into arrays.
 
 The archive (`cifar-10-python.tar.gz`, 163 MB) is accepted by the MD5 the dataset's page and
-torchvision publish for it: the bytes as served, so a re-compressed copy is refused (unlike
-MNIST's files, whose decompressed content is checked); the mirrors, retries and atomic
-writes are `download.py`'s. Its batches are Python pickles; they are read with an unpickler
-that can build only dicts, lists, strings, bytes and NumPy arrays, so an archive someone
-else made (with `data.cifar10_md5` changed) can hold wrong data but never run code.
+torchvision publish for it: of the bytes as served, so a re-compressed copy is refused (unlike
+MNIST's files). Its batches are Python pickles, read with an unpickler that can build only
+dicts, lists, strings, bytes and NumPy arrays, so an archive someone else made (with
+`data.cifar10_md5` changed) can hold wrong data but never run code.
 """
 
 from __future__ import annotations
@@ -48,9 +47,8 @@ def check_archive(path: Path, expected_md5: str) -> None:
 
 
 def download(out_dir: Path, mirrors: list[str], md5: str, **limits: float) -> list[Path]:
-    """The archive in `out_dir`, from the first mirror whose copy has MD5 `md5` (`limits`:
-    `download_file`'s timeout_s, retries and deadline_s). A file of the same name that does
-    not verify is refused before the download."""
+    """The archive with MD5 `md5` in `out_dir` (`limits`: `download_file`'s timeout_s,
+    retries and deadline_s); a file of the same name that does not verify is refused first."""
     checks = {ARCHIVE: functools.partial(check_archive, expected_md5=md5)}
     options = {"variable": MIRROR_ENV, "setting": "data.cifar10_mirrors", **limits}
     return download_files(out_dir, checks, mirrors, "the verified {}", **options)
@@ -110,14 +108,13 @@ def read_archive(path: Path, expected_md5: str | None) -> tuple[dict[str, Split]
     members: dict[str, bytes] = {}
     try:
         with tarfile.open(path, "r:gz") as archive:
+            present = set(archive.getnames())
             for name in (*TRAIN_BATCHES, TEST_BATCH, META):
-                try:
-                    member = archive.extractfile(f"{FOLDER}/{name}")
-                except KeyError:
-                    member = None
-                if member is None:
-                    raise InputError(f"{path}: no {FOLDER}/{name} in the archive; {again}")
-                members[name] = member.read()
+                member = f"{FOLDER}/{name}"
+                stream = archive.extractfile(member) if member in present else None
+                if stream is None:  # absent, or not a file
+                    raise InputError(f"{path}: no {member} in the archive; {again}")
+                members[name] = stream.read()
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: not a readable tar.gz ({exc}); {again}") from None
     train = [_batch(members[name], f"{ARCHIVE}:{name}") for name in TRAIN_BATCHES]
@@ -134,8 +131,7 @@ def prepare_into(raw_dir: Path, out_dir: Path, expected_md5: str | None) -> dict
     """The splits as .npy arrays ([n, 3, 32, 32] uint8), and the batch files in torchvision's
     layout (`cifar-10-batches-py/`) for the DataLoader variant."""
     splits, members = read_archive(raw_dir / ARCHIVE, expected_md5)
-    torchvision_dir = out_dir / FOLDER
-    torchvision_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / FOLDER).mkdir(parents=True, exist_ok=True)
     for name, content in members.items():
-        (torchvision_dir / name).write_bytes(content)
+        (out_dir / FOLDER / name).write_bytes(content)
     return save_splits(out_dir, splits)

@@ -1,10 +1,9 @@
 """MNIST: its four gzipped IDX files, downloaded and verified, and decoded into arrays.
 
 A file is accepted by the SHA-256 of its *decompressed* content, so a re-compressed copy is
-fine and a corrupt or truncated one never is (the mirrors, retries and atomic writes are
-`download.py`'s). `prepare_into` checks the checksums again (a valid gzip of something else
-is not MNIST), decodes the files with a strict IDX parser, and writes the arrays and the
-decompressed files in the layout torchvision's MNIST reads.
+fine and a corrupt or truncated one never is. `prepare_into` checks the checksums again (a
+valid gzip of something else is not MNIST), decodes the files with a strict IDX parser, and
+writes the arrays and the decompressed files in the layout torchvision's MNIST reads.
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ class IdxFormatError(InputError):
 
 
 def check_gz(path: Path, expected_sha256: str) -> None:
-    """`path` is a complete gzip file whose decompressed content has SHA-256
-    `expected_sha256` (raises ChecksumError)."""
+    """`path` is a complete gzip whose content has SHA-256 `expected_sha256` (or ChecksumError)."""
     digest = hashlib.sha256()
     try:
         with gzip.open(path, "rb") as stream:
@@ -61,9 +59,8 @@ def check_gz(path: Path, expected_sha256: str) -> None:
 
 
 def download(out_dir: Path, mirrors: list[str], **limits: float) -> list[Path]:
-    """The four verified `.gz` files in `out_dir`, each from the first mirror that has it
-    (`limits`: `download_file`'s timeout_s, retries and deadline_s). A file of the same name
-    that is not MNIST's is refused before the first download."""
+    """The four verified `.gz` files in `out_dir` (`limits`: `download_file`'s timeout_s,
+    retries and deadline_s); a file of the same name that is not MNIST's is refused first."""
     checks = {
         f"{stem}.gz": functools.partial(check_gz, expected_sha256=sha)
         for stem, sha in FILES.items()
@@ -137,9 +134,9 @@ def prepare_into(
     raw_dir: Path, out_dir: Path, checksums: Mapping[str, str] | None = FILES
 ) -> dict[str, int]:
     """The splits as .npy arrays ([n, 28, 28] uint8), and the decompressed IDX files in
-    torchvision's layout (`MNIST/raw/`) for the DataLoader variant; the raw files are
-    checked against `checksums` first (None: unchecked). Returns the samples per split."""
-    tv_raw = out_dir / "MNIST" / "raw"  # the layout torchvision.datasets.MNIST reads
+    `MNIST/raw/` (torchvision's layout), checked against `checksums` first (None: unchecked).
+    Returns the samples per split."""
+    tv_raw = out_dir / "MNIST" / "raw"
     tv_raw.mkdir(parents=True, exist_ok=True)
     splits = {}
     for split, prefix in SPLITS.items():
