@@ -1,15 +1,12 @@
 """The prepared data folder: built atomically, described by its manifest, read back checked.
 
-`prepare` builds the folder beside its final path, lets the dataset's own code fill it (the
-stage picks that code), writes `manifest.json` (the dataset's name and the SHA-256 of every
-file) and renames the folder into place: all new or all old. The stages after `prepare` read
-only through this module: `load_split` checks the folder against its manifest once per
-process, so a stage run directly refuses tampered arrays, and refuses labels outside 0..9
-and arrays of the wrong shape, naming the file. The manifest names the dataset, so those
-stages build the dataset's model from the data they are given.
-
-Nothing here downloads or decodes raw files, so the stages that only read prepared data do
-not depend on that code.
+`prepare` builds the folder beside its final path, lets the dataset's own code fill it,
+writes `manifest.json` (the dataset's name, whose model later stages build, and every file's
+SHA-256) and renames the folder into place: all new or all old. Later stages read only
+through this module: `load_split` checks the folder against its manifest once per process
+(a stage run directly refuses tampered arrays), and refuses labels outside 0..9 and arrays
+of the wrong shape, naming the file. Nothing here downloads or decodes raw files, so the
+stages that only read prepared data do not depend on that code.
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ MANIFEST = "manifest.json"
 _AGAIN = "run `accelbench prepare` (or `dvc repro prepare`) again"
 
 # prepare's temporaries beside its folder: `.<name>.prepare-<random>` (being built) and
-# `.<name>.prepare-old` (the folder it replaces); older versions' `.<name>.<8 random>.tmp`
+# `.<name>.prepare-old` (the folder it replaces)
 _BUILDING, _REPLACED = "prepare-", "prepare-old"
-_OLD_BUILDING = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
 
 def prepare(
@@ -66,13 +62,11 @@ def prepare(
 
 
 def _remove_prepare_leftovers(out_dir: Path) -> None:
-    """The folders a killed earlier prepare of `out_dir` left (its own names only)."""
+    """The folders a killed earlier prepare of `out_dir` left (its own names only; older
+    versions' were `.<name>.<8 random>.tmp`)."""
+    ours = re.compile(rf"\.{re.escape(out_dir.name)}\.({_BUILDING}.*|[a-z0-9_]{{8}}\.tmp)", re.S)
     for leftover in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.*"):
-        name = leftover.name
-        ours = name.startswith(f".{out_dir.name}.{_BUILDING}") or (
-            (match := _OLD_BUILDING.fullmatch(name)) is not None and match["name"] == out_dir.name
-        )
-        if ours:
+        if ours.fullmatch(leftover.name):
             _remove_tree(leftover)
 
 
@@ -169,8 +163,7 @@ def _manifest(prepared_dir: Path) -> dict:
 
 def prepared_dataset(prepared_dir: Path) -> Dataset:
     """The dataset a verified prepared folder holds, as its manifest names it."""
-    manifest = _manifest(prepared_dir)
-    name = manifest.get("dataset")
+    name = _manifest(prepared_dir).get("dataset")
     if name not in DATASETS:
         said = f"names an unknown dataset {name!r}"
         if name is None:
