@@ -204,10 +204,9 @@ class LoaderBatches:
         return len(self.loader)
 
     def close(self) -> None:
-        """End the persistent workers now, through the DataLoader's own shutdown, as
-        Lightning does (`_shutdown_workers_and_reset_iterator`; DataLoader has no public
-        call). Left to the process's exit, with pinned memory, they kept a finished H200
-        stage alive for 20 s (docs/results/2026-12-04-h200-cold-compile.md)."""
+        """End the persistent workers now, through the DataLoader's own shutdown as Lightning
+        does (it has no public call): left to the process's exit, with pinned memory, they kept
+        a finished H200 stage alive for 20 s (docs/results/2026-12-04-h200-cold-compile.md)."""
         iterator, self.loader._iterator = self.loader._iterator, None
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()

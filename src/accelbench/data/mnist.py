@@ -33,7 +33,6 @@ FILES: dict[str, str] = {
 SPLITS = {"train": "train", "test": "t10k"}  # split -> the prefix of its files
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
-_CHUNK = 1 << 20
 
 
 class IdxFormatError(InputError):
@@ -42,17 +41,15 @@ class IdxFormatError(InputError):
 
 def check_gz(path: Path, expected_sha256: str) -> None:
     """`path` is a complete gzip whose content has SHA-256 `expected_sha256` (or ChecksumError)."""
-    digest = hashlib.sha256()
     try:
         with gzip.open(path, "rb") as stream:
-            while chunk := stream.read(_CHUNK):
-                digest.update(chunk)
+            actual = hashlib.file_digest(stream, "sha256").hexdigest()
     except (OSError, EOFError, zlib.error) as exc:
         damaged = isinstance(exc, EOFError | zlib.error | gzip.BadGzipFile)  # a gzip, cut short
         if damaged and not str(exc).startswith("Not a gzipped file"):  # or corrupted
             raise DamagedError(f"its gzip stream breaks: {exc}") from None
         raise ChecksumError(f"not a complete gzip file ({exc})") from None
-    if (actual := digest.hexdigest()) != expected_sha256:
+    if actual != expected_sha256:
         raise ChecksumError(
             f"SHA-256 of decompressed content is {actual[:12]}…, expected {expected_sha256[:12]}…"
         )

@@ -1,15 +1,12 @@
 """Post-training int8 quantization for CPU inference, and what it costs or gains.
 
-Dynamic int8 (tutorial A's last section): `quantize_dynamic(model, {nn.Linear}, qint8)`;
-weights of the Linear layers stored as int8, activations quantized on the fly. The CNNs'
-cost is in their convolutions, which dynamic quantization leaves in fp32, so static int8 is
-measured beside it: FX graph mode with the x86 backend's default qconfig (Conv+ReLU fused,
-activations calibrated on training images). Both APIs are `torch.ao.quantization`, which
-torch 2.14 still ships but marks deprecated (its successor is torchao's PT2E export
-quantization); a build without them, or without the x86 engine, gets a stated reason
-instead of a figure.
-
-Everything here is pure: models in, numbers out.
+Dynamic int8 (tutorial A's last section) stores the Linear layers' weights as int8 and
+quantizes activations on the fly. The CNNs' cost is in their convolutions, which it leaves in
+fp32, so static int8 is measured beside it: FX graph mode with the x86 backend's default
+qconfig (Conv+ReLU fused, activations calibrated on training images). Both are
+`torch.ao.quantization`, deprecated in torch 2.14 (succeeded by torchao's PT2E export
+quantization); a build without them, or without the x86 engine, gets a stated reason instead
+of a figure. Everything here is pure: models in, numbers out.
 """
 
 from __future__ import annotations
