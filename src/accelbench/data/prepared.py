@@ -178,9 +178,8 @@ def prepared_dataset(prepared_dir: Path) -> Dataset:
 def dataset_digest(prepared_dir: Path, split: str, limit: int = 0) -> str:
     """A short, stable id of a split of a verified prepared folder: the SHA-256 of the files
     that identify it (its dataset's `digest_files`, from the manifest) plus the subset size."""
-    dataset = prepared_dataset(prepared_dir)
-    manifest = _manifest(prepared_dir)["sha256"]
-    text = "".join(manifest[name] for name in dataset.digest_files[split])
+    sha256 = _manifest(prepared_dir)["sha256"]
+    text = "".join(sha256[name] for name in prepared_dataset(prepared_dir).digest_files[split])
     return hashlib.sha256(f"{text}:{limit}".encode()).hexdigest()[:16]
 
 
@@ -201,9 +200,8 @@ def load_split(prepared_dir: Path, split: str, limit: int = 0) -> Split:
         raise InputError(
             f"{labels_path}: {labels.dtype} {labels.shape}, expected uint8 ({len(images)},)"
         )
-    if limit:
-        images, labels = images[:limit], labels[:limit]
-    images, labels = np.array(images), np.array(labels)  # copy out of the memory map
+    keep = slice(limit or None)  # limit 0: every sample
+    images, labels = np.array(images[keep]), np.array(labels[keep])  # out of the memory map
     if labels.max(initial=0) > 9:
         raise InputError(f"{labels_path}: label {labels.max()} outside 0..9")
     return Split(images=images, labels=labels)

@@ -94,10 +94,8 @@ def measure(
     latency_repeats: int,
 ) -> dict[str, InferenceFigures]:
     """Each model's accuracy and throughput over one pass of `batches()`, and its median
-    latency over `latency_repeats` forward passes of the one-image batch `single`.
-
-    The latency passes take turns (model A, B, C, A, B, C, ...), so that a busy spell of a
-    shared machine slows every model alike instead of one of them.
+    latency over `latency_repeats` forward passes of the one-image batch `single`. The latency
+    passes take turns (A, B, C, A, B, C, ...): a busy spell of a shared machine slows all alike.
     """
     passes: dict[str, tuple[float, float]] = {}
     with _quiet_deprecation():
