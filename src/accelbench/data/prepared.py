@@ -80,10 +80,8 @@ def _remove_tree(path: Path) -> None:
 def refuse_foreign_prepared(out_dir: Path) -> None:
     """`prepare --out` replaces only a folder it wrote (every file in it is in its manifest)
     or an empty one; anything else there is the user's: refused, never emptied."""
-    if not out_dir.exists():  # absent, or a dangling link (only the link is replaced)
-        return
-    reason = _not_prepared(out_dir)
-    if reason is not None:
+    # absent, or a dangling link (only the link is replaced): nothing to refuse
+    if out_dir.exists() and (reason := _not_prepared(out_dir)) is not None:
         raise InputError(
             f"{out_dir}: exists and is not a prepared data folder ({reason}); prepare replaces "
             "only the folder it wrote: pass a new path, or move this one away"
