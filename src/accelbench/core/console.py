@@ -22,6 +22,8 @@ EXIT_INPUT = 2
 EXIT_INTERRUPTED = 130
 EXIT_READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
 DEBUG_ENV = "ACCELBENCH_DEBUG"
+MAX_LINE = 500  # characters of an error line
+ECHO_CHARS = 80  # characters of a value a message quotes: a 5 MB value is no 5 MB error line
 # A write that failed because the disk (or a quota, or `ulimit -f`) is full: the machine's
 # state, not a bad input or a bug; whoever meets one stops at once and says so.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -55,11 +57,6 @@ INPUT_ERRNOS = {
     errno.EEXIST,
     errno.ENAMETOOLONG,
 }
-
-
-MAX_LINE = 500  # characters of an error line
-
-
 # Words of an error (or of its cause) that mean the machine or the process's limits ran out:
 # a library that could not be mapped at import, an allocation, a thread the kernel refused.
 _EXHAUSTED = ("failed to map segment", "cannot allocate memory", "can't start new thread")
@@ -115,8 +112,7 @@ def error_message(exc: BaseException) -> tuple[str, int]:
 
 def print_error(who: str, message: str) -> None:
     """`who: error: message` on stderr, its URIs' secrets masked (`redact`), every line cut at
-    MAX_LINE (messages quote values cut short already; this bounds every line whatever it
-    quotes)."""
+    MAX_LINE whatever it quotes."""
     lines = "\n".join(clip(line, MAX_LINE) for line in redact(message).splitlines())
     print(f"{who}: error: {lines}", file=sys.stderr)
 
@@ -136,16 +132,10 @@ def script_main(main: Callable[[], int], name: str) -> int:
     return code
 
 
-# Values echoed in messages are cut to this many characters: a 5 MB value must not become a
-# 5 MB error line.
-ECHO_CHARS = 80
-
-
 def clip(text: str, limit: int = ECHO_CHARS) -> str:
-    """`text` with its URIs' secrets masked (`redact`), cut to `limit` characters with a
-    trailing "…" when longer: masked before the cut (a password's "@" may lie past it), and a
-    cut inside a URI's host part keeps its `scheme://` only (the text may have been cut before).
-    """
+    """`text` with its URIs' secrets masked (`redact`), then cut to `limit` characters with a
+    trailing "…" (a password's "@" may lie past the cut); a cut inside a URI's host part keeps
+    its `scheme://` only."""
     text = redact(text)
     return text if len(text) <= limit else _CUT_AUTHORITY.sub("", text[: limit - 1]) + "…"
 

@@ -19,14 +19,8 @@ from typing import Any
 from accelbench.core.console import InputError
 
 STAGED_PREFIX = ".new."  # keeps the suffix: matplotlib and torch go by it
-
-
-# --- What a stage may write (docs/reliability.md, "What accelbench writes") -----------------
-#
-# A stage writes only its own outputs, at the paths it is given. A path that exists is
-# replaced only when it is recognisably what accelbench writes there (a marker it writes, or
-# the expected structure); anything else is the user's, and the stage refuses to start.
-
+# A path that exists is replaced only when it is recognisably what accelbench writes there (a
+# marker, or the expected structure): docs/reliability.md, "What accelbench writes".
 _MAX_RECOGNISED_BYTES = 64 << 20  # a results file this large is someone else's
 
 
@@ -141,20 +135,15 @@ def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
         raise ValueError(f"{path.name}: no output kind registered for it; pass one")
     if not path.exists():
         return
-    if path.is_dir():
-        found = "a folder"
-    elif not path.is_file():
-        found = "a special file"  # a FIFO or a device: never opened
-    else:
-        try:
-            if kind.recognise(path):
-                return
-        except OSError as exc:
-            raise InputError(
-                f"{path}: exists and cannot be read ({exc.strerror}); accelbench replaces "
-                "only its own outputs: fix its permissions, move it away or pass another path"
-            ) from None
-        found = "a file"
+    found = "a folder" if path.is_dir() else a_file(path)
+    try:
+        if found == "a file" and kind.recognise(path):  # a special file is never opened
+            return
+    except OSError as exc:
+        raise InputError(
+            f"{path}: exists and cannot be read ({exc.strerror}); accelbench replaces "
+            "only its own outputs: fix its permissions, move it away or pass another path"
+        ) from None
     raise InputError(
         f"{path}: exists and is {found}, not {kind.description}; accelbench replaces only "
         "its own outputs: move it away or pass another path"
@@ -180,8 +169,7 @@ def refuse_foreign_folder(folder: Path) -> None:
 
 
 def a_file(path: Path) -> str:
-    """What is at an existing `path` that is no folder: a file, or a special one (a device,
-    a FIFO, a socket)."""
+    """What an existing `path` that is no folder is: a file, or a special one (a FIFO...)."""
     return "a file" if path.is_file() else "a special file"
 
 
@@ -218,11 +206,10 @@ class StagedOutputs:
 
 @contextmanager
 def staged() -> Iterator[StagedOutputs]:
-    """A stage's outputs, all new or all old: each is written to a temporary, and they are
-    renamed into place only once every one of them was written (a full disk or a folder
-    that is not writable leaves the old outputs, all of them, and no temporaries). A rename
-    replaces a link at the final path, never its target, and gives the file a new inode: a
-    hard link into DVC's cache keeps the old content."""
+    """A stage's outputs, all new or all old: each is written to a temporary, all renamed into
+    place once every one was written (a full disk leaves the old ones and no temporaries). A
+    rename replaces a link at the final path, never its target, and gives the file a new
+    inode: a hard link into DVC's cache keeps the old content."""
     outputs = StagedOutputs()
     try:
         yield outputs

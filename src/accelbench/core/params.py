@@ -1,18 +1,11 @@
 """Typed, validated params.yaml: loaded once at the edge, passed down as small pieces.
 
-Every stage validates the whole file before it does any work, so a typo in a variant
-fails the first stage of `dvc repro` with a message that names the key, the value and
-what is allowed.
-
-The file is read as DVC reads it (YAML 1.2, with ruamel.yaml, DVC's own parser): `0512` is
-512, not octal, and `yes` is a string. Values are checked strictly: a number, a boolean and
-a string are never turned into each other, so the run trains with what DVC records.
-
-Values are bounded where one could hurt: every float is finite (`lr: .inf` would train to
-non-finite weights), seeds are what numpy and torch accept, the threads and processes a
-variant starts are at most `PER_CPU` per logical CPU, and the file itself is capped in size
-and in values after alias expansion (a YAML "billion laughs" is refused before it is built).
-Error messages quote at most `console.ECHO_CHARS` characters of a value.
+Every stage validates the whole file first: an error names the key, the value (at most
+`console.ECHO_CHARS` characters) and what is allowed. The file is read as DVC reads it (YAML
+1.2, ruamel.yaml): `0512` is 512, `yes` a string. Values are strict (a number, a boolean and a
+string never turn into each other: the run trains with what DVC records) and bounded where one
+could hurt: floats finite, seeds what numpy and torch accept, threads and processes at most
+`PER_CPU` per logical CPU, the file capped in size and in values after alias expansion.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from accelbench.core.problems import problems
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
-# What numpy's and torch's seeding accept alike (numpy: 0..2**32 - 1).
+NonNegativeFloat = Annotated[float, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 Device = Literal["cpu", "cuda"]
@@ -57,7 +50,7 @@ class _Strict(BaseModel):
 
 
 # Threads or processes a variant may start per logical CPU of the machine that validates the
-# file: more only oversubscribes the CPUs (and 10000 threads exhaust the process table).
+# file: more only oversubscribes the CPUs (or exhausts the process table).
 PER_CPU = 4
 
 
@@ -99,8 +92,7 @@ class DataParams(_Strict):
     @classmethod
     def _check_mirrors(cls, mirrors: list[str]) -> list[str]:
         for mirror in mirrors:
-            problem = mirror_problem(mirror)
-            if problem:
+            if problem := mirror_problem(mirror):
                 raise ValueError(f"mirror {echo(mirror)}: {problem}")
         return mirrors
 
@@ -153,8 +145,7 @@ class TrainRecipe(_Strict):
     test_subset: NonNegativeInt = 0  # 0 = the whole test set
     deterministic: bool = False  # deterministic algorithms (slower); for bitwise-repeatable runs
     # trainings per variant: the run at `seed`, then repeats - 1 more from scratch at seed + 1,
-    # seed + 2, ...: their steady epochs join the spread, their epochs give time to target and
-    # accuracy over seeds
+    # ...: their steady epochs join the spread; their epochs give time to target over seeds
     repeats: Annotated[int, Field(ge=1, le=20)] = 1
 
 
@@ -193,9 +184,8 @@ class VariantParams(_Strict):
     cudnn_benchmark: bool = False
     tf32: bool = False
     compile: CompileMode = "none"
-    # compile 'default' only. true: Inductor compiles several launch configs of each kernel it
-    # generates and times them at the first call (torch's default); false: one config each,
-    # compiled once (about 4 s less of an H200's cold first epoch, docs/results/)
+    # compile 'default' only. true: Inductor times several launch configs of each kernel at the
+    # first call (torch's default); false: one each (an H200's cold first epoch: 4 s less)
     kernel_autotune: bool = True
     fused_optimizer: bool = False
     cuda_graph: bool = False  # capture the whole training step in one CUDA graph
@@ -264,9 +254,6 @@ class ReportParams(_Strict):
     scaling_baselines: dict[str, str] = Field(default_factory=dict)
 
 
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-
-
 class CostParams(_Strict):
     """Prices for the report's cost table (compare stage only): tutorial B's energy figures;
     the hourly prices are the machine's price spread over its life (or a cloud rate)."""
@@ -281,9 +268,8 @@ class CostParams(_Strict):
 class QuantizeParams(_Strict):
     """Read by the quantize stage: int8 inference on the CPU next to fp32."""
 
-    # The variants whose trained models are quantized, one quantize@V stage each (dvc.yaml's
-    # foreach, so params.yaml names them: `[cpu]`, one, as every variant trains the same
-    # network). A params file without the key (a benchmark's candidates) quantizes none.
+    # The variants whose models are quantized, a quantize@V stage each (dvc.yaml's foreach);
+    # a params file without the key (a benchmark's candidates) quantizes none.
     variants: list[str] = []
     latency_repeats: Annotated[int, Field(ge=1, le=10_000)] = 100  # batch-1 forward passes
     calibration_samples: Annotated[int, Field(ge=1, le=60_000)] = 1024  # static int8 ranges
@@ -326,9 +312,8 @@ class Params(_Strict):
         return self
 
     def _check_batches(self) -> None:
-        """A batch larger than its set is the whole set, silently (1000000 trained on the CPU
-        until killed). A training batch is the recipe, bounded by what train_subset leaves; an
-        evaluation batch shapes no result, so a test_subset below it is fine."""
+        """A batch larger than its set would silently be the whole set. An evaluation batch
+        shapes no result, so a test_subset below it is fine."""
         dataset, recipe = self.data.dataset, self.train
         train, test = SPLIT_SIZES[dataset]
         images = min(recipe.train_subset or train, train)
@@ -417,14 +402,11 @@ def parse_params(raw: Any, source: str = "params.yaml") -> Params:
         raise ParamsError(f"{source} is invalid ({len(errors)} problems):\n  {listing}") from None
 
 
-# params.yaml is a few KiB. A file beyond these limits is refused before it is built into
-# objects: a YAML alias bomb ("billion laughs") is a few lines that expand to billions of
-# values, which validating (or DVC's own reading) would try to hold in memory.
+# params.yaml is a few KiB. A file beyond these limits is refused before it is built: a YAML
+# alias bomb ("billion laughs") is a few lines that expand to billions of values.
 MAX_BYTES = 1024 * 1024
 MAX_VALUES = 100_000  # scalars, lists and mappings, each alias counted as what it expands to
 MAX_DEPTH = 50  # nesting of lists and mappings
-
-
 TOO_LARGE = f"larger than the {MAX_BYTES // 1024} KiB a params file may have (refused unread)"
 
 

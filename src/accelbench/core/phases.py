@@ -1,10 +1,8 @@
-"""Where a stage's wall time goes: named phases, each measured exclusive of the phases nested
-in it, from the moment the operating system started the process.
+"""Where a stage's wall time goes: named phases, each exclusive of the phases nested in it,
+from the moment the process started. Imports nothing heavy: it times torch's import.
 
-Imports nothing heavy (it runs before torch and MLflow are imported, to time their import).
-A stage process records its phases with `phase(name)`; the CLI writes them, with the
-process's whole wall time, to `.accelbench/timings/<stage>.json` when the stage succeeds, and
-the compare stage turns those files into the report's "where the pipeline's time goes".
+A stage records its phases with `phase(name)`; the CLI writes them and the wall time to
+`.accelbench/timings/<stage>.json` when the stage succeeds, for the report's pipeline time.
 """
 
 from __future__ import annotations
@@ -20,6 +18,8 @@ from typing import Annotated
 
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass as record
+
+from accelbench.core.outputs import write_text
 
 TIMINGS_DIR = Path(".accelbench") / "timings"
 
@@ -118,8 +118,7 @@ class StageTiming:
 
     stage: str  # dvc.yaml's name: "train@amp"
     started: float  # Unix time the process started (a stamp: ordering, people)
-    # on the boot clock, as every duration here; one below zero (the wall clock's, set back
-    # mid-stage, in a file an earlier version wrote) measured nothing
+    # on the boot clock, as every duration here; below zero (an older file's) measured nothing
     wall_s: Annotated[float, Field(ge=0)]
     phases: dict[str, float]
     training_s: float | None = None  # sum of the timed epochs (train stages)
@@ -177,10 +176,7 @@ phase = RECORDER.phase
 
 def write(root: Path, timing: StageTiming) -> Path:
     path = root / TIMINGS_DIR / f"{timing.stage}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(timing.to_json(), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(timing.to_json(), indent=2) + "\n")
     return path
 
 

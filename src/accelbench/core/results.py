@@ -1,12 +1,10 @@
 """What the stages hand each other: typed results with to/from JSON (their files: outputs.py).
 
-train@V writes a `TrainSummary` (or `Skipped`) to `train.json`, its epochs to `epochs.csv`
-and a `ModelFile`; evaluate@V an `EvalSummary` (or `Skipped`) to `eval.json`; quantize@V a
-`QuantizedSummary` (or `Skipped`) to `quantized.json` (env's `EnvFacts`: env_facts.py).
-Compare, tracking and the benchmarks read them back with `read` into these types (strict pydantic
-dataclasses, checked as params.yaml is): a renamed or retyped key fails where it is read, in
-one line naming the file, the key, the value and what is allowed, never later as an "n/a" or
-a TypeError in the report.
+train@V writes `train.json` (`TrainSummary`), `epochs.csv` and a `ModelFile`; evaluate@V
+`eval.json` (`EvalSummary`); quantize@V `quantized.json` (`QuantizedSummary`); a variant not
+run, `Skipped` (env's `EnvFacts`: env_facts.py). `read` reads them back into these strict
+pydantic dataclasses: a renamed or retyped key fails where it is read, naming the file, the
+key, the value and what is allowed, never later as an "n/a" in the report.
 """
 
 from __future__ import annotations
@@ -38,9 +36,7 @@ from accelbench.core.console import DISK_FULL_ERRNOS, InputError, first_sentence
 from accelbench.core.outputs import a_file, atomic_path, write_json
 from accelbench.core.problems import problems
 
-# Scalars are strict: a number is never text, a count never a fraction or a boolean (an int
-# is a float).
-
+# Strict scalars: a number is never text, a count never a fraction or a boolean.
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]
 Str = Annotated[str, Strict()]
@@ -167,8 +163,7 @@ class TrainSummary(RunFigures):
     repeats: Int = 1  # trainings: the run itself, and repeats - 1 more from scratch
     # each repeat's epochs as [seconds, test accuracy], repeat k at the run's seed + k
     repeat_epochs: list[list[list[Float]]] = field(default_factory=list)
-    # what else ran on this host while it trained (other stages holding GPU or CPU locks,
-    # other processes' CPU use), in a line (`system/slots.py`); None: nothing, or an older file
+    # what else used this host's GPUs or CPUs while it trained (`system/slots.py`); None: nothing
     shared_machine: Str | None = None
     status: Literal["trained"] = "trained"
 
@@ -222,8 +217,7 @@ class EvalSummary(Record):
     macro_f1: Float
     inference_samples_per_s: Float
     per_class: dict[str, ClassScores]
-    # what else held GPU or CPU slots on this host while it measured (`system/slots.py`);
-    # None: nothing, or an older file
+    # what else used this host's GPUs or CPUs while it measured (`system/slots.py`); None: nothing
     shared_machine: Str | None = None
     status: Literal["trained"] = "trained"
 
@@ -233,9 +227,8 @@ EvalResult = EvalSummary | Skipped
 
 @record(frozen=True, config=RECORD)
 class RunRecord(Record):
-    """`run.json`, written by evaluate for compare: which MLflow run the variant's results
-    belong to (compare logs the evaluation there, once, for every variant), or why there is
-    none (a skipped variant: compare records it as a run that says why)."""
+    """`run.json`, from evaluate for compare: the variant's MLflow run (compare logs the
+    evaluation there), or why there is none (a skipped variant)."""
 
     variant: Str
     status: Status
@@ -304,13 +297,9 @@ QuantizedResult = QuantizedSummary | Skipped
 
 @record(frozen=True, config=RECORD)
 class ModelFile:
-    """`models/<variant>.pt`: the trained weights (CPU tensors) and what produced them.
-
-    `params` is the run's params (`{"variant": {...}, "train": {...}}`), so the file says how
-    its weights were trained. A skipped variant's file carries the reason instead of weights,
-    as JSON: it has no tensors, and writing and reading it needs no torch import, so the
-    stages of a variant this machine cannot run return at once.
-    """
+    """`models/<variant>.pt`: the trained weights (CPU tensors) and the run's params
+    (`{"variant": {...}, "train": {...}}`). A skipped variant's is JSON with the reason: no
+    torch import to write or read it, so its stages return at once."""
 
     variant: Str
     status: Status
@@ -330,8 +319,7 @@ class ModelFile:
         return self.status == "trained"
 
     def save(self, path: Path) -> None:
-        """torch.save (JSON without weights) to a temporary file, then rename: a kill mid-save
-        keeps the old file."""
+        """torch.save (JSON without weights) atomically: a kill mid-save keeps the old file."""
         if self.state_dict is None and not self.trained:
             write_json(path, asdict(self))
         else:
@@ -372,10 +360,9 @@ def load_torch(path: Path) -> Any:
 
 
 def atomic_torch_save(payload: Any, path: Path) -> None:
-    """torch.save to a temporary, then rename; a failed save (a full disk) leaves the old
-    file and no temporary. torch's zip writer reports a write that failed for want of space
-    (a full disk, a quota, `ulimit -f`) as a RuntimeError ("unexpected pos 79488 vs 79440"),
-    with the OSError behind it: that is raised as what it is, naming the file."""
+    """torch.save to a temporary, then rename; a failed save leaves the old file and no
+    temporary. torch's zip writer reports a full disk as a RuntimeError ("unexpected pos")
+    with the OSError behind it: that OSError is raised, naming the file."""
     import torch
 
     with atomic_path(path) as tmp:
