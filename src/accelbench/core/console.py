@@ -1,10 +1,8 @@
 """What a stage tells its user: one line at a time on stderr, and errors to act on.
 
-Exit codes (docs/reliability.md): 0 done; 2 a usage or input error (bad
-arguments, params.yaml, a missing, unreadable or wrong kind of file: fix the input); 1 a
-failure (every mirror failed, the tracking server is unreachable, out of memory, a bug:
-the input was fine); 130 interrupted; 141 the reader of the output went away. `accelbench
-doctor` adds 3 (CPU only).
+Exit codes (docs/reliability.md): 0 done; 2 a usage or input error (fix the input); 1 a
+failure (a mirror, the tracking server, memory, a bug: the input was fine); 130 interrupted;
+141 the reader of the output went away. `accelbench doctor` adds 3 (CPU only).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""`env/<device>.json`: the machine's stable facts (the env stage writes them, compare reads
-them), as records checked like the stages' results (`results.py`).
-"""
+"""`env/<device>.json`: the machine's stable facts (env writes them, compare reads them)."""
 
 from __future__ import annotations
 

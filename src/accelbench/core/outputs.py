@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,12 +180,12 @@ def claim(*finals: Path) -> None:
         refuse_foreign(final)
 
 
+@dataclass
 class StagedOutputs:
     """Where a stage writes its outputs before they are renamed into place (`staged`)."""
 
-    def __init__(self) -> None:
-        self.pending: list[tuple[Path, Path]] = []
-        self.removals: list[Path] = []
+    pending: list[tuple[Path, Path]] = field(default_factory=list)  # (temporary, final)
+    removals: list[Path] = field(default_factory=list)
 
     def __call__(self, final: Path, kind: Kind | None = None) -> Path:
         """The temporary to write `final` to (beside it: the rename stays on one disk);

@@ -99,8 +99,7 @@ class Recorder:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def elapsed_s(self) -> float:
-        """Since the process started, on `boot_clock()`: never negative, whatever the wall
-        clock did meanwhile (an NTP step, a hand-set date)."""
+        """Since the process started, on `boot_clock()`: never negative, whatever the clock."""
         return max(boot_clock() - self.started_boot, 0.0)
 
     def timing(self) -> StageTiming:
@@ -181,8 +180,7 @@ def write(root: Path, timing: StageTiming) -> Path:
 
 
 def read_all(root: Path) -> list[StageTiming]:
-    """Every stage's last recorded timing (unreadable files are skipped: they are a report's
-    garnish, never a reason to fail it)."""
+    """Every stage's last recorded timing; an unreadable one is skipped (a report's garnish)."""
     timings = []
     for path in sorted((root / TIMINGS_DIR).glob("*.json")):
         try:

@@ -8,6 +8,18 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from accelbench.core.console import clip, echo
 
+# Keys that moved, and where to now.
+MOVED = {
+    ("train", "loader"): "set it on the variant that uses it, as variants.<name>.loader "
+    "(batches: dataloader only), so that other variants do not depend on it",
+}
+# Why a key's bounds are what they are, added to its errors.
+HINTS = {"seed": "seeds are 0..4294967295, 2**32 - 1: what numpy and torch accept"}
+# pydantic's error types for a key a model (or dataclass) does not have, and for one it lacks
+UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
+MISSING = ("missing", "missing_argument", "missing_keyword_argument")
+MAX_PROBLEMS = 20  # listed; the rest are counted
+
 
 def _fields(kind: Any) -> dict[str, Any] | None:
     """The fields of a pydantic model or pydantic dataclass (None: `kind` is neither)."""
@@ -47,23 +59,6 @@ def _keys(model: type, flat: tuple[str, ...]) -> list[str]:
     return keys
 
 
-# Keys that moved, and where to now.
-MOVED = {
-    ("train", "loader"): "set it on the variant that uses it, as variants.<name>.loader "
-    "(batches: dataloader only), so that other variants do not depend on it",
-}
-
-
-# Why a key's bounds are what they are, added to its errors.
-HINTS = {"seed": "seeds are 0..4294967295, 2**32 - 1: what numpy and torch accept"}
-
-
-# pydantic's error types for a key a model does not have, and for one it lacks (a model's,
-# and a dataclass's)
-UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
-MISSING = ("missing", "missing_argument", "missing_keyword_argument")
-
-
 def _describe(error: dict[str, Any], root: type, flat: tuple[str, ...] = ()) -> str:
     loc = tuple(p for p in error["loc"] if p != "[key]")  # a mapping's key: named as itself
     key = ".".join(clip(str(p)) for p in loc) or "(top level)"
@@ -83,10 +78,6 @@ def _describe(error: dict[str, Any], root: type, flat: tuple[str, ...] = ()) -> 
     if loc[-1] in HINTS:
         message += f" ({HINTS[loc[-1]]})"
     return f"{key} = {echo(error.get('input'))}: {message}"
-
-
-# At most this many problems are listed; the rest are counted.
-MAX_PROBLEMS = 20
 
 
 def problems(errors: list[Any], root: type, flat: tuple[str, ...] = ()) -> list[str]:

@@ -1,8 +1,7 @@
 """How figures read to a person, and what a training stage prints while it runs.
 
-The formatters are shared by the report, the MLflow tags and `accelbench runs`, so a figure
-reads the same in each: seconds ("0.129 s"), speedups ("12.3×") and 95% intervals
-("0.129 s (0.127–0.131 s)"). The progress is a bar per epoch on a terminal, a line in logs.
+The report, the MLflow tags and `accelbench runs` share the formatters, so a figure reads the
+same in each. The progress is a bar per epoch on a terminal, a line in logs.
 """
 
 from __future__ import annotations

@@ -120,8 +120,7 @@ class Skipped(Record):
 
 @record(frozen=True, config=RECORD, kw_only=True)
 class RunFigures(Record):
-    """A training's run-level figures, from its epoch records alone (`engine.summarize`); a
-    `TrainSummary` adds what they mean on the device."""
+    """A training's run-level figures, from its epoch records alone (`engine.summarize`)."""
 
     epochs: Int  # a count
     first_epoch_s: Float

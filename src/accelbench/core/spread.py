@@ -1,10 +1,8 @@
 """How sure a timing is: a figure with its 95% interval, from the epochs that measured it.
 
-Pure functions over plain sequences of seconds. Every interval is a percentile bootstrap
-(Efron & Tibshirani, ch. 13): the samples are drawn again with replacement `RESAMPLES` times
-and the figure recomputed on each draw; the interval holds the middle 95% of those. A ratio's
-interval resamples both sides independently, so it carries both variants' spreads. The draws
-come from a fixed seed, so the same epochs always give the same interval.
+Every interval is a percentile bootstrap (Efron & Tibshirani, ch. 13) of `RESAMPLES` draws
+with replacement from a fixed seed (the same epochs give the same interval); a ratio's
+resamples both sides independently, so it carries both variants' spreads.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The device clock: every training and evaluation time on a device is read through it.
 
 CUDA work is asynchronous: a host clock read while kernels are queued measures their launch,
-not their run, so `DeviceClock` synchronizes before it reads. Intervals that involve the
-host alone (the wait for the next batch, CPU-only inference, the stage's phases, download
-deadlines) read `time` where they are measured.
+so `DeviceClock` synchronizes before it reads. Intervals on the host alone (a batch wait,
+CPU-only inference, phases) read `time` where they are measured.
 """
 
 from __future__ import annotations
@@ -19,10 +18,8 @@ if TYPE_CHECKING:  # core imports no torch: the clock's caller has it loaded alr
 
 
 class DeviceClock:
-    """A host clock that first waits for all queued work on `device` to finish.
-
-    Reading it costs one synchronization, so call it at epoch boundaries, never per step.
-    """
+    """A host clock that first waits for all queued work on `device` to finish: a read costs
+    one synchronization, so read it at epoch boundaries, never per step."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -43,12 +40,10 @@ STOPPED_GAP_S = 0.25  # a longer gap between ticks was time the process did not 
 
 
 class Heartbeat:
-    """Seconds this process did not run: stopped (SIGSTOP, Ctrl-Z), its machine suspended, or
-    starved of CPU. A daemon thread ticks every HEARTBEAT_S on the boot clock, which counts a
-    suspend; while the process is stopped so is its thread, so a gap far over the tick is
-    time the process was stopped, less the CPU time the process used meanwhile: a thread that
-    holds the GIL (torch.compile tracing a graph, for seconds) delays the tick too, but runs.
-    Read it outside timed regions: it takes a lock."""
+    """Seconds this process did not run (SIGSTOP, a suspend, starved of CPU): a daemon thread
+    ticks every HEARTBEAT_S on the boot clock; a gap far over the tick, less the CPU time used
+    meanwhile (a thread holding the GIL delays the tick, but runs), was time stopped. Read it
+    outside timed regions: it takes a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
