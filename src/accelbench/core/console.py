@@ -22,8 +22,7 @@ EXIT_READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reade
 DEBUG_ENV = "ACCELBENCH_DEBUG"
 MAX_LINE = 500  # characters of an error line
 ECHO_CHARS = 80  # characters of a value a message quotes: a 5 MB value is no 5 MB error line
-# A write that failed because the disk (or a quota, or `ulimit -f`) is full: the machine's
-# state, not a bad input or a bug; whoever meets one stops at once and says so.
+# A full disk (or quota, or `ulimit -f`): the machine's state, not a bad input nor a bug.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
@@ -55,8 +54,7 @@ INPUT_ERRNOS = {
     errno.EEXIST,
     errno.ENAMETOOLONG,
 }
-# Words of an error (or of its cause) that mean the machine or the process's limits ran out:
-# a library that could not be mapped at import, an allocation, a thread the kernel refused.
+# Words of an error (or its cause) that mean the machine or the process's limits ran out.
 _EXHAUSTED = ("failed to map segment", "cannot allocate memory", "can't start new thread")
 
 

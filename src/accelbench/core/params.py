@@ -420,11 +420,9 @@ def _expanded_size(root: Any) -> int:
     from ruamel.yaml.nodes import MappingNode, SequenceNode
 
     def children(node: Any) -> list[Any]:
-        if isinstance(node, SequenceNode):
-            return list(node.value)
         if isinstance(node, MappingNode):
             return [part for pair in node.value for part in pair]
-        return []
+        return list(node.value) if isinstance(node, SequenceNode) else []
 
     sizes: dict[int, int] = {}
     stack: list[tuple[Any, bool]] = [(root, False)]

@@ -157,15 +157,13 @@ def is_dvc(cmdline: list[str]) -> bool:
 def launcher() -> str | None:
     """The nearest `dvc` process above this one ("pid@start time"): every stage of one
     `dvc repro` (or queued experiment) shares it; None for a stage run by hand."""
-    try:
+    with contextlib.suppress(Exception):
         import psutil
 
         for parent in psutil.Process().parents():
             if is_dvc(parent.cmdline()):
                 started = process_started(parent.pid) or parent.create_time()
                 return f"{parent.pid}@{started:.2f}"  # the boot clock's: a date set keeps it
-    except Exception:
-        return None
     return None
 
 
@@ -183,8 +181,6 @@ def read_all(root: Path) -> list[StageTiming]:
     """Every stage's last recorded timing; an unreadable one is skipped (a report's garnish)."""
     timings = []
     for path in sorted((root / TIMINGS_DIR).glob("*.json")):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             timings.append(TypeAdapter(StageTiming).validate_json(path.read_bytes()))
-        except (OSError, ValueError):
-            continue
     return timings

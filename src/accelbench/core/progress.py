@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from accelbench.core.console import log
+
 
 def fmt_seconds(value: float | None) -> str:
     """A duration: 0.129 s, 12.3 s; "n/a" for None."""
@@ -66,22 +68,18 @@ class EpochProgress:
 
     def epoch_done(self, record) -> None:
         self.epoch = record.epoch
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-        if not self.quiet:
-            print(
-                f"{self.name} epoch {record.epoch}/{self.epochs}: train {record.train_time_s:.3f} s "
-                f"({record.samples_per_s:,.0f} samples/s), loss {record.train_loss:.4f}, "
-                f"test accuracy {record.test_accuracy:.2%}"
-                + (f", {record.nonfinite_steps} NON-FINITE steps" if record.nonfinite_steps else "")
-                + (
-                    f", STOPPED {record.stopped_s:.1f} s: no steady epoch" if record.stopped else ""
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
+        self.close()
+        if self.quiet:
+            return
+        nonfinite = f", {record.nonfinite_steps} NON-FINITE steps" if record.nonfinite_steps else ""
+        stopped = f", STOPPED {record.stopped_s:.1f} s: no steady epoch" if record.stopped else ""
+        log(
+            f"{self.name} epoch {record.epoch}/{self.epochs}: train {record.train_time_s:.3f} s "
+            f"({record.samples_per_s:,.0f} samples/s), loss {record.train_loss:.4f}, "
+            f"test accuracy {record.test_accuracy:.2%}{nonfinite}{stopped}"
+        )
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None

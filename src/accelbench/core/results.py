@@ -397,11 +397,9 @@ class EpochRecord:
     gpu_energy_j: Float | None = None  # board energy during the timed training, from NVML
     cpu_energy_j: Float | None = None  # CPU packages' energy in the same window, from RAPL
     scaler_skipped_steps: Int | None = None  # fp16: steps GradScaler skipped (inf/NaN grads)
-    # seconds the process did not run in the timed epoch (SIGSTOP, a suspend, no CPU), from a
-    # heartbeat (`timing.Heartbeat`); over STOPPED_LIMIT_S or STOPPED_SHARE: no steady epoch
+    # seconds not run in the timed epoch (`timing.Heartbeat`); over the STOPPED_ limits: unsteady
     stopped_s: Float = 0.0
-    # Its process's first epoch, which paid for compilation, autotuning and graph capture:
-    # epoch 1, and the first after a resume. Never a steady epoch (`steady_epochs`).
+    # its process's first (epoch 1, or a resume's first): paid for compilation; never steady
     warm_up: Bool = False
 
     @property
