@@ -73,9 +73,8 @@ def _exhausted(exc: BaseException) -> BaseException | None:
 
 
 def error_message(exc: BaseException) -> tuple[str, int]:
-    """The message and exit code for an error, as the CLI and the scripts report it: the
-    project's own errors say what to do; an OS error names its path; running out of memory
-    or threads is the machine's; anything else is a failure worth a bug report."""
+    """The message and exit code for an error, as the CLI and the scripts report it: ours say
+    what to do, an OS error names its path, exhaustion is the machine's, the rest a bug's."""
     if isinstance(exc, AccelbenchError):
         return str(exc), exc.exit_code
     if (cause := _exhausted(exc)) is not None:
@@ -114,9 +113,8 @@ def print_error(who: str, message: str) -> None:
 
 
 def script_main(main: Callable[[], int], name: str) -> int:
-    """A script's entry point (benchmarks/, tools/): its AccelbenchErrors, and OS errors that
-    name a file or a full disk, end as the CLI's do (`error_message`, `print_error`), not in
-    a traceback; any other error's traceback is masked (`redact_tracebacks`)."""
+    """A script's entry point (benchmarks/, tools/): our errors, and OS errors naming a file or
+    a full disk, end as the CLI's do; any other error's traceback is masked."""
     redact_tracebacks()
     try:
         return main()
@@ -198,9 +196,8 @@ def _mask_param(param: re.Match[str]) -> str:
 
 
 def redact(text: str) -> str:
-    """`text` with the secrets of the URIs in it as ***: user info (user and password; the
-    host and port stay) and secret-looking parameters. Works on any text, a malformed URI or
-    a whole message; never raises."""
+    """`text` with its URIs' user info (the host and port stay) and secret-looking parameters
+    as ***. Works on any text, a malformed URI or a whole message; never raises."""
     text = _PARAM.sub(_mask_param, _URI_RUN.sub(_mask_user_info, text))
     return _LIBPQ_PASSWORD.sub(r"\1***", text)
 
@@ -211,14 +208,12 @@ def log(message: str) -> None:
 
 
 def print_traceback(exc: BaseException, heading: str = "") -> None:
-    """`exc`'s traceback on stderr, as Python prints it, its URIs' secrets masked (`redact`):
-    a `--debug` traceback quotes the tracking URI, password and all."""
+    """`exc`'s traceback on stderr, masked (`redact`): it may quote the tracking URI."""
     log(heading + "".join(traceback.format_exception(exc)).rstrip())
 
 
 def redact_tracebacks() -> None:
-    """Tracebacks that Python itself prints, of an uncaught error in the main thread or in
-    another (MLflow's), masked as `print_traceback` masks ours."""
+    """Python's own tracebacks, in any thread (MLflow's too), masked as `print_traceback`."""
     sys.excepthook = lambda _type, exc, _tb: print_traceback(exc)
     threading.excepthook = lambda hook: (
         None

@@ -65,9 +65,8 @@ class GpuFacts(Record):
 
 @record(frozen=True, config=RECORD)
 class CudaFacts(Record):
-    """`env/cuda.json`: torch's CUDA build, the driver and the software stack, then either the
-    GPUs torch can use (`gpu`) or why it can use none (`reason`); flat in the file, with
-    `cuda_available` saying which."""
+    """`env/cuda.json` (flat, `cuda_available` saying which): torch's CUDA build, the driver,
+    the software stack, and the GPUs torch can use (`gpu`) or why none (`reason`)."""
 
     torch_cuda_runtime: Str | None  # None: a CPU-only torch build
     nvidia_driver: Str | None  # None: no driver found

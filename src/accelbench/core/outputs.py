@@ -127,9 +127,8 @@ class MetricsFiles:
 
 
 def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
-    """Raise an InputError (before anything is written) if `path` exists and is not what
-    accelbench writes there: a user's file is never replaced. Absent (or a dangling link,
-    which only the link would lose): fine. `kind`: by default, by the file's name."""
+    """An InputError, before anything is written, if `path` exists and is not what accelbench
+    writes there (`kind`; by default, by its name). Absent, or a dangling link: fine."""
     kind = kind or _KINDS_BY_NAME.get(path.name) or _KINDS_BY_SUFFIX.get(path.suffix)
     if kind is None:  # a programming error: other outputs name their kind
         raise ValueError(f"{path.name}: no output kind registered for it; pass one")
@@ -151,8 +150,7 @@ def refuse_foreign(path: Path, kind: Kind | None = None) -> None:
 
 
 def refuse_foreign_folder(folder: Path) -> None:
-    """An output folder (`--metrics`, `--out`) that is a file or a symlink loop is refused,
-    never replaced."""
+    """An output folder (`--metrics`, `--out`) that is a file or a symlink loop is refused."""
     try:
         folder.stat()
     except OSError as exc:
@@ -236,8 +234,7 @@ def remove_leftovers(*finals: Path) -> None:
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary beside `path` to write; renamed onto `path` if the block succeeds, removed
-    if it fails (a full disk leaves the old file and no temporary). Never writes through a
-    link at `path` or at the temporary's name."""
+    if it fails. Never writes through a link at `path` or at the temporary's name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)

@@ -449,9 +449,8 @@ def _expanded_size(root: Any) -> int:
 
 
 def read_yaml(text: str) -> Any:
-    """YAML 1.2 into plain dicts, lists and scalars, as DVC reads params.yaml; refuses (with
-    ParamsError) text over MAX_BYTES, nesting deeper than MAX_DEPTH and documents that expand
-    to more than MAX_VALUES values."""
+    """YAML 1.2 into plain values, as DVC reads params.yaml; a ParamsError beyond MAX_BYTES,
+    MAX_DEPTH or MAX_VALUES."""
     from ruamel.yaml import YAML
     from ruamel.yaml.composer import MaxDepthExceededError
 

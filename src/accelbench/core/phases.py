@@ -19,8 +19,6 @@ from typing import Annotated
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass as record
 
-from accelbench.core.outputs import write_text
-
 TIMINGS_DIR = Path(".accelbench") / "timings"
 
 # Every phase, in the report's order (report/pipeline_time.py says what each covers). A stage
@@ -130,9 +128,8 @@ class StageTiming:
         return max(self.wall_s - sum(self.phases.values()), 0.0)
 
     def overhead_phases(self) -> dict[str, float]:
-        """The overhead by phase: every phase but the timed epochs; the training phase's
-        time outside them and every phase nested in training (per-epoch bookkeeping) as
-        `fit_setup`; wall time no phase accounts for as `other`."""
+        """Every phase but the timed epochs: training's time outside them (per-epoch
+        bookkeeping included) as `fit_setup`; wall time no phase accounts for as `other`."""
         parts = {k: v for k, v in self.phases.items() if k != "training"}
         if "training" in self.phases:
             parts["fit_setup"] = max(self.phases["training"] - (self.training_s or 0.0), 0.0)
@@ -173,7 +170,10 @@ phase = RECORDER.phase
 
 def write(root: Path, timing: StageTiming) -> Path:
     path = root / TIMINGS_DIR / f"{timing.stage}.json"
-    write_text(path, json.dumps(timing.to_json(), indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(timing.to_json(), indent=2) + "\n")
+    os.replace(tmp, path)
     return path
 
 

@@ -81,9 +81,8 @@ def _describe(error: dict[str, Any], root: type, flat: tuple[str, ...] = ()) -> 
 
 
 def problems(errors: list[Any], root: type, flat: tuple[str, ...] = ()) -> list[str]:
-    """Each of pydantic's `errors` (`ValidationError.errors()`) validating `root` (a model or a
-    pydantic dataclass), in a line naming the key, the value and what is allowed; at most
-    MAX_PROBLEMS. `flat`: fields whose records' keys the file holds flat, in their place."""
+    """Each of pydantic's `errors` validating `root` in a line naming the key, the value and
+    what is allowed (at most MAX_PROBLEMS). `flat`: records whose keys the file holds flat."""
     lines = [_describe(e, root, flat) for e in errors[:MAX_PROBLEMS]]
     if len(errors) > MAX_PROBLEMS:
         lines.append(f"... and {len(errors) - MAX_PROBLEMS} more")

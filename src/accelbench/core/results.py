@@ -77,9 +77,8 @@ def check(cls: type[R], payload: Any) -> R:
 
 
 def parse(kind: type[R], payload: Any, source: str, redo: str = REDO) -> R:
-    """`check`, with an InputError that names the file `source` and what to do. `kind`: a
-    record, or a stage's result (`TrainResult`: its summary, or `Skipped` where the payload's
-    status says so)."""
+    """`check`, with an InputError naming the file `source` and what to do. `kind`: a record,
+    or a stage's result (`TrainResult`: `Skipped` where the payload's status says so)."""
     if isinstance(kind, UnionType):
         summary, skipped = get_args(kind)
         is_skipped = isinstance(payload, dict) and payload.get("status") == "skipped"
@@ -208,8 +207,7 @@ class ClassScores(Record):
 
 @record(frozen=True, config=RECORD)
 class EvalSummary(Record):
-    """`eval.json` of a trained variant: the test set through the trained model, untimed
-    training excluded; per-class scores keyed by the digit."""
+    """`eval.json` of a trained variant: the test set through its model; scores by digit."""
 
     test_accuracy: Fraction
     test_loss: Float
@@ -263,9 +261,8 @@ class InferenceFigures(Record):
 
 @record(frozen=True, config=RECORD)
 class QuantizedSummary(Record):
-    """`quantized.json`: the trained model on the CPU in fp32 and quantized to int8, each
-    method's figures keyed by its name (QUANT_METHODS); a method this torch build cannot run
-    is in `unsupported` with the reason."""
+    """`quantized.json`: the trained model on the CPU, each method's figures by its name; a
+    method this torch build cannot run is in `unsupported` with the reason."""
 
     threads: Int  # CPU threads the figures were measured with
     batch_size: Int  # throughput's batch; latency is at batch 1
@@ -326,8 +323,7 @@ class ModelFile:
 
     @classmethod
     def load(cls, path: Path) -> ModelFile:
-        """Read a model file (tensors and plain types only: `weights_only`, never code);
-        anything that is not one of ours is an InputError naming the file."""
+        """A model file (`weights_only`: never code); anything else: an InputError."""
         if not path.is_file():
             what = f"is {a_file(path)}" if path.exists() else "does not exist"
             what = "is a folder" if path.is_dir() else what
@@ -416,9 +412,8 @@ class EpochRecord:
 
 
 def steady_epochs(records: Sequence[EpochRecord]) -> list[EpochRecord]:
-    """The steady epochs of one training: every epoch but its processes' first (epoch 1, and
-    a resumed training's first), which compiled, autotuned and captured graphs, and but
-    those the process was `stopped` in."""
+    """One training's steady epochs: all but its processes' first (epoch 1, a resume's first),
+    which compiled and captured graphs, and those the process was `stopped` in."""
     return [r for r in records[1:] if not (r.warm_up or r.stopped)]
 
 
@@ -435,8 +430,7 @@ def energy_read(records: Sequence[EpochRecord], counter: str) -> bool:
 
 
 def write_epochs_csv(path: Path, records: Sequence[EpochRecord]) -> None:
-    """One row per epoch (DVC plots it: x epoch, y test_accuracy); a skipped variant's file
-    has the header `epoch` alone."""
+    """One row per epoch (DVC plots it); a skipped variant's file has the header `epoch`."""
     columns = [f.name for f in fields(EpochRecord)] if records else ["epoch"]
     with atomic_path(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)

@@ -91,9 +91,8 @@ def ratio_of_medians(numerator: Sequence[float], denominator: Sequence[float]) -
 
 
 def total_after(first: float, measured: Sequence[float]) -> Figure:
-    """Time to a point `len(measured) + 1` epochs in: `first` + the `measured` epochs after
-    it, with an interval that redraws those epochs from themselves (the first epoch,
-    compilation and all, is one measurement and stays as it was)."""
+    """Time to `len(measured) + 1` epochs in: `first` + the `measured` epochs after it; the
+    interval redraws those epochs only (the first, compilation and all, is one measurement)."""
     value = first + sum(measured)
     if len(measured) < 2:
         return Figure(value)
