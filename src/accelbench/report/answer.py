@@ -1,8 +1,5 @@
-"""The answer the report leads with: each variant's speed figures with their 95% intervals,
-and the headline sentences that say who is fastest, by how much, and how sure that is.
-
-Pure: typed results in, figures and text out (`spread` draws the intervals).
-"""
+"""The answer the report leads with: each variant's speed figures with their 95% intervals
+(`spread` draws them), and the headline: who is fastest, by how much, how sure. Pure."""
 
 from __future__ import annotations
 
@@ -79,9 +76,8 @@ def shared_machine(row: Row) -> str | None:
 
 
 def shared_notes(rows: list[Row]) -> list[str]:
-    """The variants measured while other work shared the machine, and what it was, and the
-    epochs their process was stopped in (left out of the steady figures): a list, or nothing
-    where every variant had the machine to itself."""
+    """The notes on variants measured while other work shared the machine (what it was), and
+    on epochs whose process was stopped (left out of the steady figures)."""
     shared = [(row.name, note) for row in rows if (note := shared_machine(row))]
     stopped = [
         prose.STOPPED_EPOCH.format(name=row.name, epoch=e.epoch, seconds=fmt_seconds(e.stopped_s))
@@ -270,17 +266,11 @@ def variant_figures(
     base = samples.get(baseline)
     twins = fp32_twins(rows)
     out: dict[str, VariantFigures] = {}
-    for row in rows:
-        if row.name not in samples:
-            continue
-        mine = samples[row.name]
-        twin = twins.get(row.name)
+    for row in (r for r in rows if r.name in samples):
+        mine, twin = samples[row.name], twins.get(row.name)
         twin = twin if twin in samples else None
-        if base is None:
-            speedup = None
-        elif row.name == baseline:
-            speedup = Figure(1.0)
-        else:
+        speedup = Figure(1.0) if row.name == baseline else None
+        if base is not None and row.name != baseline:
             speedup = spread.ratio_of_medians(base, mine)
         steady = spread.median(mine)
         to_target, target_epoch = _to_target(row, target)
@@ -305,8 +295,7 @@ def variant_figures(
 
 def fmt_speedup(figure: Figure | None) -> str:
     """A speedup with its interval: 12.3× (11.0–13.5×); "n/a" for None."""
-    f = figure
-    return "n/a" if f is None else fmt_interval(f.value, f.lo, f.hi, fmt_ratio)
+    return "n/a" if figure is None else fmt_interval(figure.value, figure.lo, figure.hi, fmt_ratio)
 
 
 def fmt_time(figure: Figure | None) -> str:

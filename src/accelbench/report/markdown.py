@@ -33,19 +33,8 @@ from accelbench.core.results import (
     scaling_efficiency,
     speedup,
 )
-from accelbench.report import pipeline_time, prose
-from accelbench.report.answer import (
-    SHARED_MARK,
-    Row,
-    VariantFigures,
-    fmt_speedup,
-    fmt_time,
-    headline,
-    shared_machine,
-    shared_notes,
-    time_to_target,
-    variant_figures,
-)
+from accelbench.report import answer, pipeline_time, prose
+from accelbench.report.answer import Row, VariantFigures, shared_machine, time_to_target
 from accelbench.report.costs import RunCost, costs_to_target, usd_per_1000
 from accelbench.report.pipeline_time import PipelineTime
 from accelbench.report.summary_figure import summary_figure
@@ -104,11 +93,9 @@ def write_variant_metrics(
     outputs: StagedOutputs | None = None,
     earlier: Collection[str] = (),
 ) -> None:
-    """One small file per variant with the figures a user compares, numbers only (a skipped
-    variant's: none): `dvc metrics show` prints a row per variant (120 columns wide for the
-    default variants), `dvc exp show` a column per figure. Of the other files there, only
-    those of variants the `earlier` report had and this one has not are removed. Written
-    through `outputs` (by default, its own `staged()`): all new or all old."""
+    """A file per variant of the figures a user compares, numbers only: `dvc metrics show`
+    prints a row per variant, `dvc exp show` a column per figure. Of the other files there,
+    only those of variants the `earlier` report had and this one lacks are removed."""
     if outputs is None:
         with staged() as outputs:
             return write_variant_metrics(folder, metrics, outputs, earlier)
@@ -168,7 +155,7 @@ def _answer_table(
         del head[prose.SPEEDUP_COLUMN]
     cells = [_answer_cells(row, figures.get(row.name), spec, compared) for row in rows]
     gpu_trained = any(r.trained and r.variant.device == "cuda" for r in rows)
-    notes = shared_notes(rows)
+    notes = answer.shared_notes(rows)
     return [
         *prose.table(head, cells),
         "",
@@ -184,28 +171,29 @@ def _answer_table(
 def _answer_cells(
     row: Row, f: VariantFigures | None, spec: ReportSpec, compared: bool
 ) -> list[str]:
-    if f is None:  # skipped, or no steady epoch
-        why = prose.SKIPPED_CELL  # else no steady epoch: one epoch, or each a warm-up or stopped
+    if f is None:  # skipped, or no steady epoch: one epoch, or each a warm-up or stopped
+        why = prose.SKIPPED_CELL
         if row.trained:
             why = prose.ONE_EPOCH if row.train.epochs == 1 else prose.NO_STEADY_EPOCH
-        # one epoch measures no speed, but the model was tested
-        accuracy = _cell(row.test_accuracy, "pct") if row.trained else "—"
+        accuracy = _cell(row.test_accuracy, "pct") if row.trained else "—"  # tested, untimed
         device = f"{row.variant.device}, {row.variant.precision}"
         return [row.name, device, why, *["—"] * (compared + 2), accuracy, "—"]
     t = row.train
     to_target = (
-        f"{fmt_time(f.to_target)}, epoch {f.target_epoch}" if f.to_target else prose.NOT_REACHED
+        f"{answer.fmt_time(f.to_target)}, epoch {f.target_epoch}"
+        if f.to_target
+        else prose.NOT_REACHED
     )
     if f.to_target and t.compile_cache:
         to_target += f" ({t.compile_cache} compile)"
     if f.seeds is not None:
         to_target += f"; {f.seeds.text()}"
-    speed = "baseline" if row.name == spec.speedup_baseline else fmt_speedup(f.speedup)
+    speed = "baseline" if row.name == spec.speedup_baseline else answer.fmt_speedup(f.speedup)
     whole = _costs(row, spec)[0] if spec.cost else None
     return [
-        f"**{row.name}**" + (f" {SHARED_MARK}" if shared_machine(row) else ""),
+        f"**{row.name}**" + (f" {answer.SHARED_MARK}" if shared_machine(row) else ""),
         f"{t.device_name}, {_precision_mode(row.variant)}",
-        fmt_time(f.steady_epoch),
+        answer.fmt_time(f.steady_epoch),
         *([speed] if compared else []),
         to_target,
         _cell(row.stage_s, "s") if row.stage_s else "n/a",
@@ -382,7 +370,7 @@ def document(
     lines = [
         prose.TITLE,
         "",
-        " ".join(headline(rows, figures, env, spec.speedup_baseline, spec.target_accuracy)),
+        " ".join(answer.headline(rows, figures, env, spec.speedup_baseline, spec.target_accuracy)),
         "",
         *_answer_table(rows, figures, spec),
         "",
@@ -422,7 +410,7 @@ def write_report(
     if outputs is None:
         with staged() as outputs:
             return write_report(out_dir, rows, env, spec, pipeline, outputs)
-    figures = variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
+    figures = answer.variant_figures(rows, spec.speedup_baseline, spec.target_accuracy)
     gpu = env.cuda.gpu.gpu_names[0] if env.cuda.gpu is not None else ""
     figure = summary_figure(rows, figures, spec.speedup_baseline, gpu)
     figure.savefig(outputs(out_dir / SUMMARY_PNG, FIGURE), dpi=130)

@@ -136,10 +136,9 @@ def _track_variants(
     comparison: Mapping[str, Mapping[str, Any]],
     speedup_baseline: str | None,
 ) -> list[str]:
-    """Each variant's evaluation and figures in the run that trained it (logged without
-    re-opening it, so its duration stays its training's), and each skipped variant as a run
-    that says why: done here, once, so that evaluate and a skipped train never start MLflow.
-    Returns the runs of the variants the report compares: evaluated, then skipped."""
+    """Each variant's evaluation and figures in the run that trained it (not re-opened: its
+    duration stays its training's), each skipped variant as a run that says why (here, so that
+    evaluate and a skipped train never start MLflow). Returns the runs: evaluated, skipped."""
     by_run: dict[str, Mapping[str, Any]] = {}
     skipped: list[str] = []
     for record, row, files in tracked:

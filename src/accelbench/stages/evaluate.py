@@ -1,11 +1,9 @@
 """evaluate@V: the trained model on the test set: accuracy, loss, per-class scores, the
 confusion matrix and inference throughput, on the device it was trained on.
 
-It writes files only; compare logs them to the variant's MLflow run (`run.json` says which),
-so this stage imports neither MLflow nor, for a skipped variant, the model code. While it
-measures, it holds what its training held on this host (`slots.tenancy`): a GPU (one, a DDP
-variant's too: it evaluates in one process) or the CPU's turn, waiting while another stage
-holds it, and says what else ran on the host meanwhile.
+It writes files only (compare logs them to the MLflow run `run.json` names), so it imports
+neither MLflow nor, for a skipped variant, the model code. While it measures, it holds a GPU
+or the CPU's turn on this host (`slots.tenancy`), and says what else ran there meanwhile.
 """
 
 from __future__ import annotations
@@ -71,14 +69,12 @@ def run(
     phases.RECORDER.stage = f"evaluate@{name}"
     if not model_file.trained:
         return _record_untrained(model_file, files)
-    # The model file carries the params it was trained with: the variant is read from it.
     variant = _trained_variant(model_file, model_path)
     with phases.phase("imports"):  # torch is in already (the model file); matplotlib is not
         from accelbench.evaluation import confusion
         from accelbench.training import build, engine
 
-    # Taken before CUDA starts, so it sees its GPU alone; one GPU for a DDP variant too,
-    # which is evaluated in one process.
+    # before CUDA starts, so it sees its GPU alone; one for a DDP variant too (one process)
     gpus = int(variant.uses_cuda)
     with slots.tenancy(name, stage="evaluate", gpus=gpus, cpu=variant.device == "cpu") as tenancy:
         dataset = inputs.dataset

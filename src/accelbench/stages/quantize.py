@@ -1,9 +1,8 @@
 """quantize@V: the trained model on the CPU in fp32, dynamic int8 (Linear layers) and static
 int8 (x86 backend): test accuracy, batch-1 latency, throughput at the eval batch, file size.
 
-It writes files only; compare logs the figures to the variant's MLflow run (like evaluate's).
-While it builds and times them it holds the CPU's turn on this host (`slots.tenancy`), as a
-CPU training does, and says what else ran on the host meanwhile."""
+It writes files only (compare logs them to MLflow), holding the CPU's turn on this host
+(`slots.tenancy`) as a CPU training does."""
 
 from __future__ import annotations
 
@@ -88,11 +87,7 @@ def run(
 
 
 def _models(
-    name: str,
-    model_file: ModelFile,
-    model_path: Path,
-    prepared_dir: Path,
-    inputs: QuantizeInputs,
+    name: str, model_file: ModelFile, model_path: Path, prepared_dir: Path, inputs: QuantizeInputs
 ) -> tuple[dict[str, torch.nn.Module], dict[str, str], ResidentBatches]:
     """The fp32 model on the CPU, its int8 versions (those this build supports; why not, for
     the others) and the test batches."""
@@ -108,9 +103,7 @@ def _models(
     model = build.trained_model(dataset, model_file.state_dict, str(model_path))
     test = build.eval_batches(dataset, prepared_dir, cpu, inputs.batch_size, inputs.test_subset)
     calibration = normalize_images(
-        prepared.load_split(prepared_dir, "train", inputs.calibration_samples).images,
-        dataset,
-        cpu,
+        prepared.load_split(prepared_dir, "train", inputs.calibration_samples).images, dataset, cpu
     ).split(inputs.batch_size)
     models = {"fp32": model, "dynamic_int8": quantization.dynamic_int8(model)}
     unsupported = {}

@@ -1,15 +1,11 @@
 """train@V: train one variant; write its model file, `train.json`, `epochs.csv` and its
 portable compile cache (`training/compile_cache.py`).
 
-Where it runs is `placement.place`'s call: here, skipped, or re-launched under torchrun,
-whose children each train their share of every batch while rank 0 alone writes the
-outputs and the MLflow run. Training itself is `training.loop.train`, handed one `TrainJob`
-(the dataset params.data.dataset names, checked against the prepared folder's manifest)
-and the hooks set up here that record it: the timing phases and rank 0's MLflow run. It is
-imported only to train: a skipped variant's stage imports neither MLflow nor the model
-code, and returns at once. Before CUDA starts, a training takes its GPUs, or the CPU,
-on this host (`slots.tenancy`: it waits while other stages hold them), and its train.json
-says what else ran on the host meanwhile (`shared_machine`).
+`placement.place` decides where: here, skipped, or re-launched under torchrun (rank 0 alone
+writes the outputs and the MLflow run). `training.loop.train` trains, given a `TrainJob` and
+hooks that record the timing phases and rank 0's MLflow run; a skipped variant imports neither
+MLflow nor the model code. Before CUDA starts, a training takes its GPUs, or the CPU, on this
+host (`slots.tenancy` waits while other stages hold them); train.json says what else ran there.
 """
 
 from __future__ import annotations
@@ -58,7 +54,6 @@ if TYPE_CHECKING:
 # Read only to refuse a run, never to shape an output: not in dvc.yaml (the env stage
 # enforces it on every repro).
 CHECKS = ("train.require_gpu",)
-# Any file there is read (one that is not a checkpoint is set aside); a folder or a FIFO never
 CHECKPOINT = Kind("a training checkpoint", lambda path: True)
 
 
@@ -95,10 +90,9 @@ def run(
     locks: tuple[int, ...] = (),
 ) -> TrainResult | None:
     """Train (or skip) one variant; None in a process that writes no outputs. `locks`: the
-    file descriptors of `lifetime.sole_writer`'s locks, which torchrun holds too, as it does
-    the GPUs or the CPU the training takes on this host (`slots.tenancy`)."""
+    file descriptors of `lifetime.sole_writer`'s locks, which torchrun's workers hold too."""
     claim(out.model, out.metrics.train_json, out.metrics.epochs_csv)  # before any work
-    if out.checkpoint is not None:  # any file (one not ours is set aside); never a FIFO
+    if out.checkpoint is not None:  # any file is read (one not ours is set aside); never a FIFO
         refuse_foreign(out.checkpoint, CHECKPOINT)
     if out.compile_cache is not None:
         refuse_foreign(out.compile_cache, compile_cache.KIND)
@@ -225,7 +219,7 @@ def _launch(
     shared: Callable[[], str | None],
 ) -> TrainResult | None:
     """Train under torchrun, which re-runs this command in its workers; node 0's outputs, with
-    what else ran on this host meanwhile (`shared`: `slots.Tenancy.shared`)."""
+    what else ran on this host meanwhile (`shared`)."""
     cfg = variant.distributed
     with phases.phase("launch"):
         torchrun.launch(name, cfg, argv, keep_fds=keep_fds)
@@ -239,8 +233,7 @@ def record_sharing(
     summary: TrainResult | None, note: str | None, out: TrainOutputs
 ) -> TrainResult | None:
     """`summary`, and its train.json, with what else ran on this host while it trained
-    (`shared_machine`, from `slots.Tenancy.shared`, which says it on the console): the
-    report prints it beside the variant. The stage's timing gets its timed epochs."""
+    (`shared_machine`: the report prints it). The stage's timing gets its timed epochs."""
     if isinstance(summary, TrainSummary):
         phases.RECORDER.training_s = summary.timed_s
     if note is None or not isinstance(summary, TrainSummary):
@@ -252,8 +245,7 @@ def record_sharing(
 
 
 def record_skip(name: str, inputs: TrainInputs, reason: str, out: TrainOutputs) -> Skipped:
-    """A variant this machine cannot run: its outputs say so, and why (compare records it in
-    MLflow, with the params in its model file)."""
+    """A variant this machine cannot run: its outputs say so, and why (compare logs it)."""
     log(f"train {name}: skipped: {reason}")
     remove_leftovers(out.model, out.metrics.train_json, out.metrics.epochs_csv)
     params = run_params(name, inputs.recipe, inputs.variant, dataset=None)  # read no data
@@ -271,8 +263,7 @@ def record_skip(name: str, inputs: TrainInputs, reason: str, out: TrainOutputs) 
 
 
 def _model_path(text: str) -> Path:
-    """--model: a model file's name ends in .pt (evaluate and quantize read it by its content;
-    an output's name says what may be replaced at that path)."""
+    """--model: NAME.pt (an output's name says what may be replaced at that path)."""
     path = Path(text)
     if path.suffix != ".pt":
         raise argparse.ArgumentTypeError(
