@@ -157,10 +157,8 @@ class Seeds:
 
     def metrics(self) -> dict[str, float | int]:
         out = {"seeds": self.count, "seeds_reached": len(self.to_target_s)}
-        for key, values in (
-            ("time_to_target", self.to_target_s),
-            ("final_accuracy", self.final_accuracy),
-        ):
+        named = {"time_to_target": self.to_target_s, "final_accuracy": self.final_accuracy}
+        for key, values in named.items():
             out |= {f"{key}_seeds_{f.__name__}": f(values) for f in (min, max) if values}
         return out
 

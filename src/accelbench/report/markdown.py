@@ -285,10 +285,8 @@ def _scaling_lines(rows: list[Row], baselines: Mapping[str, str]) -> list[str]:
         steady = fmt_seconds(t.steady_epoch_s)
         cells.append([row.name, t.world_size, steady, _cell(ratio, "x"), efficiency, against])
         if base and (differing := settings_differing(row.variant, base.variant)):
-            settings = ", ".join(differing)
-            notes.append(
-                prose.SCALING_MIXED.format(name=row.name, base=base.name, settings=settings)
-            )
+            mixed = {"name": row.name, "base": base.name, "settings": ", ".join(differing)}
+            notes.append(prose.SCALING_MIXED.format(**mixed))
     if not cells:
         return []
     table = prose.table(_columns(prose.SCALING_COLUMNS), cells)

@@ -25,30 +25,25 @@ TITLE = "# accelbench comparison"
 
 # --- the headline (answer.py) -------------------------------------------------------------
 
-NOTHING_TO_COMPARE = _paragraph("""
-On {machine}, {stack}: no variant has a steady epoch (none trained two epochs or more, past a
-resume's warm-up), so there is nothing to compare{skipped}.""")
+NOTHING_TO_COMPARE = _paragraph("""On {machine}, {stack}: no variant has a steady epoch (none
+trained two epochs or more, past a resume's warm-up), so there is nothing to compare{skipped}.""")
 NOTHING_SKIPPED = " (skipped: {names})"
-FASTEST = _paragraph("""
-On {machine}, {stack}: **{name}** ({device}, {precision}) {rank}, {steady} a steady
-epoch{faster}{others}.""")
+FASTEST = _paragraph("""On {machine}, {stack}: **{name}** ({device}, {precision}) {rank}, {steady} a
+steady epoch{faster}{others}.""")
 RANK_FIRST = "trains fastest"
 RANK_ONLY = "is the only variant trained here"
 FASTER_THAN = ", **{speedup}** faster than {baseline}"
 OTHERS = " (others: {others})"
-NO_SPEEDUPS = _paragraph("""
-No speedups: their baseline, {baseline}, {why}; report.speedup_baseline in params.yaml names
-it.""")
+NO_SPEEDUPS = _paragraph("""No speedups: their baseline, {baseline}, {why}; report.speedup_baseline
+in params.yaml names it.""")
 BASELINE_SKIPPED = "was skipped on this machine ({reason})"
 BASELINE_NO_STEADY = "has no steady epoch (one epoch trained, or each a warm-up)"
-PRECISION_ALONE = _paragraph("""
-Mixed precision alone ({name}'s {precision} over {twin}'s fp32, every other setting the same)
-is **{speedup}** faster.""")
+PRECISION_ALONE = _paragraph("""Mixed precision alone ({name}'s {precision} over {twin}'s fp32,
+every other setting the same) is **{speedup}** faster.""")
 TARGET_FIRST = ", end to end, **{name}** is first"
 TARGET_ONLY = ", {name} took"
-TO_TARGET = _paragraph("""
-To {target} test accuracy{who}: {time} of training (epoch {epoch}, its first epoch's {cost}
-included{stage}{seeds}){missed}.""")
+TO_TARGET = _paragraph("""To {target} test accuracy{who}: {time} of training (epoch {epoch}, its
+first epoch's {cost} included{stage}{seeds}){missed}.""")
 TARGET_STAGE = "; its train stage {stage} from process start"
 TARGET_SEEDS = "; {seeds}"
 TARGET_MISSED = "; {names} never reached it"
@@ -68,15 +63,14 @@ ACCURACY_SKIPPED = "; skipped on this machine: {names}"
 
 # --- under the answer's table ---------------------------------------------------------------
 
-ANSWER_NOTE = _paragraph("""
-Steady epoch: the median over {samples}; {method} To target, training: training time up to
-the first epoch at the target, its interval redrawing the steady epochs from themselves (the
-first, warm-up and any compiling, stays as measured, with its compile cache: cold, warm or
-portable); *k/n seeds*: over the run and its `repeats`, each at the next seed, each seed's
+ANSWER_NOTE = _paragraph("""Steady epoch: the median over {samples}; {method} To target, training:
+training time up to the first epoch at the target, its interval redrawing the steady epochs from
+themselves (the first, warm-up and any compiling, stays as measured, with its compile cache: cold,
+warm or portable); *k/n seeds*: over the run and its `repeats`, each at the next seed, each seed's
 epochs after the run's first (range over the seeds that reached it), and their final accuracy;
-{one_seed}. Train stage, end to end: the stage's wall time from process start to its end
-(imports, data, MLflow, the model saved and logged), from this pipeline's timings. Cost: energy
-and machine time at `cost:`'s prices (details below).""")
+{one_seed}. Train stage, end to end: the stage's wall time from process start to its end (imports,
+data, MLflow, the model saved and logged), from this pipeline's timings. Cost: energy and machine
+time at `cost:`'s prices (details below).""")
 SAMPLES_SAME = "{epochs} per variant, from {trainings}"
 ONE_STEADY_EPOCH = "1 steady epoch"
 STEADY_EPOCHS = "{n} steady epochs"
@@ -85,13 +79,11 @@ TRAININGS = "{n} trainings (`train.repeats`)"
 SAMPLES_VARY = "each variant's steady epochs (see the details table for how many)"
 ONE_SEED = "one seed: {names}"
 SEVERAL_SEEDS = "every variant trained several seeds"
-SHARED_NOTE = _paragraph("""
-{mark}: measured while other work ran on the machine, so its times may be slower than the
-machine alone gives:""")
+SHARED_NOTE = _paragraph("""{mark}: measured while other work ran on the machine, so its times may
+be slower than the machine alone gives:""")
 SHARED_VARIANT = "- {name}: {note}."
-STOPPED_EPOCH = _paragraph("""
-- {name} epoch {epoch} was stopped for {seconds} (SIGSTOP, a suspend or no CPU): left out of
-the steady figures.""")
+STOPPED_EPOCH = _paragraph("""- {name} epoch {epoch} was stopped for {seconds} (SIGSTOP, a suspend
+or no CPU): left out of the steady figures.""")
 SKIPPED = "Skipped {names}: {reason}."
 SKIPPED_CELL = "skipped"
 ONE_EPOCH = "one epoch: no steady"
@@ -100,8 +92,8 @@ NOT_REACHED = "not reached"
 # The page of the run whose figures the repository ships (reports/metrics), which the README's
 # Result links to: where a machine without a GPU finds a GPU's figures (here and `make metrics`).
 RUN_OF_RECORD = "docs/results/2026-12-04-h200-run-of-record.md"
-H200_POINTER = _paragraph(f"""
-No GPU variant trained here: the README's *Result* has one H200's figures ({RUN_OF_RECORD}).""")
+H200_POINTER = _paragraph(f"""No GPU variant trained here: the README's *Result* has one H200's
+figures ({RUN_OF_RECORD}).""")
 SUMMARY_FIGURE = "![summary: epoch time and accuracy per variant]({path})"
 
 # --- the details ------------------------------------------------------------------------------
@@ -119,15 +111,12 @@ epoch names where its compiled graphs came from: *cold* (compiled here), *warm* 
 machine's compile cache), *portable* (compile-cache/<variant>.bin, made on a machine
 with the same torch, Triton and GPU), *partial* (some of each).
 """
-CPU = _paragraph("""
-- CPU: {cpu.cpu_model}, {cpu.logical_cpus} logical CPUs (torch uses
+CPU = _paragraph("""- CPU: {cpu.cpu_model}, {cpu.logical_cpus} logical CPUs (torch uses
 {cpu.torch_default_threads} threads by default)""")
-SOFTWARE = _paragraph("""
-- Software: Python {software.python}, torch {software.torch}, torchvision
+SOFTWARE = _paragraph("""- Software: Python {software.python}, torch {software.torch}, torchvision
 {software.torchvision}""")
-GPU = _paragraph("""
-- GPU: {gpu.gpu_count} × {gpu.gpu_names[0]} ({gpu.gpu_memory_gib} GiB, compute capability
-{gpu.compute_capability}), NVIDIA driver {cuda.nvidia_driver}, CUDA runtime
+GPU = _paragraph("""- GPU: {gpu.gpu_count} × {gpu.gpu_names[0]} ({gpu.gpu_memory_gib} GiB, compute
+capability {gpu.compute_capability}), NVIDIA driver {cuda.nvidia_driver}, CUDA runtime
 {cuda.torch_cuda_runtime}, cuDNN {gpu.cudnn}""")
 NO_GPU = "- GPU: none usable ({cuda.reason})"
 DATASET = "- Dataset: {dataset}"
@@ -138,12 +127,10 @@ DATASET_TITLES = {
 RECIPE = "- Recipe: {recipe}"
 
 SCALING = "## Scaling (DistributedDataParallel)"
-SCALING_NOTE = _paragraph("""
-Scaling efficiency = speedup / processes, at the same global batch (each process takes batch /
-processes).""")
-SCALING_MIXED = _paragraph("""
-{name} differs from {base} in {settings}: its speedup mixes those settings' effect with the
-scaling.""")
+SCALING_NOTE = _paragraph("""Scaling efficiency = speedup / processes, at the same global batch
+(each process takes batch / processes).""")
+SCALING_MIXED = _paragraph("""{name} differs from {base} in {settings}: its speedup mixes those
+settings' effect with the scaling.""")
 NO_SCALING_BASELINE = "none (report.scaling_baselines)"
 
 QUANTIZED = "## Quantized inference on the CPU"
@@ -153,28 +140,24 @@ QUANT_LABELS = {  # each of QUANT_METHODS, as the table names it
     "static_int8": "static int8 (x86 backend)",
 }
 QUANT_UNSUPPORTED = "not supported: {why}"
-QUANTIZED_NOTE = _paragraph("""
-Measured by the quantize stage on this machine's CPU ({q.threads} threads), whatever device
-trained the weights; latency is the median of {q.latency_repeats} single-image passes (the
-models taking turns, so a busy spell of a shared machine slows them alike), throughput one pass
-over the test set.""")
+QUANTIZED_NOTE = _paragraph("""Measured by the quantize stage on this machine's CPU ({q.threads}
+threads), whatever device trained the weights; latency is the median of {q.latency_repeats}
+single-image passes (the models taking turns, so a busy spell of a shared machine slows them alike),
+throughput one pass over the test set.""")
 
 COST = "## Cost of a run"
-COST_NOTE = _paragraph("""
-Costs are per 1,000 runs (one run costs a fraction of a cent). Prices (`cost:` in params.yaml):
-electricity ${kwh_usd:g}/kWh; an hour of a CPU system ${cpu_hour_usd:g}, of a GPU system
-${gpu_hour_usd:g} per GPU; where no counter was read, a CPU system draws {cpu_system_w:g} W and
-a GPU system {gpu_system_w:g} W per GPU. Measured energy covers only the parts named (a GPU
-board's counter leaves out the host; RAPL, the CPU packages, leaves out memory, disks and
-fans). Training time only: evaluation and start-up excluded.""")
+COST_NOTE = _paragraph("""Costs are per 1,000 runs (one run costs a fraction of a cent). Prices
+(`cost:` in params.yaml): electricity ${kwh_usd:g}/kWh; an hour of a CPU system ${cpu_hour_usd:g},
+of a GPU system ${gpu_hour_usd:g} per GPU; where no counter was read, a CPU system draws
+{cpu_system_w:g} W and a GPU system {gpu_system_w:g} W per GPU. Measured energy covers only the
+parts named (a GPU board's counter leaves out the host; RAPL, the CPU packages, leaves out memory,
+disks and fans). Training time only: evaluation and start-up excluded.""")
 
 # The figures dvc.yaml's `plots:` draw, every variant in each, are not drawn again here.
-PLOTS_POINTER = _paragraph("""
-Every epoch's training time, test accuracy and training loss, each variant's F1 per digit and
-confusion matrix: `make plots` (DVC's plots, dvc_plots/index.html).""")
-FLOPS = _paragraph("""
-Training FLOPs per sample (forward + backward, counted by `torch.utils.flop_counter`):
-{mflop:.1f} MFLOP.""")
+PLOTS_POINTER = _paragraph("""Every epoch's training time, test accuracy and training loss, each
+variant's F1 per digit and confusion matrix: `make plots` (DVC's plots, dvc_plots/index.html).""")
+FLOPS = _paragraph("""Training FLOPs per sample (forward + backward, counted by
+`torch.utils.flop_counter`): {mflop:.1f} MFLOP.""")
 
 # As written: wrapped lines in the report too.
 PIPELINE_TIME = """\
@@ -189,9 +172,9 @@ PIPELINE_COLUMNS = "stage | wall | timed epochs | overhead | largest overhead ph
 UP_TO_DATE = "*{stage} (up to date)*"
 UNTIL_THIS_REPORT = " (until this report)"
 PIPELINE_TOTAL = "| **all stages that ran** | **{wall}** | **{training}** | **{overhead}** | |"
-PIPELINE_SPAN = _paragraph("""
-`dvc repro` from its first stage's start to this report: {span}; DVC's own work between the
-stages (hashing, dvc.lock, starting each stage's process and waiting for it to exit): {between}.""")
+PIPELINE_SPAN = _paragraph("""`dvc repro` from its first stage's start to this report: {span}; DVC's
+own work between the stages (hashing, dvc.lock, starting each stage's process and waiting for it to
+exit): {between}.""")
 PIPELINE_PHASES = "Overhead by phase, over the stages that ran: {phases}."
 PHASES = "Phases: {legend}."
 
@@ -209,19 +192,17 @@ TUTORIALS = """\
 
 # --- the tables' columns, as a table's first line reads ---------------------------------------
 
-ANSWER_COLUMNS = _paragraph("""
-variant | device, precision | steady epoch (95% interval) | speedup vs {baseline} | to {target}:
-training | train stage, end to end | test accuracy | cost per 1,000 runs""")
+ANSWER_COLUMNS = _paragraph("""variant | device, precision | steady epoch (95% interval) | speedup
+vs {baseline} | to {target}: training | train stage, end to end | test accuracy | cost per 1,000
+runs""")
 SPEEDUP_COLUMN = 3  # left out with one variant: nothing to compare
-DETAILS_COLUMNS = _paragraph("""
-variant | status | device | precision | batches | epochs | first epoch | steady epoch (median;
-samples) | total train | samples/s (steady) | speedup vs {baseline} | data wait | TFLOP/s (share
-of peak) | peak host RSS | peak GPU mem | GPU energy / epoch | test accuracy | time to {target}""")
+DETAILS_COLUMNS = _paragraph("""variant | status | device | precision | batches | epochs | first
+epoch | steady epoch (median; samples) | total train | samples/s (steady) | speedup vs {baseline} |
+data wait | TFLOP/s (share of peak) | peak host RSS | peak GPU mem | GPU energy / epoch | test
+accuracy | time to {target}""")
 NO_BASELINE = "a baseline (none set)"
 SCALING_COLUMNS = "variant | processes | steady epoch | speedup | scaling efficiency | baseline"
-QUANTIZED_COLUMNS = _paragraph("""
-variant | model | test accuracy | vs fp32 | latency, batch 1 | speedup | samples/s, batch {batch}
-| speedup | size | vs fp32""")
-COST_COLUMNS = _paragraph("""
-variant | energy of a run (training) | energy from | energy cost | time cost | cost of 1,000 runs
-| of 1,000 runs to {target}""")
+QUANTIZED_COLUMNS = _paragraph("""variant | model | test accuracy | vs fp32 | latency, batch 1 |
+speedup | samples/s, batch {batch} | speedup | size | vs fp32""")
+COST_COLUMNS = _paragraph("""variant | energy of a run (training) | energy from | energy cost | time
+cost | cost of 1,000 runs | of 1,000 runs to {target}""")

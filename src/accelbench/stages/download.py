@@ -35,8 +35,7 @@ def _cifar10(inputs: DataParams, out_dir: Path) -> list[Path]:
     return cifar10.download(out_dir, mirrors, inputs.cifar10_md5, **limits)
 
 
-# Each dataset's download (datasets.DATASETS names them): its mirrors and checksum from
-# params.data, its module's code.
+# Each dataset's download (datasets.DATASETS names them), with its params.data settings.
 DOWNLOADS: dict[str, Callable[[DataParams, Path], list[Path]]] = {
     "mnist": _mnist,
     "cifar10": _cifar10,

@@ -30,9 +30,7 @@ from accelbench.core.results import (
 )
 from accelbench.data.datasets import Dataset, by_name
 from accelbench.system import slots
-from accelbench.training.placement import (
-    evaluation_device,  # imports torch, which reads every model file
-)
+from accelbench.training.placement import evaluation_device  # imports torch: model files need it
 
 if TYPE_CHECKING:
     import torch

@@ -71,10 +71,7 @@ def select(params: Params, name: str) -> TrainInputs:
     recipe["epochs"] = variant.epochs or train.epochs  # a variant's own, where it sets them
     recipe["repeats"] = variant.repeats or train.repeats
     return TrainInputs(
-        recipe=TrainRecipe(**recipe),
-        variant=variant,
-        dataset=by_name(params.data.dataset),
-        require_gpu=train.require_gpu,
+        TrainRecipe(**recipe), variant, by_name(params.data.dataset), train.require_gpu
     )
 
 
@@ -179,21 +176,15 @@ class _Tracked(_Timed):
             yield run_id
 
     def _log_datasets(self) -> None:
-        job = self.job
+        job, folder = self.job, self.job.prepared_dir
         for split, limit, context in (
             ("train", job.recipe.train_subset, "training"),
             ("test", job.recipe.test_subset, "evaluation"),
         ):
-            arrays = prepared.load_split(job.prepared_dir, split, limit)
-            digest = prepared.dataset_digest(job.prepared_dir, split, limit)
-            self.tracking.log_dataset(
-                f"{job.dataset.name}-{split}",
-                arrays.images,
-                arrays.labels,
-                job.prepared_dir,
-                digest,
-                context,
-            )
+            arrays = prepared.load_split(folder, split, limit)
+            digest = prepared.dataset_digest(folder, split, limit)
+            name = f"{job.dataset.name}-{split}"
+            self.tracking.log_dataset(name, arrays.images, arrays.labels, folder, digest, context)
 
     def on_epoch(self, record: EpochRecord) -> None:
         self.tracking.log_metrics(record.metrics(), step=record.epoch)
