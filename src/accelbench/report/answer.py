@@ -234,9 +234,8 @@ def fp32_twins(rows: list[Row]) -> dict[str, str]:
 
 
 def uncompiled_twins(rows: list[Row]) -> dict[str, str]:
-    """Each compiled variant -> the uncompiled one whose settings are otherwise the same,
-    compile, its kernel autotuning and cudnn.benchmark apart (set-up spent for a faster
-    steady epoch): amp -> amp_uncompiled in params.yaml."""
+    """Each compiled variant -> the uncompiled one with the same settings but compile, kernel
+    autotuning and cudnn.benchmark (set-up for a faster steady epoch): amp -> amp_uncompiled."""
     differing = {"compile", "kernel_autotune", "cudnn_benchmark"}
     return _twins(rows, differing, lambda v: v.compile == "none")
 

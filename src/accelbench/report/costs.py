@@ -58,11 +58,8 @@ def run_cost(
     train_s = float(sum(e.train_time_s for e in epochs))
     gpu_j = _measured("gpu_energy_j", epochs, run) if cuda else None
     cpu_j = _measured("cpu_energy_j", epochs, run)
-    parts = []
-    if gpu_j is not None:
-        parts.append("GPU boards (NVML)" if processes > 1 else "GPU board (NVML)")
-    if cpu_j is not None:
-        parts.append("CPU packages (RAPL)")
+    gpu = "GPU boards (NVML)" if processes > 1 else "GPU board (NVML)"
+    parts = [part for part, j in ((gpu, gpu_j), ("CPU packages (RAPL)", cpu_j)) if j is not None]
     if parts:
         energy_j = (gpu_j or 0.0) + (cpu_j or 0.0)
         source = "measured: " + " + ".join(parts)

@@ -1,14 +1,12 @@
 """DVC's plots across variants, and a page that draws them with no network.
 
-The variant list is params.yaml's and DVC's top-level `plots:` cannot loop over it, so the
-compare stage writes each figure's data in long form, one row per variant and epoch (or
-digit), and dvc.yaml's templates (.dvc/plots/variants*.json) colour the lines by `variant`:
-one plot per figure, every variant in it, whatever the variants are.
+DVC's top-level `plots:` cannot loop over params.yaml's variants, so compare writes each
+figure's data in long form (a row per variant and epoch, or digit) and dvc.yaml's templates
+(.dvc/plots/variants*.json) colour the lines by `variant`: one plot per figure, every variant.
 
-`dvc plots show` loads Vega, Vega-Lite and vega-embed from a CDN by default, so on an
-offline machine every plot is blank. `html_template()` returns a page for DVC's
-`--html-template` with the three libraries inlined, taken from vl-convert-python (the Vega
-project's own bundle, BSD-3-Clause): `make plots` writes it and renders with it.
+`dvc plots show` loads Vega, Vega-Lite and vega-embed from a CDN, so offline every plot is
+blank. `html_template()` returns a page for `--html-template` with the three inlined, from
+vl-convert-python (the Vega project's bundle, BSD-3-Clause); `make plots` renders with it:
 
     python -m accelbench.report.dvc_plots --html-template .dvc/tmp/offline-plots.html
 """
@@ -40,8 +38,7 @@ def write_plot_data(
     outputs: StagedOutputs | None = None,
 ) -> list[Path]:
     """`out_dir`'s epochs.csv and per_class.csv, a row per variant and epoch (or digit), in the
-    variants' order; returns their paths. Written through `outputs` (by default, its own
-    `staged()`): all new or all old."""
+    variants' order; returns their paths. Written through `outputs` (default: its own)."""
     if outputs is None:
         with staged() as outputs:
             return write_plot_data(out_dir, epochs, per_class, outputs)

@@ -98,9 +98,8 @@ class PipelineTime:
 
 
 def of_pipeline(timings: list[StageTiming], stages: set[str]) -> list[StageTiming]:
-    """The timings of the pipeline's stages now: those of a variant since removed from
-    params.yaml (`train@old`, whose timing file stays) are left out. `stages`: the
-    `<stage>@<variant>` stages params.yaml defines; stages without a variant always stay."""
+    """The timings of the pipeline's stages now: `stages`, the `<stage>@<variant>` ones that
+    params.yaml defines (a removed variant's timing file stays), and every stage without one."""
     return [t for t in timings if "@" not in t.stage or t.stage in stages]
 
 

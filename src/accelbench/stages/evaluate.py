@@ -78,13 +78,9 @@ def run(
         dataset = inputs.dataset
         device, model = _model_on_device(model_file, model_path, variant, dataset, prepared_dir)
         with phases.phase("data"):
+            size, subset, layout = inputs.batch_size, inputs.test_subset, variant.channels_last
             batches = build.eval_batches(
-                dataset,
-                prepared_dir,
-                device,
-                inputs.batch_size,
-                inputs.test_subset,
-                channels_last=variant.channels_last,
+                dataset, prepared_dir, device, size, subset, channels_last=layout
             )
         with phases.phase("evaluation"):
             # Warm-up: on a GPU every batch shape (cuDNN autotunes each); on a CPU one batch.
