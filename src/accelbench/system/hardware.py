@@ -57,8 +57,7 @@ NO_DRIVER = "no NVIDIA driver found (NVML could not start): no GPU on this machi
 
 @dataclass(frozen=True)
 class GpuProbe:
-    """What NVML (the driver) and torch say about this machine's GPUs, asked once: the env
-    stage records it, `accelbench doctor` diagnoses it."""
+    """What NVML (the driver) and torch say about this machine's GPUs, asked once."""
 
     torch_cuda: str | None  # the CUDA runtime torch was built with ("13.0"); None: CPU build
     driver: str | None  # NVIDIA driver version (NVML); None without a driver
@@ -86,10 +85,10 @@ def _nvml() -> dict[str, Any]:
     """Driver version, its newest CUDA and the GPUs it sees; {} where NVML cannot start."""
     try:
         import pynvml
+
+        pynvml.nvmlInit()
     except ImportError:
         return {}
-    try:
-        pynvml.nvmlInit()
     except pynvml.NVMLError:
         return {}
     try:
@@ -111,14 +110,13 @@ def _nvml() -> dict[str, Any]:
 def nvml_gpu_count() -> tuple[int, str] | None:
     """The GPUs the driver sees and, for none, why, asked of NVML alone (no torch import, a
     few milliseconds); None where NVML cannot tell. No process sees more GPUs than the
-    driver (CUDA_VISIBLE_DEVICES only hides some), so a count below what a variant needs
-    settles that it cannot run here."""
+    driver, so a count below what a variant needs settles that it cannot run here."""
     try:
         import pynvml
+
+        pynvml.nvmlInit()
     except ImportError:
         return None
-    try:
-        pynvml.nvmlInit()
     except pynvml.NVMLError_LibraryNotFound:  # no libnvidia-ml: no NVIDIA driver at all
         return 0, NO_DRIVER
     except pynvml.NVMLError:
@@ -133,7 +131,7 @@ def nvml_gpu_count() -> tuple[int, str] | None:
 
 
 def probe_gpus() -> GpuProbe:
-    """Ask NVML (once) and torch about the GPUs; never fails on a machine without one."""
+    """Ask NVML and torch about the GPUs; never fails on a machine without one."""
     import torch
 
     nvml = _nvml()
@@ -199,10 +197,8 @@ def peak_tflops(device_name: str, precision: str, tf32: bool) -> float | None:
 
 def gpu_energy_reader(device: int = 0):
     """A function returning CUDA device `device`'s energy counter in joules (NVML), or None.
-
     NVML numbers GPUs as the driver does, torch as CUDA_VISIBLE_DEVICES lists them: the board
-    is found by its UUID, else by index only where no CUDA_VISIBLE_DEVICES reorders them (no
-    reading rather than another GPU's)."""
+    is found by its UUID, else by index only where no CUDA_VISIBLE_DEVICES reorders them."""
     import torch
 
     try:
@@ -232,9 +228,8 @@ def cpu_energy_reader(root: Path = RAPL_ROOT) -> Callable[[], float] | None:
     kernel's default since 5.10). Sums the top-level zones, one per package (AMD's too),
     undoing each counter's wrap between readings (at least every few minutes: an epoch)."""
     zones = []
-    for zone in sorted(root.glob("intel-rapl:*")):
-        if zone.name.count(":") != 1:  # intel-rapl:0:0 is a subzone (core, uncore, dram)
-            continue
+    # intel-rapl:0:0 is a subzone (core, uncore, dram)
+    for zone in (z for z in sorted(root.glob("intel-rapl:*")) if z.name.count(":") == 1):
         try:
             wrap = int((zone / "max_energy_range_uj").read_text()) + 1
             first = int((zone / "energy_uj").read_text())
@@ -246,10 +241,9 @@ def cpu_energy_reader(root: Path = RAPL_ROOT) -> Callable[[], float] | None:
 
     def joules() -> float:
         for state in zones:
-            path, wrap, last, _ = state
+            path, wrap, last, total = state
             raw = int(path.read_text())
-            state[3] += (raw - last) % wrap
-            state[2] = raw
+            state[2:] = raw, total + (raw - last) % wrap
         return sum(state[3] for state in zones) / 1e6
 
     return joules

@@ -1,16 +1,11 @@
 """A timed stage's share of the host, its GPUs or the CPU, taken by a lock each, so that
-experiments run side by side (`dvc queue start -j N`, several `dvc exp run`) never time each
-other's kernels (docs/teams.md, "Sweeps on one GPU box"). `tenancy()` is the one way in.
+experiments run side by side never time each other's kernels (docs/teams.md, "Sweeps on one
+GPU box"). `tenancy()` is the one way in.
 
-- A stage that needs k GPUs takes k free ones among those CUDA_VISIBLE_DEVICES lists and
-  narrows CUDA_VISIBLE_DEVICES to them before anything starts CUDA (torchrun's workers
-  inherit it); a stage timed on the CPU takes the host's one CPU lock.
-- A lock is an exclusive `flock` on a file in one host-wide folder, released by the kernel
-  however its holder ends; the file names the holder (stage, pid, working directory).
-- Where too few are free, the stage waits up to `ACCELBENCH_SLOT_WAIT_S`, then fails: it never
-  shares. It names a holder by stage and pid, never by another checkout's path.
-- Meanwhile it notes which other stages held a lock here and how busy other processes kept
-  the CPUs (`Tenancy.shared()`; train.json and eval.json keep it as `shared_machine`).
+A lock is an exclusive `flock` on a file in one host-wide folder, released by the kernel
+however its holder ends; the file names the holder. Where too few are free, the stage waits
+up to `ACCELBENCH_SLOT_WAIT_S`, then fails: it never shares. Meanwhile it notes who else
+used the host (`Tenancy.shared()`, kept as `shared_machine` in train.json and eval.json).
 """
 
 from __future__ import annotations
@@ -45,11 +40,9 @@ CPU_SLOT = "cpu.lock"
 def slots_dir(environ: MutableMapping[str, str] = os.environ) -> Path:
     """The host-wide folder of the locks (created): `ACCELBENCH_SLOTS_DIR`, else this user's
     /tmp/accelbench-slots-<uid> (a folder of this user's alone, never a link)."""
-    chosen = environ.get(SLOTS_DIR_ENV)
-    if chosen:
-        path = Path(chosen)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    if chosen := environ.get(SLOTS_DIR_ENV):
+        Path(chosen).mkdir(parents=True, exist_ok=True)
+        return Path(chosen)
     path = Path("/tmp") / f"accelbench-slots-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
@@ -102,7 +95,7 @@ class Holder:
 
 
 def _read_holder(path: Path) -> Holder | None:
-    """The holder a lock file names (None: unreadable, empty, or not one of ours)."""
+    """None: unreadable, empty, or not one of ours."""
     try:
         with path.open("rb") as handle:
             payload = json.loads(handle.read(4096) or b"null")
@@ -142,11 +135,10 @@ def _try_lock(path: Path) -> int | None:
     fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except BaseException as exc:
         os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
+        if isinstance(exc, BlockingIOError):
+            return None
         raise
     if os.fstat(fd).st_uid == os.getuid():  # a shared folder's other users must open it too
         with contextlib.suppress(OSError):
@@ -163,9 +155,8 @@ def take(
     what: str,
     why: str = "",
 ) -> list[tuple[Path, int]]:
-    """`count` of the locks `paths`, all at once (never some held while waiting for the rest,
-    so two stages cannot each hold half of what the other needs), tried every POLL_S until
-    `wait_s` has passed. Says once that it waits for `what` and who holds it (and `why`)."""
+    """`count` of the locks `paths`, all at once (never some held while waiting for the rest:
+    no two stages each hold half of what the other needs), tried every POLL_S for `wait_s`."""
     started = time.monotonic()
     waiting = False
     while True:
@@ -206,8 +197,8 @@ def take(
 
 
 def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
-    """Who holds a lock in `folder` now, other than this stage (`mine`). A look is a shared
-    lock taken and let go at once: free locks stay free, held ones are seen."""
+    """Who holds a lock in `folder` now, other than `mine`: a shared lock taken and let go at
+    once leaves free locks free and fails on held ones."""
     found = []
     for path in sorted(folder.glob("*.lock")):
         if path in mine:
@@ -219,8 +210,7 @@ def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(path)
-            if holder is not None:
+            if holder := _read_holder(path):
                 found.append(holder)
         finally:
             os.close(fd)  # lets a shared lock go
@@ -228,8 +218,8 @@ def others_holding(folder: Path, mine: set[Path]) -> list[Holder]:
 
 
 def cpu_seconds() -> tuple[float, float]:
-    """CPU-seconds since boot: the host's busy ones (steal included: time the hypervisor gave
-    to other machines), and this process tree's (waited-for and running descendants too)."""
+    """CPU-seconds: the host's busy ones since boot (steal included), and this process tree's
+    (waited-for and running descendants too)."""
     import psutil
 
     host = psutil.cpu_times()
@@ -301,8 +291,7 @@ class Tenancy:
                 self._look()
 
     def note(self) -> str | None:
-        """What else ran on this host from the start of the stage's tenancy until now (the
-        first call ends the watch; later calls repeat its answer)."""
+        """What else ran on this host since `watch()`; the first call ends the watch."""
         if self._stop.is_set() or self._start is None:  # noted already, or never watched
             return self._note
         self._stop.set()
@@ -311,15 +300,13 @@ class Tenancy:
         self._look()
         busy, own = cpu_seconds()
         elapsed = time.monotonic() - self._start[2]
-        others = None
-        if elapsed > 0:
-            others = max(0.0, (busy - self._start[0]) - (own - self._start[1])) / elapsed
-        self._note = sharing_note(list(self._seen), others, os.cpu_count())
+        others = max(0.0, (busy - self._start[0]) - (own - self._start[1]))
+        shares = others / elapsed if elapsed > 0 else None
+        self._note = sharing_note(list(self._seen), shares, os.cpu_count())
         return self._note
 
     def shared(self) -> str | None:
-        """`note()`, said on the console where there is one (train and evaluate keep it in
-        their results files as well; quantized.json has no place for it)."""
+        """`note()`, said on the console too."""
         note = self.note()
         if note is not None:
             log(f"{self.label}: measured while the machine was shared: {note}")
@@ -336,9 +323,8 @@ def tenancy(
     environ: MutableMapping[str, str] = os.environ,
 ) -> Iterator[Tenancy]:
     """Inside: `stage` of variant `name` holds `gpus` GPUs (CUDA_VISIBLE_DEVICES names them
-    alone) or, with `cpu`, the host's CPU lock, and watches who else holds one here. Enter it
-    before anything starts CUDA; leave it once what it times is measured. Takes nothing in a
-    torchrun worker (its launcher holds them) or for a stage that needs neither."""
+    alone) or, with `cpu`, the host's CPU lock, and watches who else holds one. Enter it
+    before anything starts CUDA. Takes nothing in a torchrun worker (its launcher holds them)."""
     label = f"{stage} {name}"
     if lifetime.is_torchrun_worker() or not (gpus or cpu):
         yield Tenancy(label=label)
@@ -377,8 +363,8 @@ def tenancy(
 
 def _take_gpus(here: Tenancy, count: int, wait_s: float, environ: MutableMapping[str, str]) -> str:
     """Takes `count` free GPUs for `here` and narrows CUDA_VISIBLE_DEVICES to them; says what
-    it holds ("GPU 3"), or "" where NVML cannot count the GPUs or fewer are listed than `count`
-    (placement then skips or refuses the stage)."""
+    it holds ("GPU 3"), or "" where there are too few or NVML cannot count them (placement
+    then skips or refuses the stage)."""
     candidates = gpu_candidates(environ)
     if candidates is None:
         log(
