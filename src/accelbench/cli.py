@@ -1,8 +1,6 @@
 """`accelbench <stage>`: parse arguments, validate params.yaml, call the stage's module.
-
 Every stage validates the whole params.yaml first, so bad input fails `dvc repro` at its
-first stage, before any download or training; the stage then reads only its own keys
-(its module's `select`).
+first stage; the stage then reads only its own keys (its module's `select`).
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ MIN_ADDRESS_SPACE = 1 << 30
 
 
 def _check_environment(stage: str) -> None:
-    """The process's limits and $MLFLOW_TRACKING_URI, before any work (the URI never echoed:
-    it may hold a password)."""
+    """The process's limits and $MLFLOW_TRACKING_URI (never echoed: it may hold a password)."""
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     if stage in STAGES and limit != resource.RLIM_INFINITY and limit < MIN_ADDRESS_SPACE:
         raise StageError(
@@ -99,24 +96,21 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit codes: 0 GPU ready, 3 CPU only (nothing required a GPU), 1 problems.",
     )
     doctor.add_argument("--require-gpu", action="store_true", help="a missing GPU is a problem")
-    # Their arguments, --help included, are their modules' own (accelbench.system.ui, .server).
-    sub.add_parser("ui", help="the MLflow UI over this checkout's store (make ui)", add_help=False)
-    sub.add_parser(
-        "server", help="a team's MLflow server on PostgreSQL (docs/teams.md)", add_help=False
-    )
-    for name, help_line in STAGES.items():
-        # Its arguments, --help included, are left to the stage's own parser.
+    launchers = {
+        "ui": "the MLflow UI over this checkout's store (make ui)",
+        "server": "a team's MLflow server on PostgreSQL (docs/teams.md)",
+    }
+    for name, help_line in (launchers | STAGES).items():
+        # Its arguments, --help included, are left to its module's own parser.
         sub.add_parser(name, help=help_line, add_help=False)
     return parser
 
 
 def _check_params_unchanged(stage: Any, args: argparse.Namespace, params: Params) -> None:
-    """DVC records a stage's params as they are when it ends, not as it started: an edit of
-    params.yaml while the stage ran would be recorded beside outputs made with the old values,
-    and the stage never run again. Fail instead, naming what changed. Keys the stage reads
-    only to refuse a run (its module's CHECKS: not in dvc.yaml) may change. A file no longer
-    valid is only warned of: whatever DVC records from it is a value no run can have used,
-    so the stage runs again once the file is mended."""
+    """DVC records a stage's params as they are when it ends: an edit of params.yaml while the
+    stage ran would be recorded beside outputs made with the old values. Fail instead, naming
+    what changed (its module's CHECKS, not in dvc.yaml, may change). A file no longer valid is
+    only warned of: DVC records no value a run used, so the stage runs again once mended."""
     try:
         now = load_params(args.params)
     except InputError as exc:
@@ -152,12 +146,10 @@ _interrupted_by: list[str] = []
 
 
 def _interrupt_on_sigterm() -> None:
-    """SIGTERM (a scheduler's pre-emption, `kill`, `dvc` stopping) unwinds like Ctrl-C, so
-    open MLflow runs are marked KILLED and temporary files are cleaned up."""
+    """SIGTERM unwinds like Ctrl-C: open MLflow runs are marked KILLED, temporary files removed."""
 
     def handler(signum: int, frame: object) -> None:
-        # Once: a second SIGTERM (a launcher and a watchdog both saying so) must not cut
-        # short the clean-up the first one started (MLflow's run ended as KILLED, say).
+        # Once: a second SIGTERM (a launcher and a watchdog both) must not cut the clean-up short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _interrupted_by.append(f"signal {signal.Signals(signum).name}")
         if lifetime.ending_with_launcher():  # DVC or torchrun gone, or stopping it: bounded
@@ -168,10 +160,8 @@ def _interrupt_on_sigterm() -> None:
 
 
 def _interruption(exc: BaseException) -> str | None:
-    """What interrupted the process, where `exc` came of it: a SIGTERM that arrived before it,
-    or a Ctrl-C it was raised while handling. An interrupt that lands inside an import (torch's)
-    can surface as that module's AttributeError ("partially initialized module"), not as
-    itself."""
+    """What interrupted the process, where `exc` came of it: a SIGTERM before it, or a Ctrl-C
+    it was raised while handling (one inside an import can surface as an AttributeError)."""
     if _interrupted_by:
         return _interrupted_by[0]
     seen: set[int] = set()
@@ -185,11 +175,9 @@ def _interruption(exc: BaseException) -> str | None:
 
 
 def _persistent_compile_cache(root: Path) -> None:
-    """torch.compile's caches (Inductor's FX graphs, AOTAutograd, Triton kernels) in the
-    checkout, not in the system's temporary folder: a second run on this machine compiles
-    nothing. The CUDA driver's JIT cache too (cuDNN's engines built from PTX), so that the
-    portable compile cache carries it (`training/compile_cache.py`). Set before torch is
-    imported; torchrun's children inherit them. A user's own setting wins."""
+    """torch.compile's caches and the CUDA driver's JIT cache in the checkout, not in /tmp: a
+    second run compiles nothing, and the portable compile cache carries them
+    (`training/compile_cache.py`). Set before torch is imported; a user's own setting wins."""
     cache = root / ".accelbench" / "compile-cache"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
@@ -197,19 +185,11 @@ def _persistent_compile_cache(root: Path) -> None:
 
 
 def _end_process(code: int) -> NoReturn:
-    """End a stage's process as the interpreter would, without its teardown. With torch or
-    MLflow imported, freeing every module's objects takes 0.5-1.3 s after the stage is done;
-    DVC waits for it, and the report counts it between the stages. Threads still at work get
-    the usual exit, which waits for them; otherwise the exit handlers run (logging, temporary
-    files, worker processes, MLflow) and the process ends.
-
-    What it takes is the stage's `ending` phase: its timing file is written again last, so a
-    slow ending shows in the report as the stage's, not as DVC's time between the stages.
-
-    All of it has `lifetime.ENDING_LIMIT_S`: a handler or thread that hangs (a DDP
-    communicator, say) cannot keep a finished stage alive. So Ctrl-C and SIGTERM wait for
-    it: arriving now, they would cut the exit handlers short (a run left open, a traceback
-    after "done")."""
+    """End a stage's process as the interpreter would, without its teardown (freeing torch's
+    and MLflow's objects takes 0.5-1.3 s that DVC waits for): threads still at work get the
+    usual exit; otherwise the exit handlers run and the process ends. That is the stage's
+    `ending` phase, its timing written again last. All of it within `lifetime.ENDING_LIMIT_S`,
+    Ctrl-C and SIGTERM ignored: arriving now, they would cut the exit handlers short."""
     for interrupt in (signal.SIGINT, signal.SIGTERM):
         signal.signal(interrupt, signal.SIG_IGN)
     lifetime.end_within(lifetime.ENDING_LIMIT_S, code, "the finished stage's process")
@@ -240,8 +220,7 @@ def _end_process(code: int) -> NoReturn:
 
 def _print_out(text: str, code: int = 0) -> int:
     """Print a command's answer to stdout and return `code`; where the reader has gone
-    (`accelbench runs | head -3`), stop quietly with EXIT_READER_GONE, as `git log | head`
-    does, rather than report a BrokenPipeError."""
+    (`accelbench runs | head -3`), stop quietly with EXIT_READER_GONE, as `git log | head`."""
     try:
         print(text, flush=True)
     except BrokenPipeError:
@@ -265,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _failed(args: argparse.Namespace, exc: Exception) -> int:
-    """The exit code for the error `exc` ended the command with, after its one line (and,
-    with --debug or $ACCELBENCH_DEBUG, its traceback first)."""
+    """The exit code for the error `exc`, after its one line (the traceback first on request)."""
     if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
         print_traceback(exc)
     if (why := _interruption(exc)) is not None:
@@ -291,9 +269,7 @@ def _run(
     if args.stage in STAGES:  # no stage outlives the `dvc repro` that started it
         lifetime.end_with_launcher()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    # MLflow's INFO lines (store created, system metrics started and stopped, uv detected)
-    # would be half of a stage's output; its warnings and errors still show. INFO is one
-    # environment variable away: MLFLOW_LOGGING_LEVEL=INFO.
+    # MLflow's INFO lines would be half of a stage's output (MLFLOW_LOGGING_LEVEL=INFO shows them)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if args.stage == "doctor":  # needs no params.yaml: it runs before a checkout is set up
         doctor = importlib.import_module("accelbench.system.doctor")
@@ -307,8 +283,7 @@ def _run(
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a DDP stage re-runs itself
     try:
         _check_environment(args.stage)
-        # Imported by name: a stage's code is its own module's imports, no other stage's
-        # (dvc.yaml's deps list exactly them).
+        # Imported by name: a stage's code is its own module's imports (dvc.yaml's deps)
         stage = _stage_arguments(args.stage, stage_args, args) if args.stage in STAGES else None
         if args.stage == "runs":  # the workspace's store, from any of its subfolders: no params
             runs = importlib.import_module("accelbench.report.runs")

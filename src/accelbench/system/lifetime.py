@@ -1,12 +1,10 @@
 """A training stage's processes: they end with the process that started them, and only one
 process at a time trains into the same outputs.
 
-- Under DVC a stage ends when DVC does, so killing only DVC (`kill <dvc pid>`) leaves no
-  training behind to fight the next `dvc repro` over its checkpoint, model and MLflow run.
-  Run by hand, a stage is left alone (`nohup accelbench train ... &` outlives a logout).
-- A DDP stage's torchrun ends with the stage, and torchrun's workers with torchrun.
-- "Ends" means SIGTERM, unwound by the CLI as Ctrl-C is (the MLflow run ended as KILLED, the
-  last finished epoch's checkpoint kept), within STOP_LIMIT_S: within 2 s in all.
+Under DVC a stage ends when DVC does (killing only DVC leaves no training behind to fight the
+next `dvc repro`); run by hand, it is left alone (`nohup` outlives a logout). torchrun ends
+with the stage, its workers with torchrun. "Ends" means SIGTERM, unwound by the CLI as Ctrl-C
+is (the MLflow run KILLED, the last epoch's checkpoint kept), within STOP_LIMIT_S.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from typing import NoReturn
 from accelbench.core.console import InputError, log
 
 # Set by `accelbench.training.torchrun` for the processes it starts: the pid they must not outlive
-# (read by torchrun's wrapper from the stage, by the workers from the wrapper).
 PARENT_ENV = "ACCELBENCH_PARENT_PID"
 WATCH_INTERVAL_S = 0.1  # a few /proc reads a tick
 # Once its launcher is gone, a stage's unwinding has this long (the MLflow run marked KILLED:
@@ -56,14 +53,12 @@ def ending_with_launcher() -> bool:
 
 def end_with_launcher() -> None:
     """Call first thing in a stage: a torchrun worker ends with torchrun, a stage run by DVC
-    with DVC (and DVC's `sh -c` between). Once per process: a second watchdog would send a
-    second SIGTERM, which could cut short the first one's clean-up."""
+    with DVC. Once per process: a second watchdog's SIGTERM could cut the first's clean-up."""
     global _ENDING_WITH_LAUNCHER
     if _ENDING_WITH_LAUNCHER:
         return
     _ENDING_WITH_LAUNCHER = True
-    if is_torchrun_worker():  # the parent our torchrun wrapper recorded (one that died before
-        # this process looked is caught), else the current one
+    if is_torchrun_worker():  # the parent our wrapper recorded: catches one already gone
         parent = os.environ.get(PARENT_ENV, "")
         end_with_parent(int(parent) if parent.isdigit() else os.getppid())
     elif under_dvc():
@@ -76,9 +71,8 @@ def end_with_launcher() -> None:
 
 def end_with_parent(parent: int) -> None:
     """SIGTERM to this process once `parent` has ended: on Linux the kernel's parent-death
-    signal (it fires when the parent *thread* ends: DVC, the stage and torchrun start theirs
-    from a thread that waits for them), checked once for a parent gone before it was set;
-    elsewhere a thread that watches the parent pid."""
+    signal (it fires when the parent *thread* ends: our launchers start children from a
+    thread that waits for them), checked once for a parent already gone; elsewhere a watcher."""
     pdeathsig = False
     if sys.platform.startswith("linux"):
         import ctypes
@@ -138,8 +132,8 @@ def end_now(code: int) -> NoReturn:
 
 
 def end_within(limit_s: float, code: int, what: str) -> None:
-    """Give this process `limit_s` to end, from now; past that, end it with `code` and one
-    line naming `what` was ending and the threads still running."""
+    """Past `limit_s` from now, end this process with `code` and one line naming `what` was
+    ending and the threads still running."""
 
     def deadline() -> None:
         time.sleep(limit_s)
@@ -155,9 +149,6 @@ def end_within(limit_s: float, code: int, what: str) -> None:
     threading.Thread(target=deadline, name="accelbench-ending", daemon=True).start()
 
 
-# --- one trainer per output ----------------------------------------------------------------
-
-
 def lock_path(output: Path) -> Path:
     """The lock file of an output: a hidden file beside it (`models/.cpu.pt.lock`)."""
     return output.with_name(f".{output.name}.lock")
@@ -165,11 +156,9 @@ def lock_path(output: Path) -> Path:
 
 @contextlib.contextmanager
 def sole_writer(name: str, *outputs: Path | None) -> Iterator[tuple[int, ...]]:
-    """Inside: this process alone writes `outputs` (yields its locks' descriptors).
-
-    An exclusive `flock` on a lock file beside each output, naming this pid: the kernel
-    releases it however the process ends, so a killed one's never blocks. Another live holder
-    is a one-line error naming it. A torchrun worker takes none: its launcher holds them."""
+    """Inside: this process alone writes `outputs` (yields its locks' descriptors): an
+    exclusive `flock` on a lock file beside each, naming this pid, which the kernel releases
+    however the process ends. A torchrun worker takes none: its launcher holds them."""
     if is_torchrun_worker():
         yield ()
         return
@@ -221,10 +210,9 @@ def _acquire(path: Path, name: str) -> int:
 
 def end_compile_workers() -> None:
     """Kill torch.compile's idle compile workers once a stage is done with them: Inductor's
-    exit handler shuts them down one by one, which kept a finished compiled stage alive for
-    0.8-3.1 s on an H200 host while DVC waited. The pool is marked stopped first, so its
-    reader takes the closed pipe as a shutdown; with another layout of Inductor's internal
-    pool attributes the handler's own shutdown runs as before."""
+    exit handler shuts them down one by one (0.8-3.1 s while DVC waits). The pool is marked
+    stopped first, so its reader takes the closed pipe as a shutdown; where Inductor's
+    internal attributes differ, its handler's own shutdown runs as before."""
     compiling = sys.modules.get("torch._inductor.async_compile")
     for pool in list(getattr(compiling, "_pool_set", ())):
         sidecar, lock = getattr(pool, "process", None), getattr(pool, "write_lock", None)
@@ -238,13 +226,10 @@ def end_compile_workers() -> None:
                 pool.timer.quit()
         import psutil
 
-        try:
-            workers = psutil.Process(sidecar.pid).children(recursive=True)
-        except psutil.Error:
-            workers = []
-        for worker in workers:  # the pool's processes: SIGKILL, reaped by init
-            with contextlib.suppress(psutil.Error):
-                worker.kill()
+        with contextlib.suppress(psutil.Error):
+            for worker in psutil.Process(sidecar.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):  # SIGKILL, reaped by init
+                    worker.kill()
         with contextlib.suppress(ProcessLookupError):
             sidecar.kill()
         sidecar.wait()

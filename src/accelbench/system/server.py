@@ -1,13 +1,9 @@
 """`accelbench server`: a team's MLflow tracking server, its runs in PostgreSQL, its artifacts
-proxied (docs/teams.md).
-
-A launcher with checks, not a server: it refuses in one line (exit 2) what would fail or undo
-its settings (a database it cannot use, an artifact folder it cannot write, a port in use, a
-clashing MLflow option), then *becomes* `mlflow server --serve-artifacts` (exec). Clients need
-only `MLFLOW_TRACKING_URI=http://HOST:5000`: no database driver, credentials or artifact store.
+proxied (docs/teams.md). A launcher: it refuses in one line (exit 2) what would fail or undo
+its settings, then *becomes* `mlflow server --serve-artifacts` (exec).
 
 The database URI reaches MLflow through its own environment variable, never the command line,
-so a password in it is not shown by `ps`; messages show its user info as `***` (`redact`).
+so `ps` shows no password in it; messages mask its user info (`redact`).
 """
 
 from __future__ import annotations
@@ -81,8 +77,7 @@ def check_artifacts(destination: str | None) -> str:
         raise InputError(
             f"no artifact store: pass --artifacts FOLDER (or s3://BUCKET/PATH) or set {ARTIFACTS_ENV}"
         )
-    parts = urlsplit(destination)
-    if parts.password is not None:
+    if (parts := urlsplit(destination)).password is not None:
         raise InputError(
             f"--artifacts {redact(destination)}: holds a password, which `mlflow "
             "server`'s command line would show to everyone on this host (ps); leave them out and "
@@ -135,8 +130,7 @@ def _advice(message: str, url) -> str:
 
 
 def check_connection(uri: str) -> None:
-    """Log in to the database once, as MLflow will (SQLAlchemy, the URI's driver), with a short
-    timeout; InputError naming the database and what to do when that fails."""
+    """Log in to the database once, as MLflow will, with a short timeout; else InputError."""
     import sqlalchemy
     from sqlalchemy.engine import make_url
     from sqlalchemy.pool import NullPool
@@ -192,8 +186,7 @@ def check_port(host: str, port: int) -> None:
 
 def users_url(host: str, port: int) -> str:
     """What users set MLFLOW_TRACKING_URI to."""
-    if host in ("0.0.0.0", "::", ""):
-        host = socket.gethostname()
+    host = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
@@ -213,23 +206,17 @@ def refused_url(allowed: str, url: str) -> str | None:
 
 def mlflow_server_env() -> dict[str, str]:
     """The environment of an MLflow server accelbench starts (`accelbench server`, `make ui`)."""
-    env = {**os.environ}
     # MLflow's job runner (GenAI evaluation jobs: eight more processes, each importing MLflow)
-    # serves nothing accelbench logs; MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true brings it back.
-    env.setdefault(JOBS_ENV, "false")
-    # As the stages: no usage data from the server, nor (its answer to the UI) from the browser.
-    for key in TELEMETRY_OFF:
-        env.setdefault(key, "true")
+    # serves nothing accelbench logs. No usage data from the server, nor from the browser.
+    env = {JOBS_ENV: "false", **dict.fromkeys(TELEMETRY_OFF, "true"), **os.environ}
     env["PYTHONWARNINGS"] = ",".join(filter(None, (UI_WARNINGS, env.get("PYTHONWARNINGS"))))
     return env
 
 
 def server_env(database: str, extra: list[str], url: str) -> tuple[dict[str, str], str | None]:
     """The environment `mlflow server` runs in, and a warning if its allowed hosts refuse `url`.
-
-    Where the user gives no allowed hosts, MLflow's defaults would refuse the host name users
-    are told to type: they are MLflow's defaults (which a list of one's own replaces) plus this
-    machine's names and the host of `url`, bare and with any port."""
+    Where the user gives none, MLflow's defaults (which would refuse the host name users are
+    told to type) plus this machine's names and the host of `url`, bare and with any port."""
     from mlflow.server.security_utils import get_default_allowed_hosts
 
     env = {**mlflow_server_env(), DATABASE_ENV: database}
@@ -287,10 +274,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """Check everything, then replace this process with MLflow's server."""
-    own, extra = argv, []
-    if "--" in argv:
-        own, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    args = parser().parse_args(own)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser().parse_args(argv[:cut]), argv[cut + 1 :]
     try:
         extra = check_mlflow_args(extra)
         database = check_database_uri(args.database)
