@@ -1,11 +1,7 @@
-"""A DVC experiment beside its baseline in MLflow: after `dvc exp run`, the saved view (and so
-the links printed) lists the experiment's variant runs and its baseline's, a row per variant
-run saying whose it is, with a column per param that differs between the two.
-
-The baseline is the newest FINISHED pipeline run of a `dvc repro` (not an experiment, not by
-hand) of the commit DVC names in `$DVC_EXP_BASELINE_REV`, matched by each run's git commit tag.
-The params compared are those the variants' runs hold: a change they do not hold (a
-compare-only key such as `report.*`) shows no column.
+"""A DVC experiment beside its baseline in MLflow: after `dvc exp run`, the saved view lists
+the experiment's variant runs and its baseline's, each saying whose it is, with a column per
+param (of those the runs hold) that differs. The baseline is the newest FINISHED pipeline run
+of a `dvc repro` of the commit in `$DVC_EXP_BASELINE_REV`, by each run's git commit tag.
 """
 
 from __future__ import annotations
@@ -42,8 +38,8 @@ from accelbench.system.tracking.view import (
 
 COMMIT_TAG = "mlflow.source.git.commit"
 BASELINE_REV_ENV = "DVC_EXP_BASELINE_REV"  # DVC sets it for every stage of `dvc exp run`
-# On an experiment's pipeline run, written by its compare: its baseline commit, the baseline's
-# pipeline run (empty: none in the store) and the params that differ (comma-separated).
+# On an experiment's pipeline run, by its compare: its baseline commit, pipeline run (empty:
+# none in the store) and the params that differ (comma-separated).
 BASELINE_COMMIT_TAG = "accelbench.baseline_commit"
 BASELINE_RUN_TAG = "accelbench.baseline_run"
 DIFFERING_TAG = "accelbench.params_differ"
@@ -75,8 +71,7 @@ class Beside:
 
 
 def find_baseline(client: MlflowClient, experiment_id: str, pipeline: Any, commit: str) -> Any:
-    """The newest FINISHED pipeline run of a `dvc repro` of `commit` that started before
-    `pipeline`, in the experiment; None if there is none."""
+    """The newest FINISHED pipeline run of a `dvc repro` of `commit` before `pipeline`, or None."""
     found = client.search_runs(
         [experiment_id],
         filter_string=(
@@ -93,24 +88,22 @@ def find_baseline(client: MlflowClient, experiment_id: str, pipeline: Any, commi
 
 
 def differing_params(ours: Sequence[Any], theirs: Sequence[Any]) -> tuple[str, ...]:
-    """The params whose values differ between two pipelines' runs of the same variant (by run
-    name), a param one of the two lacks included; sorted."""
+    """The params (one of the two lacks too) that differ between two pipelines' runs of the
+    same variant (by run name); sorted."""
     by_name = {run.info.run_name: run.data.params for run in theirs}
     differ: set[str] = set()
     for run in ours:
-        other = by_name.get(run.info.run_name)
-        if other is None:
-            continue
-        mine = run.data.params
-        differ |= {key for key in mine.keys() | other.keys() if mine.get(key) != other.get(key)}
+        if (other := by_name.get(run.info.run_name)) is not None:
+            mine = run.data.params
+            differ |= {key for key in mine.keys() | other.keys() if mine.get(key) != other.get(key)}
     return tuple(sorted(differ))
 
 
 @tolerant
 def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
     """Where `pipeline_run_id` is a DVC experiment's: find its baseline, mark whose each variant
-    run is, and point the saved view at both pipelines' variants with the params that differ
-    (at the experiment alone without a baseline). None for a pipeline run of no experiment."""
+    run is, and point the saved view at both pipelines' variants (the experiment's alone
+    without a baseline). None for a pipeline run of no experiment."""
     experiment_id = setup(root)
     client = MlflowClient()
     pipeline, ours = pipeline_variants(client, experiment_id, pipeline_run_id)
@@ -153,8 +146,8 @@ def show_beside_baseline(root: Path, pipeline_run_id: str) -> Beside | None:
 
 
 def beside_of(client: MlflowClient, pipeline: Any) -> Beside | None:
-    """What an experiment's compare found (`show_beside_baseline`), read back from its
-    pipeline run's tags; None for a pipeline run compare has not shown beside a baseline."""
+    """What an experiment's compare found (`show_beside_baseline`), from its pipeline run's
+    tags; None for one compare has not shown beside a baseline."""
     tags = pipeline.data.tags
     if not tags.get(EXP_NAME_TAG) or BASELINE_COMMIT_TAG not in tags:
         return None

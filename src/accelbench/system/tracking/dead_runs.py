@@ -1,8 +1,6 @@
 """Runs whose process died without ending them (kill -9, the OOM killer) are closed as
-KILLED by the next run that meets them, tagged with why: no run stays RUNNING after a rerun.
-
-Each run carries the machine, the pid and the start of the process that has it open; a run
-whose process is gone from this machine is dead.
+KILLED by the next run that meets them, tagged with why. Each run carries the machine, the pid
+and the start of the process that has it open; one whose process is gone here is dead.
 """
 
 from __future__ import annotations
@@ -27,8 +25,8 @@ BY_HAND_TAG = "accelbench.by_hand"  # "true" on the pipeline run of a stage run 
 
 
 def machine_id() -> str:
-    """The running kernel's boot id (the same on the host and in its containers, whose host
-    names change with every `docker run`; new after a reboot); else the host name."""
+    """The running kernel's boot id (the same on the host and in its containers, new after a
+    reboot); else the host name."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -36,9 +34,9 @@ def machine_id() -> str:
 
 
 def process_start(pid: int) -> str | None:
-    """An opaque mark of process `pid`'s start, another for a later process given the same pid
-    (None: no such process). On Linux the boot id and the start in clock ticks since boot
-    (/proc/<pid>/stat, field 22), which no NTP or date set by hand moves; else psutil's."""
+    """An opaque mark of process `pid`'s start, unlike a later one's with its pid (None: no
+    such process): on Linux the boot id and the start in clock ticks since boot
+    (/proc/<pid>/stat, field 22), which no clock change moves; else psutil's."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -65,11 +63,9 @@ def process_tags() -> dict[str, str]:
 
 
 def why_gone(tags: Mapping[str, str]) -> str | None:
-    """Why the process that has a run open is gone (None: alive, or another machine's).
-
-    A run opened in another pid namespace of this kernel (a container) counts as gone unless
-    the same pid with the same start is visible here: DVC's lock on the checkout never lets
-    two stages of it run at once."""
+    """Why the process that has a run open is gone (None: alive, or another machine's). One
+    in another pid namespace of this kernel (a container) is gone unless the same pid with
+    the same start is visible here: DVC's lock never lets two stages of a checkout run at once."""
     host, pid = tags.get(HOST_TAG), tags.get(PID_TAG)
     if tags.get(MACHINE_TAG, host) not in (machine_id(), socket.gethostname()):
         return None
@@ -81,21 +77,16 @@ def why_gone(tags: Mapping[str, str]) -> str | None:
 
 
 def close_zombies(experiment_id: str, parent: str, variant: str, keep: str | None = None) -> None:
-    """End as KILLED every RUNNING run of `variant` in pipeline run `parent` whose process is
-    gone."""
-    _close_gone(
-        experiment_id,
-        f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}'",
-        keep,
-    )
+    """End as KILLED every RUNNING run of `variant` in `parent` whose process is gone."""
+    which = f"tags.`mlflow.parentRunId` = '{parent}' and tags.variant = '{variant}'"
+    _close_gone(experiment_id, which, keep)
 
 
 def close_gone_by_hand(experiment_id: str) -> None:
-    """End as KILLED the pipeline runs of stages run by hand whose process was killed
-    outright, and their variants' runs left RUNNING with them."""
-    for parent in _close_gone(
-        experiment_id, f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{BY_HAND_TAG}` = 'true'"
-    ):
+    """End as KILLED the pipeline runs by hand whose process was killed outright, and their
+    variants' runs left RUNNING with them."""
+    which = f"tags.`{ROLE_TAG}` = 'pipeline' and tags.`{BY_HAND_TAG}` = 'true'"
+    for parent in _close_gone(experiment_id, which):
         _close_gone(experiment_id, f"tags.`mlflow.parentRunId` = '{parent}'")
 
 

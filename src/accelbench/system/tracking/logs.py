@@ -1,6 +1,5 @@
-"""What a variant's run holds: per-epoch and summary metrics, the data it used, its model
-and files, and, logged by compare into the run its train stage ended, the evaluation and
-the headline figures (as metrics, and the key ones as text tags for the runs table)."""
+"""What a variant's run holds: per-epoch and summary metrics, the data it used, its model and
+files, and, logged by compare, the evaluation and the headline figures (metrics and tags)."""
 
 from __future__ import annotations
 
@@ -29,15 +28,12 @@ from accelbench.system.tracking.dead_runs import CLOSED_TAG, why_gone
 from accelbench.system.tracking.outage import tolerant
 from accelbench.system.tracking.store import once_more_on_conflict, run_in_store, setup
 
-# Metrics that are a share of 1 (accuracy 0.9912, F1, a fraction of the epoch), by a word of
-# their name: to 4 decimals, 0.01%.
-SHARE_WORDS = ("accuracy", "f1", "fraction")
+SHARE_WORDS = ("accuracy", "f1", "fraction")  # in the names of metrics that are a share of 1
 
 
 def rounded(name: str, value: float) -> float:
-    """`value` as precise as it is meaningful: a share (`SHARE_WORDS`) to 4 decimals, anything
-    else to 4 significant digits, seconds (`*_s`, not `*_per_s`) at least to the millisecond
-    (0.08341, 122.103); whole numbers and NaN/inf as they are."""
+    """`value` as precise as it is meaningful: a share (`SHARE_WORDS`) to 4 decimals (0.01%),
+    else 4 significant digits, seconds (`*_s`, not `*_per_s`) at least to the millisecond."""
     if not math.isfinite(value) or value.is_integer():
         return value
     if any(word in name for word in SHARE_WORDS):
@@ -66,16 +62,15 @@ def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _metrics(values: Mapping[str, Any], step: int = 0, **against: str | None) -> list[Metric]:
-    """The finite numbers of `values`, each `rounded`, as metrics logged now at `step`; with
-    `against`, logged against a model and dataset (`log_evaluation`)."""
+    """The finite numbers of `values`, `rounded`, as metrics at `step` (`against` a model and
+    dataset)."""
     now = get_current_time_millis()
     return [Metric(k, rounded(k, v), now, step, **against) for k, v in _finite(values).items()]
 
 
 @tolerant
 def log_dataset(name: str, images, labels, source: Path, digest: str, context: str) -> None:
-    """The data a run used, as an MLflow dataset input (its digest from the verified checksums:
-    the training and the evaluation stage name the same data alike)."""
+    """The data a run used, as an MLflow dataset input (its digest from the verified checksums)."""
     import mlflow.data
 
     with warnings.catch_warnings():
@@ -95,9 +90,9 @@ def log_evaluation(
     artifacts: list[Path],
     more_metrics: Mapping[str, float | int | None] | None = None,
 ) -> None:
-    """An evaluated variant's figures and files, in the run that trained it (left as its train
-    stage ended it). The figures are logged against the run's model and evaluation dataset,
-    so MLflow's models view ranks the variants' models by them; `more_metrics` plainly."""
+    """An evaluated variant's figures and files, in the run that trained it; the figures
+    against its model and evaluation dataset (MLflow's models view ranks them), `more_metrics`
+    plainly."""
     setup(root)
     client = MlflowClient()
     run = run_in_store(client, run_id)
@@ -108,13 +103,11 @@ def log_evaluation(
             "train@<variant>` tracks the variant again"
         )
         return
-    # the dataset the run logged with context `evaluation`, and the model it logged
     dataset = next(
         (
-            dataset_input.dataset
-            for dataset_input in (run.inputs.dataset_inputs if run.inputs else [])
-            for tag in dataset_input.tags
-            if tag.key == "mlflow.data.context" and tag.value == "evaluation"
+            logged.dataset
+            for logged in (run.inputs.dataset_inputs if run.inputs else [])
+            if any(t.key == "mlflow.data.context" and t.value == "evaluation" for t in logged.tags)
         ),
         None,
     )
@@ -147,9 +140,8 @@ def catch_up(
     summary: TrainSummary,
     ended_ms: int,
 ) -> None:
-    """What a trained variant's run lacks because tracking was down while its train stage ran:
-    the epochs and summary figures it could not log, and, where the run is still RUNNING with
-    its process gone, its end (FINISHED at `ended_ms`). Says so in one line."""
+    """What a variant's run lacks because tracking was down while it trained: its epochs,
+    summary figures and, where it is RUNNING with its process gone, its end (FINISHED)."""
     setup(root)
     client = MlflowClient()
     run = run_in_store(client, run_id)
@@ -174,8 +166,7 @@ def catch_up(
     log(f"{name}: MLflow run {run_id} caught up with its train stage: {'; '.join(said)}")
 
 
-# The headline figures a variant run also carries as text for the runs table, as the report
-# writes them: tag -> (figure in comparison.json, its formatter).
+# Headline figures a variant run carries as text: tag -> (figure in comparison.json, formatter).
 FIGURE_TAGS: dict[str, tuple[str, Callable[[float], str]]] = {
     "speedup": ("speedup_vs_cpu", fmt_ratio),
     "steady_epoch": ("steady_epoch_s", fmt_seconds),
@@ -187,10 +178,8 @@ SPEEDUP_BASELINE_TAG = "speedup_baseline"
 
 
 def figure_text(figures: Mapping[str, float], name: str, fmt: Callable[[float], str]) -> str | None:
-    """`figures[name]` and, where both ends are there, its 95% interval ("148× (140–156×)");
-    None where the variant has no such figure."""
-    value = figures.get(name)
-    if value is None:
+    """`figures[name]` and, where both ends are there, its 95% interval ("148× (140–156×)")."""
+    if (value := figures.get(name)) is None:
         return None
     return fmt_interval(value, figures.get(f"{name}_lo"), figures.get(f"{name}_hi"), fmt)
 
@@ -202,10 +191,8 @@ def log_variant_figures(
     speedup_baseline: str | None = "cpu",
 ) -> None:
     """Each variant's headline figures, keyed by its run id, as metrics of that run and the
-    key ones as text tags (`figure_tags`); a tag an earlier comparison wrote for a figure now
-    None is removed. Through the client, so the runs keep their train stage's start and end.
-    A figure the run has with the same value is not logged again, nor one the training logs
-    per epoch (`test_accuracy`): its series keeps its shape."""
+    key ones as text tags (a tag for a figure now None removed). Through the client, so runs
+    keep their start and end. A figure logged with the same value, or per epoch, is not again."""
     setup(root)
     client = MlflowClient()
     series = {f.name for f in fields(EpochRecord)}
@@ -246,11 +233,7 @@ def log_model(model, input_example, name: str) -> None:
     variant (the models view lists the variants' models by name)."""
     import torch
 
-    with (
-        phases.phase("model_logging"),
-        torch.no_grad(),
-        _quick_and_quiet(),
-    ):
+    with phases.phase("model_logging"), torch.no_grad(), _quick_and_quiet():
         output = model(torch.as_tensor(input_example)).numpy()
         signature = mlflow.models.infer_signature(input_example, output)
         pytorch_flavour().log_model(
@@ -258,19 +241,16 @@ def log_model(model, input_example, name: str) -> None:
             name=name,
             signature=signature,
             input_example=input_example,
-            # pickle, not MLflow 3's default pt2 (torch.export): pt2 models exported on the
-            # CPU cannot be re-loaded onto a GPU, which MLflow tries when it validates the
-            # example.
+            # not MLflow 3's default pt2: a model exported on the CPU cannot be re-loaded onto
+            # a GPU, which MLflow tries when it validates the example
             serialization_format="pickle",
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
 
 
 def pytorch_flavour() -> ModuleType:
-    """MLflow's PyTorch flavour, imported without PyTorch Lightning: where Lightning is
-    installed, `import mlflow.pytorch` imports it (and torchmetrics, transformers...) for an
-    autologging callback accelbench never uses, 4.6 s of a train stage on an H200 host
-    (docs/results/2026-12-03-h200-stage-anatomy.md). A None in `sys.modules` makes that one
+    """MLflow's PyTorch flavour, imported without PyTorch Lightning (and what it imports: 4.6 s
+    for an autologging callback accelbench never uses). A None in `sys.modules` makes that
     import an ImportError, which MLflow's flavour handles as Lightning not installed."""
     if (flavour := sys.modules.get("mlflow.pytorch")) is not None:
         return flavour
@@ -286,12 +266,9 @@ def pytorch_flavour() -> ModuleType:
 
 @contextmanager
 def _quick_and_quiet() -> Iterator[None]:
-    """Logging a model without MLflow's scan of the installed distributions, nor its caution
-    about pickled models (it is for models from elsewhere; these are this pipeline's own).
-
-    MLflow maps every installed distribution to its modules to check a logged model's
-    requirements (0.5 s for 194 distributions, most of logging the model). Ours, torch and
-    mlflow, are found without the map: an empty one keeps the check and spares the scan."""
+    """Logging a model without MLflow's caution about pickled models (these are our own), nor
+    its scan mapping every installed distribution to its modules (0.5 s): ours, torch and
+    mlflow, are found without the map, so an empty one keeps the requirements check."""
     from mlflow.utils import requirements_utils
 
     # None: not built yet; anything else (built, or renamed) is left alone

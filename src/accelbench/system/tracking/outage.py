@@ -1,9 +1,8 @@
 """Tracking that is down costs a stage one warning line, never its outputs.
 
 A tracking call that fails with an error of MLflow, its store, the network or the file
-system (`tracking_errors`) is reported once, with what to do before the next run, and the
-rest of the process tracks nothing: the stage goes on and writes its DVC outputs. Any other
-error is a bug, ours or MLflow's, and raises.
+system (`tracking_errors`) is reported once, with what to do, and the rest of the process
+tracks nothing. Any other error is a bug, ours or MLflow's, and raises.
 """
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ _outage: str | None = None  # set once tracking failed: the rest of this process
 
 
 def tracking_errors() -> tuple[type[BaseException], ...]:
-    """What the outside of tracking raises: MLflow, the network, a file or lock, a SQLite
-    store, a proxy's HTML page where MLflow expects JSON, and SQLAlchemy (only where a store
-    loaded it: importing it costs a quarter of a second)."""
+    """What the outside of tracking raises: MLflow, the network, a file or lock, SQLite, a
+    proxy's HTML page for JSON, and SQLAlchemy (only where a store loaded it: 0.25 s)."""
     named = (MlflowException, RequestException, OSError, sqlite3.Error, json.JSONDecodeError)
     sql = sys.modules.get("sqlalchemy.exc")
     return named if sql is None else (*named, sql.SQLAlchemyError)
@@ -42,7 +40,7 @@ def tracking_errors() -> tuple[type[BaseException], ...]:
 
 def describe_failure(exc: BaseException) -> str:
     """What went wrong, in a few words, from the innermost cause ("OperationalError: database
-    is locked"): MLflow's own exception wraps it in a line of SQLAlchemy advice."""
+    is locked"), which MLflow's own exception wraps in SQLAlchemy advice."""
     root, seen = exc, {id(exc)}
     while (cause := root.__cause__ or root.__context__) is not None and id(cause) not in seen:
         root = cause
@@ -104,10 +102,9 @@ def report(exc: BaseException) -> None:
 
 
 class _HeldBack(logging.Filter):
-    """On one of MLflow's log handlers: MLflow's warnings and errors (a traceback each, six on
-    a locked store) wait while a tracking call runs (`logs_held`) and are dropped once it
-    failed: the outage is one line (`report`). Those of MLflow's own threads (system metrics)
-    go at once. Every line shown has its URIs' secrets masked."""
+    """On MLflow's log handlers: its warnings and errors (a traceback each) wait while a
+    tracking call runs (`logs_held`) and are dropped once it failed: the outage is one line.
+    Those of MLflow's own threads go at once. Every line shown has its secrets masked."""
 
     def __init__(self, handler: logging.Handler) -> None:
         super().__init__()
@@ -133,8 +130,7 @@ _held: list[tuple[logging.Handler, logging.LogRecord]] | None = None
 
 @contextmanager
 def logs_held() -> Iterator[None]:
-    """MLflow's warnings and errors during the body: dropped if it fails (its caller says why
-    in one line), shown as they were if it succeeds."""
+    """MLflow's warnings and errors during the body: dropped if it fails, else shown."""
     global _held
     for handler in logging.getLogger("mlflow").handlers:
         if not any(isinstance(f, _HeldBack) for f in handler.filters):
@@ -164,8 +160,7 @@ def reported() -> Iterator[None]:
 
 
 def tolerant(function: Callable[..., T]) -> Callable[..., T | None]:
-    """Run a tracking call unless tracking already failed; a failure is reported (`report`)
-    and the call returns None."""
+    """Run a tracking call unless tracking already failed; a failure is reported: None."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> T | None:

@@ -1,11 +1,9 @@
 """A `dvc repro`'s runs: one parent run ("pipeline") holding one child run per variant.
 
-The first stage to need the parent writes its run id to `.accelbench/pipeline-run` in the
-checkout and the others read it there (from the host and a container alike); compare, which
-runs last, finishes it and removes the file. A DVC experiment's copy of the repository keeps
-its own pointer: one pipeline run per experiment, named after it. A stage run by hand (no
-`DVC_STAGE`) gets a pipeline run of its own ("by hand") that ends with its process: no repro
-adopts runs it did not make, and no stage run by hand joins a repro that stopped part way.
+The first stage to need the parent writes its run id to `.accelbench/pipeline-run` and the
+others read it there; compare, which runs last, finishes it and removes the file (a DVC
+experiment's copy keeps its own: one pipeline run per experiment). A stage run by hand gets a
+pipeline run of its own ("by hand") that ends with its process, so no repro adopts it.
 A variant run starts and ends with its train stage, so the UI's Duration is that stage's.
 """
 
@@ -48,8 +46,7 @@ from accelbench.system.tracking.store import (
 from accelbench.system.tracking.view import VARIANT_RUNS_TAG, VIEW_TAG, variants_view
 
 WORKDIR_TAG = "accelbench.workdir"
-# A CUDA variant's GPUs, as CUDA_VISIBLE_DEVICES named them: those it took (system/slots.py)
-GPUS_TAG = "accelbench.gpus"
+GPUS_TAG = "accelbench.gpus"  # a CUDA variant's GPUs, as CUDA_VISIBLE_DEVICES named them
 EXP_NAME_TAG = "dvc.exp_name"
 PIPELINE_RUN_FILE = Path(".accelbench") / "pipeline-run"
 SYSTEM_METRICS_INTERVAL_S = 1
@@ -83,8 +80,8 @@ _by_hand: dict[str, str] = {}
 
 
 def open_pipeline_run_id(root: Path) -> str | None:
-    """The RUNNING pipeline run this checkout's `dvc repro` (by hand: this process) started, if
-    the store has it; a pointer to a run it has not (a deleted mlflow.db) is removed."""
+    """The RUNNING pipeline run this checkout's `dvc repro` (by hand: this process) started;
+    a pointer to a run the store has not (a deleted mlflow.db) is removed."""
     pointer = root / PIPELINE_RUN_FILE
     try:
         run_id = (
@@ -114,8 +111,7 @@ def pipeline_run_id(root: Path, experiment_id: str) -> str:
     """The RUNNING parent run of this checkout, created (and its id kept) if there is none."""
     if run_id := open_pipeline_run_id(root):
         return run_id
-    # A DVC experiment's pipeline run carries its name: `dvc exp show` and the UI line up.
-    by_hand = not lifetime.under_dvc()
+    by_hand = not lifetime.under_dvc()  # else named after its DVC experiment, as dvc exp show
     kind = "by hand" if by_hand else (os.environ.get("DVC_EXP_NAME") or "pipeline")
     client = MlflowClient()
     tags = _common_tags(root, "pipeline")
@@ -159,7 +155,7 @@ def variant_run(
 ) -> AbstractContextManager[str | None]:
     """A child run of the pipeline run for one variant, ended FINISHED, FAILED or KILLED as
     the body did; yields its run id (None when tracking is down: the body runs untracked).
-    With `system_metrics`, MLflow samples CPU, memory and (through NVML) GPU every second."""
+    With `system_metrics`, MLflow samples CPU, memory and GPU every second."""
     return _ended_as_it_went(_start_variant_run(root, variant, params, tags, system_metrics))
 
 
@@ -235,8 +231,7 @@ def _reopen_run(root: Path, run_id: str) -> str:
 
 
 def record_skipped(root: Path, variant: str, params: Mapping[str, Any], reason: str) -> str | None:
-    """A variant this machine could not run, as a run tagged with why (`status` skipped,
-    `skip_reason`) and no metric, so it adds no empty column to a comparison."""
+    """A variant this machine could not run, as a run tagged with why and no metric."""
     with variant_run(root, variant, params, {"status": "skipped", "skip_reason": reason}) as run:
         return run
 
@@ -249,9 +244,8 @@ def finish_pipeline(
     variant_runs: Sequence[str] = (),
 ) -> str | None:
     """Log the comparison to the open pipeline run (a new one where a repro re-ran compare
-    alone) and finish it; returns its id. Where some of `variant_runs` (those the comparison
-    reports on) trained under an earlier pipeline run, this one names them all
-    (`VARIANT_RUNS_TAG`) and the saved view shows them."""
+    alone) and finish it; returns its id. Where some of `variant_runs` trained under an
+    earlier pipeline run, this one names them all (`VARIANT_RUNS_TAG`) for the saved view."""
     experiment_id = setup(root)
     run_id = pipeline_run_id(root, experiment_id)
     client = MlflowClient()

@@ -2,10 +2,8 @@
 them up.
 
 The repository's own store (`mlflow.db`) keeps its artifacts in `mlartifacts/` under a
-*relative* location, so the store and its artifacts can move together: to another path, or
-into a container that mounts the checkout at /workspace. A `--temp` or queued DVC experiment
-runs in a throwaway copy of the repository; its runs go to the store of the workspace the copy
-was made from (`store_root`), its artifacts through a link to that `mlartifacts/`.
+*relative* location, so the two can move together (into a container, say). A DVC experiment
+run in a throwaway copy tracks into the workspace's store, its artifacts through a link.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ HTTP_DEFAULTS = {
 
 def store_root(root: Path) -> Path:
     """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`:
-    $DVC_ROOT, which DVC sets to the workspace even for an experiment run in a throwaway copy;
-    without it (a stage run by hand) `root`."""
+    $DVC_ROOT (the workspace, even for an experiment run in a throwaway copy), else `root`."""
     workspace = os.environ.get(WORKSPACE_ENV)
     if not workspace:
         return root
@@ -56,9 +53,8 @@ def store_root(root: Path) -> Path:
 
 
 def workspace_root(start: Path, params: Path | None = None) -> Path:
-    """The workspace a command run in `start` belongs to: the nearest folder upwards that
-    holds `.dvc/` (as DVC finds its root) from `start` or the params file, else the params
-    file's folder, else `start`."""
+    """The workspace of a command run in `start`: the nearest folder upwards that holds `.dvc/`
+    from `start` or the params file, else the params file's folder, else `start`."""
     beside_params = [] if params is None else [(start / params).parent.resolve()]
     for origin in [start.resolve(), *beside_params]:
         for folder in (origin, *origin.parents):
@@ -89,19 +85,15 @@ def sqlite_path(uri: str) -> Path | None:
 def environment_defaults() -> None:
     """MLflow's settings for accelbench, each unless the user set it: no telemetry, short HTTP
     retries, and no "View run ... at" lines (two per run logged to a server)."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    for key, value in HTTP_DEFAULTS.items():
+    quiet = {"MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+    for key, value in (quiet | HTTP_DEFAULTS).items():
         os.environ.setdefault(key, value)
 
 
 def setup(root: Path) -> str:
     """Point MLflow at the store and the `accelbench` experiment; returns the experiment id.
-
-    Creating a SQLite store (MLflow's schema migrations) and the experiment happen under a
-    file lock: the experiments of `dvc queue start -j 2` start at once on a new workspace, and
-    two processes migrating one new database fail ("duplicate column name").
-    """
+    Both are created under a file lock: two processes migrating one new SQLite database (`dvc
+    queue start -j 2`) fail ("duplicate column name")."""
     environment_defaults()
     own_store = not os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri sets it
     uri = tracking_uri(root)
@@ -121,9 +113,8 @@ def setup(root: Path) -> str:
 
 @contextmanager
 def _locked(path: Path | None, store: Path | None) -> Iterator[None]:
-    """Hold `path`'s lock, waiting up to STORE_LOCK_TIMEOUT_S. Where the lock cannot be made
-    and this process cannot write the `store` either (a read-only mount, a colleague's folder),
-    it can only read the store, and readers need no lock."""
+    """Hold `path`'s lock, waiting up to STORE_LOCK_TIMEOUT_S; none where it cannot be made
+    and the `store` is read-only to this process too (readers need no lock)."""
     if path is None:
         yield
         return
@@ -166,8 +157,7 @@ def _experiment_id(workspace: Path, own_store: bool) -> str:
 
 
 def _link_artifacts(root: Path, workspace: Path) -> None:
-    """In an experiment's copy of the repository, `mlartifacts` links to the workspace's: the
-    store's relative artifact locations resolve against the working directory."""
+    """In an experiment's copy of the repository, `mlartifacts` links to the workspace's."""
     link, target = root / ARTIFACTS, (workspace / ARTIFACTS).resolve()
     if root.resolve() == workspace.resolve() or link.resolve() == target:
         return
@@ -188,12 +178,9 @@ _LOCATIONS = (
 
 def relative_artifacts(store: Path) -> int:
     """Make the store's artifact locations under `mlartifacts/` relative; returns rows changed.
-
-    MLflow copies an experiment's absolute artifact path into every run and logged model, so
-    a moved store (or one a container mounts elsewhere) points at artifacts that are not
-    there. A relative location resolves against the working directory: the repository root
-    for every stage, `make ui` and the image's commands. Other locations are left alone.
-    """
+    MLflow copies an experiment's absolute artifact path into every run and logged model; a
+    relative one resolves against the working directory, the repository root for every stage
+    and `make ui`, wherever the store moved. Other locations are left alone."""
     changed = 0
     with closing(sqlite3.connect(store)) as db, db:
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
@@ -216,8 +203,7 @@ def relative_artifacts(store: Path) -> int:
 
 
 def run_in_store(client: MlflowClient, run_id: str) -> Any | None:
-    """The run, or None where this store does not have it (mlflow.db replaced since, or the id
-    is another store's)."""
+    """The run, or None where this store does not have it."""
     try:
         return client.get_run(run_id)
     except MlflowException as exc:
@@ -227,14 +213,12 @@ def run_in_store(client: MlflowClient, run_id: str) -> Any | None:
 
 
 # What a SQL store answers the second of two writers that insert one new row at once (MLflow's
-# server reads, then inserts: two pipelines logging the same dataset, or the experiment's view
-# tag, into one PostgreSQL-backed server).
+# server reads, then inserts: two pipelines logging the same dataset into one server).
 _CONFLICTS = ("UniqueViolation", "duplicate key value", "UNIQUE constraint failed")
 
 
 def once_more_on_conflict(call: Callable[[], T]) -> T:
-    """`call()`, and once more if a concurrent writer inserted the same row first: the retry
-    finds the row and uses it."""
+    """`call()`, and once more (finding the row) if a concurrent writer inserted it first."""
     try:
         return call()
     except MlflowException as exc:

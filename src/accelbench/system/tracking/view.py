@@ -1,9 +1,6 @@
-"""The runs as the MLflow UI shows them: the saved view of the newest pipeline's variants,
-and the links `make ui` and `accelbench runs` print.
-
-The experiment keeps one saved view of the runs table (`VIEW_ID`), rewritten whenever a new
-pipeline run starts: its variants, fastest first (skipped ones last), the headline figures as
-the first columns. A DVC experiment's compare shows it beside its baseline (`baseline.py`).
+"""The runs as the MLflow UI shows them: the saved view of the newest pipeline's variants
+(`VIEW_ID`, rewritten whenever a pipeline run starts: fastest first, the headline figures as
+the first columns), and the links `make ui` and `accelbench runs` print.
 """
 
 from __future__ import annotations
@@ -22,38 +19,29 @@ from mlflow.utils.time import get_current_time_millis
 from accelbench.system.tracking.outage import logs_held, tracking_errors
 from accelbench.system.tracking.store import EXPERIMENT, ROLE_TAG, environment_defaults, is_server
 
-# A pipeline run's trained variants where some trained under an earlier pipeline run (a
-# `dvc repro` that re-ran compare alone): their run ids, comma-separated.
+# Run ids, comma-separated, on a pipeline run: its variants where some trained under an earlier
+# pipeline run (compare re-ran alone); a DVC experiment's and its baseline's (`baseline.py`).
 VARIANT_RUNS_TAG = "accelbench.variant_runs"
-# A DVC experiment's pipeline run shown beside its baseline (`baseline.py`): the variant runs
-# of both, comma-separated, the view's rows.
 COMPARED_RUNS_TAG = "accelbench.compared_runs"
-# On each row of an experiment's view: whose run it is (the experiment's name, or the baseline).
-WHOSE_TAG = "experiment"
+WHOSE_TAG = "experiment"  # on each row of an experiment's view: the experiment or its baseline
 
-# The UI's experiment page in its model-training view: MLflow 3's UI chooses between its GenAI
-# and model-training views by this query parameter (else the last choice, GenAI at first) and
-# no longer by the experiment's `mlflow.experimentKind` tag.
+# MLflow 3's UI picks its GenAI or model-training view by this query parameter (else the last
+# choice, GenAI at first), no longer by the experiment's `mlflow.experimentKind` tag.
 TRAINING_VIEW = "workflowType=machine_learning"
 MAKE_UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves by default
 
-# The newest pipeline's variants as a saved view of the runs table. MLflow 3.17's UI keeps a
-# saved view as an experiment tag `mlflow.sharedViewState.<id>` (listed in the Views menu) and
-# opens it from a link's `viewStateShareKey=<id>`: the search facets (filter, sort) and the
-# table's UI state (columns, their order and widths), which no URL parameter sets. A link that
-# also carries a facet (searchFilter, orderByKey, ...) makes the UI ignore the view.
+# MLflow 3.17's UI keeps a saved view as an experiment tag `mlflow.sharedViewState.<id>` and
+# opens it from a link's `viewStateShareKey=<id>`: filter, sort and columns (order, widths),
+# which no URL parameter sets. A link that also carries a facet makes the UI ignore the view.
 VIEW_ID = "accelbench-newest-pipeline"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_ID}"
 VIEW_NAME = "newest pipeline: fastest first"
 VIEW_SORT = "metrics.`steady_epoch_s`"  # ascending: the fastest variant first
-# An experiment beside its baseline: by variant (the UI's key for its Run Name column), each
-# experiment's run just above its baseline's (MLflow then sorts the newest first)
-BESIDE_SORT = "tags.`mlflow.runName`"
+BESIDE_SORT = "tags.`mlflow.runName`"  # beside its baseline: by variant, then newest first
 BESIDE_WHOSE_WIDTH = 170  # "baseline 1a2b3c4" whole; a reused run's longer text on hover
 BESIDE_PARAM_WIDTH = 110  # wide enough for the group's header, "Parameters"
-# The first columns: what answers "who is fastest", as text with its interval, wide enough
-# for an H200 run's figures at 1600 px (the first two beside the Assistant panel MLflow opens
-# on a first visit); then whether a variant trained and why not, and the numbers to sort by.
+# The first columns: who is fastest, as text with its interval (wide enough at 1600 px beside
+# the Assistant panel); then whether a variant trained and why not, and the numbers to sort by.
 VIEW_COLUMNS = {  # column -> width (px), None: the UI's
     "tags.`steady_epoch`": 172,  # "2.600 s (2.576–2.789 s)"
     "tags.`speedup`": 160,  # "90.0× (85.8–94.1×)"
@@ -69,8 +57,7 @@ VIEW_COLUMNS = {  # column -> width (px), None: the UI's
 
 
 def variants_filter(pipeline_run_id: str, variant_runs: Sequence[str] = ()) -> str:
-    """The runs-table filter for a pipeline run's variants: its children, or the runs it names
-    (`VARIANT_RUNS_TAG`: some trained under an earlier pipeline run)."""
+    """The runs-table filter for a pipeline run's variants: its children, or `variant_runs`."""
     if variant_runs:
         ids = ", ".join(f"'{run_id}'" for run_id in variant_runs)
         return f"attributes.run_id IN ({ids})"
@@ -97,8 +84,8 @@ def variants_view(
     sort: str = VIEW_SORT,
     first: Mapping[str, int | None] | None = None,
 ) -> str:
-    """The VIEW_TAG value that shows `pipeline_run_id`'s variants (those it names, else its
-    children) by `sort`, fastest first by default, the columns `first` before VIEW_COLUMNS."""
+    """The VIEW_TAG value that shows `pipeline_run_id`'s variants by `sort`, the columns
+    `first` before VIEW_COLUMNS."""
     columns = {**(first or {}), **VIEW_COLUMNS}
     state = {
         "searchFilter": variants_filter(pipeline_run_id, variant_runs),
@@ -116,9 +103,9 @@ def variants_view(
 def experiment_view(
     name: str, pipeline_run_id: str, rows: Sequence[str], params: Sequence[str] | None
 ) -> str:
-    """The VIEW_TAG value for a DVC experiment (`baseline.py`): the variant runs `rows` (none:
-    its children), a first column saying whose each row is; beside a baseline (`params` not
-    None) a column per param that differs, and the rows by variant, else fastest first."""
+    """The VIEW_TAG value for a DVC experiment: the variant runs `rows`, a first column saying
+    whose each is; beside a baseline (`params` not None) a column per param that differs, and
+    the rows by variant, else fastest first."""
     whose = {f"tags.`{WHOSE_TAG}`": BESIDE_WHOSE_WIDTH}
     differing = {f"params.`{param}`": BESIDE_PARAM_WIDTH for param in params or ()}
     sort = VIEW_SORT if params is None else BESIDE_SORT
@@ -133,8 +120,8 @@ def ui_path(
     sort: str = VIEW_SORT,
 ) -> str:
     """The experiment's runs in the UI's model-training view, relative to the server's URL;
-    with `pipeline_run_id` that pipeline's variants, through the saved `view` where it shows
-    them (its key columns), else by the link's own filter and `sort`."""
+    with `pipeline_run_id` its variants, through the saved `view` where it shows them, else
+    by the link's own filter and `sort`."""
     runs = f"/#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
     if pipeline_run_id is None:
         return runs
@@ -150,8 +137,7 @@ def ui_path(
 
 
 def ui_url(uri: str, path: str) -> str:
-    """`path` (`ui_path`) on the tracking server at `uri`, or through `make ui` for a store of
-    one's own."""
+    """`path` on the tracking server at `uri`, or through `make ui` for a store of one's own."""
     return f"{uri.rstrip('/')}{path}" if is_server(uri) else MAKE_UI_URL + path
 
 
@@ -163,8 +149,8 @@ def pipeline_path(experiment_id: str, pipeline: Any | None, view: str | None) ->
     return ui_path(experiment_id, pipeline.info.run_id, view, rows, sort)
 
 
-# The experiment's id, the newest active pipeline run (NULL: none yet), the saved view and the
-# pipeline run's tags that name its variant runs: one read of a store the UI has not opened.
+# The experiment's id, the newest active pipeline run (NULL: none), the saved view and the tags
+# that name its variant runs: one read of a store the UI has not opened.
 _NEWEST_PIPELINE = """
 SELECT e.experiment_id, r.run_uuid,
     (SELECT value FROM experiment_tags WHERE experiment_id = e.experiment_id AND key = :view),
@@ -181,9 +167,8 @@ WHERE e.name = :experiment
 
 
 def training_view(base_url: str, store: Path) -> tuple[str, str]:
-    """Where `make ui` sends a user, and what it shows in words: the newest pipeline's variants
-    (`ui_path`), read from the SQLite `store` without writing to it; the experiment while it
-    has no pipeline run, the list of experiments while the store has none."""
+    """Where `make ui` sends a user, and what it shows in words: the newest pipeline's variants,
+    read from the SQLite `store` without writing to it; else the experiment, or the list."""
     keys = {"view": VIEW_TAG, "named": VARIANT_RUNS_TAG, "compared": COMPARED_RUNS_TAG}
     keys |= {"role": ROLE_TAG, "experiment": EXPERIMENT}
     try:
@@ -207,8 +192,7 @@ def training_view(base_url: str, store: Path) -> tuple[str, str]:
 
 
 def server_view_url(uri: str) -> str:
-    """The newest pipeline's variants on the tracking server at `uri` (`ui_path`), read
-    without writing; the server's URL alone if it cannot be read."""
+    """The newest pipeline's variants on the server at `uri`; its URL alone if unreadable."""
     base = uri.rstrip("/")
     environment_defaults()
     try:
@@ -226,8 +210,8 @@ def server_view_url(uri: str) -> str:
 def pipeline_variants(
     client: MlflowClient, experiment_id: str, pipeline_id: str | None = None
 ) -> tuple[Any, list[Any]]:
-    """A pipeline run (`pipeline_id`, else the newest) and its variant runs: its children,
-    after the runs it names from earlier pipeline runs; (None, []) where there is none."""
+    """A pipeline run (`pipeline_id`, else the newest) and its variant runs: those it names
+    from earlier pipeline runs, then its children; (None, []) where there is none."""
     role = f"tags.`{ROLE_TAG}` = 'pipeline'"
     wanted = f" and attributes.run_id = '{pipeline_id}'" if pipeline_id else ""
     parents = client.search_runs(
@@ -244,7 +228,7 @@ def pipeline_variants(
         filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
         order_by=["attributes.start_time ASC"],
     )
-    if named := named_variant_runs(parent.data.tags):  # trained under earlier pipeline runs
+    if named := named_variant_runs(parent.data.tags):
         own = {run.info.run_id for run in children}
         earlier = client.search_runs(
             [experiment_id],
