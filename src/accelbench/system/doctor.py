@@ -28,9 +28,7 @@ class Facts(GpuProbe):
     arch_list: tuple[str, ...] = ()  # e.g. ("sm_75", "sm_80", "sm_90", "compute_90")
     kernel_ok: bool | None = None  # a small kernel ran and gave the right answer
     kernel_error: str | None = None
-    # torch's compiled bytecode (.pyc), which Python writes on the first import where it may;
-    # without it every stage compiles torch from source again
-    torch_bytecode: bool | None = None
+    torch_bytecode: bool | None = None  # torch's .pyc: without it each stage compiles torch
     torch_folder: str | None = None
 
 
@@ -147,8 +145,8 @@ def _gpu_problems(facts: Facts, require_gpu: bool) -> list[str]:
 
 
 def gather(probe: GpuProbe | None = None) -> Facts:
-    """The probe's facts (asked now unless given), torch's build architectures and, where
-    torch sees a GPU, whether a small kernel runs on it."""
+    """The probe's facts (asked now unless given), torch's build architectures and whether a
+    small kernel runs on the GPU."""
     import torch
 
     probe = probe if probe is not None else probe_gpus()

@@ -1,8 +1,7 @@
 """`accelbench ui` (`make ui`): the MLflow UI over this checkout's own store.
 
 After its checks (`ui_intro`) it prints the link to the newest pipeline's variants and
-*becomes* `mlflow server` over `mlflow.db` (exec): one worker, plenty for one person's browser
-(MLflow's default of 4 printed every start-up line four times), set up as `accelbench server`.
+*becomes* `mlflow server` over `mlflow.db` (exec) with one worker, plenty for one browser.
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ def _ui_address_problem(host: str, port: str) -> str | None:
 
 
 def ui_intro(host: str, port: str, store: Path) -> int:
-    """`make ui`'s first step: refuse (one line, exit 1, before a link that would open another
-    program) a port in use, or a MLFLOW_TRACKING_URI that is not `store`; else print the link."""
+    """`make ui`'s first step: refuse (one line, exit 1) a port in use or a MLFLOW_TRACKING_URI
+    that is not `store`; else print the link."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if is_server(uri):
         log(
