@@ -147,13 +147,7 @@ def _try_lock(path: Path) -> int | None:
 
 
 def take(
-    paths: Sequence[Path],
-    count: int,
-    label: str,
-    *,
-    wait_s: float,
-    what: str,
-    why: str = "",
+    paths: Sequence[Path], count: int, label: str, *, wait_s: float, what: str, why: str = ""
 ) -> list[tuple[Path, int]]:
     """`count` of the locks `paths`, all at once (never some held while waiting for the rest:
     no two stages each hold half of what the other needs), tried every POLL_S for `wait_s`."""

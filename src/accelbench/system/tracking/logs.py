@@ -134,11 +134,7 @@ def log_evaluation(
 
 @tolerant
 def catch_up(
-    root: Path,
-    run_id: str,
-    epochs: Sequence[EpochRecord],
-    summary: TrainSummary,
-    ended_ms: int,
+    root: Path, run_id: str, epochs: Sequence[EpochRecord], summary: TrainSummary, ended_ms: int
 ) -> None:
     """What a variant's run lacks because tracking was down while it trained: its epochs,
     summary figures and, where it is RUNNING with its process gone, its end (FINISHED)."""
