@@ -157,11 +157,8 @@ def take(
         held: list[tuple[Path, int]] = []
         try:
             for path in paths:
-                fd = _try_lock(path)
-                if fd is not None:
+                if len(held) < count and (fd := _try_lock(path)) is not None:
                     held.append((path, fd))
-                    if len(held) == count:
-                        break
         except BaseException:
             for _, fd in held:
                 os.close(fd)

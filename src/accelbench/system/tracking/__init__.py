@@ -1,11 +1,7 @@
-"""MLflow behind one narrow port: what the stages call to track a variant's run.
-
-A stage starts, resumes or skips a variant's run, logs into it, and compare finishes the
-pipeline run; tracking that is down costs one warning line, never an output (`outage.py`).
-The rest has a room of its own: the store and its lock (`store.py`), the pipeline and variant
-runs (`runs.py`), what they hold (`logs.py`), closing the runs of dead processes
-(`dead_runs.py`), the UI's view and links (`view.py`), and a DVC experiment shown beside its
-baseline (`baseline.py`, which compare alone calls).
+"""MLflow behind one narrow port: what the stages call to track a variant's run. Tracking
+that is down costs one warning line, never an output (`outage.py`); the store (`store.py`),
+the runs (`runs.py`, `dead_runs.py`), what they hold (`logs.py`) and the UI's view
+(`view.py`, `baseline.py`) have a room each.
 """
 
 from accelbench.system.tracking.logs import (

@@ -91,8 +91,7 @@ def close_gone_by_hand(experiment_id: str) -> None:
 
 
 def _close_gone(experiment_id: str, which: str, keep: str | None = None) -> list[str]:
-    """End as KILLED, tagged with why, the RUNNING runs `which` (a search filter) selects
-    whose process is gone; returns their ids."""
+    """End as KILLED, tagged with why, the RUNNING runs `which` selects whose process is gone."""
     client = MlflowClient()
     running = client.search_runs(
         [experiment_id], filter_string=f"{which} and attributes.status = 'RUNNING'"

@@ -62,8 +62,7 @@ def _finite(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _metrics(values: Mapping[str, Any], step: int = 0, **against: str | None) -> list[Metric]:
-    """The finite numbers of `values`, `rounded`, as metrics at `step` (`against` a model and
-    dataset)."""
+    """The finite numbers of `values`, `rounded`, as metrics at `step`."""
     now = get_current_time_millis()
     return [Metric(k, rounded(k, v), now, step, **against) for k, v in _finite(values).items()]
 
@@ -225,8 +224,7 @@ def log_artifact(path: Path, artifact_path: str | None = None) -> None:
 
 @tolerant
 def log_model(model, input_example, name: str) -> None:
-    """The trained model with a signature inferred from an input example, named after its
-    variant (the models view lists the variants' models by name)."""
+    """The trained model, its signature inferred from an input example, named after its variant."""
     import torch
 
     with phases.phase("model_logging"), torch.no_grad(), _quick_and_quiet():

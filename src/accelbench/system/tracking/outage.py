@@ -75,9 +75,8 @@ def remedy(uri: str, exc: BaseException) -> str:
         )
     if "Invalid Host header" in failure or "Invalid Host header" in str(exc):
         return (
-            f"the server runs but refuses the host name {host}: use a name it "
-            f"allows, or add this one to MLFLOW_SERVER_ALLOWED_HOSTS on the server "
-            "(docs/teams.md)"
+            f"the server runs but refuses the host name {host}: use a name it allows, or add "
+            "this one to MLFLOW_SERVER_ALLOWED_HOSTS on the server (docs/teams.md)"
         )
     if re.search(r"(too many|error code) 5\d\d", f"{failure} {exc}"):  # its store failed
         return (

@@ -84,8 +84,7 @@ def variants_view(
     sort: str = VIEW_SORT,
     first: Mapping[str, int | None] | None = None,
 ) -> str:
-    """The VIEW_TAG value that shows `pipeline_run_id`'s variants by `sort`, the columns
-    `first` before VIEW_COLUMNS."""
+    """The VIEW_TAG value: `pipeline_run_id`'s variants by `sort`, columns `first` first."""
     columns = {**(first or {}), **VIEW_COLUMNS}
     state = {
         "searchFilter": variants_filter(pipeline_run_id, variant_runs),
