@@ -203,14 +203,10 @@ def _end_process(code: int) -> NoReturn:
                 phases.write(recorder.root, recorder.timing())
 
     lifetime.end_compile_workers()
-    futures = sys.modules.get("concurrent.futures.thread")
-    if futures is not None:
+    if (futures := sys.modules.get("concurrent.futures.thread")) is not None:
         futures._python_exit()  # what threading's shutdown calls: idle workers end, busy finish
-    if any(
-        t.is_alive() and not t.daemon
-        for t in threading.enumerate()
-        if t is not threading.main_thread()
-    ):
+    others = (t for t in threading.enumerate() if t is not threading.main_thread())
+    if any(t.is_alive() and not t.daemon for t in others):
         atexit.register(ending)  # the first handler to run, once the threads are done
         sys.exit(code)
     atexit._run_exitfuncs()

@@ -57,8 +57,7 @@ def slots_dir(environ: MutableMapping[str, str] = os.environ) -> Path:
 
 def wait_limit(environ: MutableMapping[str, str] = os.environ) -> float:
     """How long a stage waits for its GPUs or the CPU: `ACCELBENCH_SLOT_WAIT_S` seconds."""
-    raw = environ.get(WAIT_ENV)
-    if not raw:
+    if not (raw := environ.get(WAIT_ENV)):
         return DEFAULT_WAIT_S
     with contextlib.suppress(ValueError):
         if 0 <= (seconds := float(raw)) < float("inf"):
@@ -72,8 +71,7 @@ def wait_limit(environ: MutableMapping[str, str] = os.environ) -> float:
 def gpu_candidates(environ: MutableMapping[str, str] = os.environ) -> list[str] | None:
     """The GPUs a stage may take, as CUDA_VISIBLE_DEVICES names them (where it is unset,
     every GPU the driver sees, by index); None where nothing can tell (no NVML)."""
-    listed = environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
+    if (listed := environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         return list(dict.fromkeys(entry.strip() for entry in listed.split(",") if entry.strip()))
     from accelbench.system import hardware
 
@@ -298,8 +296,7 @@ class Tenancy:
 
     def shared(self) -> str | None:
         """`note()`, said on the console too."""
-        note = self.note()
-        if note is not None:
+        if (note := self.note()) is not None:
             log(f"{self.label}: measured while the machine was shared: {note}")
         return note
 
@@ -356,8 +353,7 @@ def _take_gpus(here: Tenancy, count: int, wait_s: float, environ: MutableMapping
     """Takes `count` free GPUs for `here` and narrows CUDA_VISIBLE_DEVICES to them; says what
     it holds ("GPU 3"), or "" where there are too few or NVML cannot count them (placement
     then skips or refuses the stage)."""
-    candidates = gpu_candidates(environ)
-    if candidates is None:
+    if (candidates := gpu_candidates(environ)) is None:
         log(
             f"{here.label}: cannot count this machine's GPUs (no NVML): takes no GPU lock "
             "and may share a GPU; list them in CUDA_VISIBLE_DEVICES to share them safely"

@@ -94,8 +94,7 @@ def log_evaluation(
     plainly."""
     setup(root)
     client = MlflowClient()
-    run = run_in_store(client, run_id)
-    if run is None:
+    if (run := run_in_store(client, run_id)) is None:
         log(
             f"MLflow run {run_id} is not in {mlflow.get_tracking_uri()} (the store was deleted "
             "or replaced after it trained): its evaluation is not logged; `dvc repro --force "
@@ -139,8 +138,7 @@ def catch_up(
     summary figures and, where it is RUNNING with its process gone, its end (FINISHED)."""
     setup(root)
     client = MlflowClient()
-    run = run_in_store(client, run_id)
-    if run is None:  # log_evaluation says so
+    if (run := run_in_store(client, run_id)) is None:  # log_evaluation says so
         return
     logged = {m.step for m in client.get_metric_history(run_id, "test_accuracy")}
     missed = [record for record in epochs if record.epoch not in logged]
@@ -195,8 +193,7 @@ def log_variant_figures(
     if speedup_baseline is not None:  # the speedup over it; none: no speedup tag
         wanted["speedup"] = (f"speedup_vs_{speedup_baseline}", fmt_ratio)
     for run_id, values in figures.items():
-        run = run_in_store(client, run_id)
-        if run is None:  # log_evaluation said so
+        if (run := run_in_store(client, run_id)) is None:  # log_evaluation said so
             continue
         logged = run.data.metrics
         tags = {  # from the figures as compare has them: the tag reads as the report

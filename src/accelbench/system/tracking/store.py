@@ -43,8 +43,7 @@ HTTP_DEFAULTS = {
 def store_root(root: Path) -> Path:
     """The folder whose `mlflow.db` is the repository's store, for a stage running in `root`:
     $DVC_ROOT (the workspace, even for an experiment run in a throwaway copy), else `root`."""
-    workspace = os.environ.get(WORKSPACE_ENV)
-    if not workspace:
+    if not (workspace := os.environ.get(WORKSPACE_ENV)):
         return root
     if not Path(workspace).is_dir():  # queued on another machine or container path
         log(f"${WORKSPACE_ENV} {workspace} is not a folder here; tracking into {root / STORE}")

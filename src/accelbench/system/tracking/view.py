@@ -197,8 +197,7 @@ def server_view_url(uri: str) -> str:
     try:
         with logs_held():
             client = MlflowClient(uri)
-            experiment = client.get_experiment_by_name(EXPERIMENT)
-            if experiment is None:
+            if (experiment := client.get_experiment_by_name(EXPERIMENT)) is None:
                 return f"{base}/#/experiments?{TRAINING_VIEW}"
             pipeline = pipeline_variants(client, experiment.experiment_id)[0]
     except tracking_errors():  # down, or refusing: the server's own page says why
