@@ -35,9 +35,8 @@ from accelbench.core.console import (
 from accelbench.core.params import Params, differences, load_params
 from accelbench.system import lifetime
 
-# The stages dvc.yaml runs, with the line `accelbench --help` shows for each. A stage's own
-# arguments are its module's `arguments(parser)`: only the stage being run is imported, so
-# editing one stage's command line re-runs no other stage.
+# The stages dvc.yaml runs, with their `--help` lines. Only the stage being run is imported (its
+# arguments too): editing one stage's command line re-runs no other stage.
 STAGES = {
     "env": "record the machine's hardware and software facts",
     "download": "fetch and verify the dataset's files",

@@ -31,9 +31,7 @@ WAIT_ENV = "ACCELBENCH_SLOT_WAIT_S"
 DEFAULT_WAIT_S = 120.0  # a sweep whose CPU stages queue behind each other sets more
 POLL_S = 0.2  # between two tries to take what is busy
 SAMPLE_S = 2.0  # between two looks at who else holds a lock, while measuring
-# Other processes' CPU use, averaged over the stage, worth a note: half a CPU is more than
-# an idle host's daemons and less than any training.
-SHARED_CPUS = 0.5
+SHARED_CPUS = 0.5  # others' average CPU use worth a note: above idle daemons, below any training
 CPU_SLOT = "cpu.lock"
 
 
@@ -289,9 +287,9 @@ class Tenancy:
         self._look()
         busy, own = cpu_seconds()
         elapsed = time.monotonic() - self._start[2]
-        others = max(0.0, (busy - self._start[0]) - (own - self._start[1]))
-        shares = others / elapsed if elapsed > 0 else None
-        self._note = sharing_note(list(self._seen), shares, os.cpu_count())
+        others_s = max(0.0, (busy - self._start[0]) - (own - self._start[1]))
+        others_cpus = others_s / elapsed if elapsed > 0 else None
+        self._note = sharing_note(list(self._seen), others_cpus, os.cpu_count())
         return self._note
 
     def shared(self) -> str | None:
