@@ -103,8 +103,7 @@ def check_artifacts(destination: str | None) -> str:
 
 def check_mlflow_args(extra: list[str]) -> list[str]:
     """The options after `--`, for `mlflow server`, unless one would undo what this sets."""
-    for arg in extra:
-        option = arg.split("=", 1)[0]
+    for option in (arg.split("=", 1)[0] for arg in extra):
         if option in OWN_OPTIONS:
             raise InputError(
                 f"{option} after `--`: accelbench server sets it; use {OWN_OPTIONS[option]}"

@@ -89,9 +89,8 @@ def log_evaluation(
     artifacts: list[Path],
     more_metrics: Mapping[str, float | int | None] | None = None,
 ) -> None:
-    """An evaluated variant's figures and files, in the run that trained it; the figures
-    against its model and evaluation dataset (MLflow's models view ranks them), `more_metrics`
-    plainly."""
+    """An evaluated variant's figures and files, in the run that trained it; the figures against
+    its model and evaluation dataset (MLflow's models view ranks them), `more_metrics` plainly."""
     setup(root)
     client = MlflowClient()
     if (run := run_in_store(client, run_id)) is None:

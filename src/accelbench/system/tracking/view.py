@@ -210,6 +210,11 @@ def pipeline_variants(
 ) -> tuple[Any, list[Any]]:
     """A pipeline run (`pipeline_id`, else the newest) and its variant runs: those it names
     from earlier pipeline runs, then its children; (None, []) where there is none."""
+
+    def oldest_first(filter_string: str) -> list[Any]:
+        order = ["attributes.start_time ASC"]
+        return client.search_runs([experiment_id], filter_string=filter_string, order_by=order)
+
     role = f"tags.`{ROLE_TAG}` = 'pipeline'"
     wanted = f" and attributes.run_id = '{pipeline_id}'" if pipeline_id else ""
     parents = client.search_runs(
@@ -221,17 +226,9 @@ def pipeline_variants(
     if not parents:
         return None, []
     parent = parents[0]
-    children = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
-        order_by=["attributes.start_time ASC"],
-    )
+    children = oldest_first(variants_filter(parent.info.run_id))
     if named := named_variant_runs(parent.data.tags):
         own = {run.info.run_id for run in children}
-        earlier = client.search_runs(
-            [experiment_id],
-            filter_string=variants_filter(parent.info.run_id, named),
-            order_by=["attributes.start_time ASC"],
-        )
+        earlier = oldest_first(variants_filter(parent.info.run_id, named))
         children = [run for run in earlier if run.info.run_id not in own] + children
     return parent, children
