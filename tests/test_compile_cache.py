@@ -627,19 +627,51 @@ def test_only_a_file_dvc_lock_records_is_trusted(tmp_path) -> None:
     path = root / "compile-cache" / "gpu.bin"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"artifacts")
-    assert "records it" in compile_cache.untrusted(path, root)  # no dvc.lock at all
+
+    def doubt(at=path):
+        return compile_cache.untrusted(at, root, b"artifacts")
+
+    assert "records it" in doubt()  # no dvc.lock at all
     _vouch(path, root)
-    assert compile_cache.untrusted(path, root) is None
+    assert doubt() is None
     path.write_bytes(b"artifacts, swapped")  # changed since DVC recorded it
-    assert "is not the one" in compile_cache.untrusted(path, root)
+    _vouch(path, root)
+    assert "is not the one" in doubt()  # the bytes judged are those read, not the file's
     (root / "dvc.lock").write_text("stages: {train@gpu: {outs: [{path: other.bin}]}}")
-    assert "records no compile-cache/gpu.bin" in compile_cache.untrusted(path, root)
+    assert "records no compile-cache/gpu.bin" in doubt()
     (root / "dvc.lock").write_text("[unbalanced")
-    assert "is not readable" in compile_cache.untrusted(path, root)
-    assert "outside the workspace" in compile_cache.untrusted(tmp_path / "x.bin", root)
+    assert "is not readable" in doubt()
+    assert "outside the workspace" in doubt(tmp_path / "x.bin")
     (root / "dvc.lock").unlink()
     os.mkfifo(root / "dvc.lock")  # never opened: it would block
-    assert "records it" in compile_cache.untrusted(path, root)
+    assert "records it" in doubt()
+
+
+def test_a_file_swapped_after_it_was_read_is_judged_by_what_was_read(tmp_path, monkeypatch) -> None:
+    """A crafted cache that a vouched copy replaces between the read and the md5 check (a
+    local race) is refused: the check hashes the bytes read, never the file again."""
+    handed = _torch_reads(monkeypatch)
+    root = tmp_path / "w"
+    path = root / "compile-cache" / "gpu.bin"
+    path.parent.mkdir(parents=True)
+    raw, crafted = b"vouched artifacts " * 100, b"crafted artifacts " * 100
+    _xz_file(path, lzma.compress(raw), len(raw))
+    vouched = path.read_bytes()
+    _vouch(path, root)
+    _xz_file(path, lzma.compress(crafted), len(crafted))
+    read = compile_cache._read
+
+    def read_then_swap(data):
+        parts = read(data)
+        path.write_bytes(vouched)  # the vouched bytes back in place before the check
+        return parts
+
+    monkeypatch.setattr(compile_cache, "_read", read_then_swap)
+    assert "is not the one" in compile_cache.load(path, KEY, root).reason
+    assert handed == []
+    monkeypatch.setattr(compile_cache, "_read", read)
+    assert "torch could not read" in compile_cache.load(path, KEY, root).reason
+    assert handed == [raw]  # the vouched file itself loads
 
 
 def test_a_garbage_payload_under_a_valid_header_is_one_line(tmp_path, capfd) -> None:

@@ -136,8 +136,11 @@ def load(path: Path, key: CacheKey, root: Path) -> Loaded:
     """Hot-load `path`'s artifacts into this machine's compile caches when the file was made
     under `key` and `root`'s `dvc.lock` vouches for it. Never fails: any other file means
     compiling from scratch, with one line saying why."""
+    if not path.is_file():
+        return Loaded()  # nothing compiled yet
     try:
-        header, stored, _ = _read(path) if path.is_file() else ({}, b"", b"")
+        data = path.read_bytes()
+        header, stored, _ = _read(data)
     except (OSError, ValueError) as exc:
         return Loaded(reason=f"{path} is not readable ({exc}): compiling from scratch")
     saved_key = header.get("key")
@@ -150,7 +153,7 @@ def load(path: Path, key: CacheKey, root: Path) -> Loaded:
     if theirs != key:
         changed = "; ".join(key.differences(theirs))
         return Loaded(reason=f"{path} was made for another set-up ({changed}): compiling")
-    doubt = untrusted(path, root)
+    doubt = untrusted(path, root, data)
     if doubt is not None:
         return Loaded(reason=f"{path} not loaded: {doubt}: compiling from scratch")
     # the compiler's modules, which compiling imports anyway: their time is not the load's
@@ -245,7 +248,8 @@ def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
     if folder is None or not path.is_file() or _has_files(folder):
         return None
     try:
-        header, _, packed = _read(path)
+        data = path.read_bytes()
+        header, _, packed = _read(data)
     except (OSError, ValueError):
         return None  # `load` says so, for the whole file
     if not packed:
@@ -258,7 +262,7 @@ def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
             "whose engines the driver does not reuse here; it builds them again"
         )
     not_restored = f"CUDA JIT cache in {path} not restored ({{}}): the driver builds it again"
-    doubt = untrusted(path, root)
+    doubt = untrusted(path, root, data)
     if doubt is not None:
         return not_restored.format(doubt)
     if hashlib.sha256(packed).hexdigest() != carried.get("sha256"):
@@ -297,9 +301,10 @@ def restore_jit(path: Path, folder: Path | None, root: Path) -> str | None:
     return f"CUDA JIT cache: {files} file{'s' * (files != 1)} from {path} into {folder}"
 
 
-def untrusted(path: Path, root: Path) -> str | None:
-    """Why `path` is not to be trusted, or None when `root`'s `dvc.lock` records exactly its
-    bytes (DVC 3's plain md5) as an output."""
+def untrusted(path: Path, root: Path, data: bytes) -> str | None:
+    """Why `data`, read from `path`, is not to be trusted, or None when `root`'s `dvc.lock`
+    records exactly these bytes (DVC 3's plain md5) as `path`'s output. The bytes judged are
+    the bytes used: the file is not read again, so a swap after the read changes nothing."""
     lock = root / "dvc.lock"
     try:
         name = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)))
@@ -319,8 +324,7 @@ def untrusted(path: Path, root: Path) -> str | None:
         return f"{lock} is not readable ({exc})"
     if not recorded:
         return f"{lock} records no {name} (a compile cache is code: trusted only as dvc.lock says)"
-    with path.open("rb") as file:
-        digest = hashlib.file_digest(file, "md5").hexdigest()
+    digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
     if digest not in recorded:
         return f"its md5 {digest} is not the one {lock} records: not made by this stage here"
     return None
@@ -360,9 +364,8 @@ def counts() -> tuple[int, int]:
     )
 
 
-def _read(path: Path) -> tuple[dict, bytes, bytes]:
-    """The file's header, its torch artifacts and its packed JIT cache (b"" if none)."""
-    data = path.read_bytes()
+def _read(data: bytes) -> tuple[dict, bytes, bytes]:
+    """A cache file's header, its torch artifacts and its packed JIT cache (b"" if none)."""
     line, _, rest = data.partition(b"\n")
     try:
         header = json.loads(line)
