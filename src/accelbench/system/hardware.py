@@ -85,10 +85,10 @@ def _nvml() -> dict[str, Any]:
     """Driver version, its newest CUDA and the GPUs it sees; {} where NVML cannot start."""
     try:
         import pynvml
-
-        pynvml.nvmlInit()
     except ImportError:
         return {}
+    try:
+        pynvml.nvmlInit()
     except pynvml.NVMLError:
         return {}
     try:
@@ -113,10 +113,10 @@ def nvml_gpu_count() -> tuple[int, str] | None:
     driver, so a count below what a variant needs settles that it cannot run here."""
     try:
         import pynvml
-
-        pynvml.nvmlInit()
     except ImportError:
         return None
+    try:
+        pynvml.nvmlInit()
     except pynvml.NVMLError_LibraryNotFound:  # no libnvidia-ml: no NVIDIA driver at all
         return 0, NO_DRIVER
     except pynvml.NVMLError:

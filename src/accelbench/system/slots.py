@@ -131,10 +131,11 @@ def _try_lock(path: Path) -> int | None:
     fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException as exc:
+    except BlockingIOError:
         os.close(fd)
-        if isinstance(exc, BlockingIOError):
-            return None
+        return None
+    except BaseException:
+        os.close(fd)
         raise
     if os.fstat(fd).st_uid == os.getuid():  # a shared folder's other users must open it too
         with contextlib.suppress(OSError):
