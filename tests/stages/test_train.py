@@ -145,9 +145,11 @@ def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlfl
 
     from mlflow.tracking import MlflowClient
 
+    from accelbench.core import phases
+
     variants = {"cpu": {"device": "cpu", "threads": 1}}
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_store}
-    results = {}
+    results, timings = {}, {}
     for repeats in (1, 2):
         params = write_params(tmp_path, variants, epochs=3, batch_size=64, repeats=repeats)
         out = tmp_path / f"r{repeats}"
@@ -155,7 +157,12 @@ def test_repeats_time_more_trainings_and_keep_the_first(tmp_path, prepared, mlfl
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         results[repeats] = json.loads((out / "metrics" / "train.json").read_text())
+        timings[repeats] = {t.stage: t for t in phases.read_all(tmp_path)}["train@cpu"]
     once, twice = results[1], results[2]
+    # the stage's time to its model leaves the repeat out: at least its epochs, never the run's
+    assert timings[1].repeats_s < 0.01  # none to train
+    repeat_epochs_s = sum(seconds for seconds, _ in twice["repeat_epochs"][0])
+    assert repeat_epochs_s < timings[2].repeats_s < timings[2].wall_s - twice["total_train_s"]
     assert (once["repeats"], len(once["steady_epochs_s"])) == (1, 2)
     assert (twice["repeats"], len(twice["steady_epochs_s"])) == (2, 4)
     assert twice["steady_epochs_s"][:2] != twice["steady_epochs_s"][2:]  # measured, not copied

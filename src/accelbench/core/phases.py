@@ -70,6 +70,7 @@ class Recorder:
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # dvc.yaml's name of the stage ("train@amp"), set as soon as it is known
     training_s: float | None = None  # a training stage's timed epochs (every seed), summed
+    repeats_s: float | None = None  # the `repeats`' trainings, whole (`repeating`)
     root: Path | None = None  # where the stage wrote its timing, which its ending adds to
     _stack: list[tuple[str, float]] = field(default_factory=list)
 
@@ -92,6 +93,17 @@ class Recorder:
             if self._stack:  # resume the enclosing phase
                 self._stack[-1] = (self._stack[-1][0], now)
 
+    @contextlib.contextmanager
+    def repeating(self) -> Iterator[None]:
+        """Around a training stage's `repeats` (the seeds after the run's, for the spread):
+        their whole time, phases nested in it included, which the stage's time to its model
+        leaves out (`StageTiming.to_model_s`)."""
+        since = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.repeats_s = (self.repeats_s or 0.0) + time.perf_counter() - since
+
     def add(self, name: str, seconds: float) -> None:
         """`seconds` more for phase `name` (also time measured elsewhere: a child process's)."""
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
@@ -105,7 +117,14 @@ class Recorder:
         started = time.time() - wall  # a stamp only: the wall clock may have been set since
         by = launcher()
         return StageTiming(
-            self.stage, started, wall, dict(self.seconds), self.training_s, by, self.started_boot
+            self.stage,
+            started,
+            wall,
+            dict(self.seconds),
+            self.training_s,
+            by,
+            self.started_boot,
+            self.repeats_s,
         )
 
 
@@ -121,6 +140,14 @@ class StageTiming:
     training_s: float | None = None  # sum of the timed epochs (train stages)
     launcher: str | None = None  # the `dvc` process that ran it ("pid@start"), if any
     started_boot: float | None = None  # on `boot_clock()`: spans across this machine's stages
+    repeats_s: float | None = None  # its `repeats`' trainings, whole (train stages)
+
+    @property
+    def to_model_s(self) -> float:
+        """Process start to the stage's end less its `repeats`, which only measure the spread:
+        a train stage's time to its model, saved and logged (a torchrun launcher's includes
+        its workers' repeats)."""
+        return max(self.wall_s - (self.repeats_s or 0.0), 0.0)
 
     @property
     def other_s(self) -> float:

@@ -35,7 +35,7 @@ class Row:
     eval: EvalResult | None = None
     epochs: list[EpochRecord] = field(default_factory=list)
     quantized: QuantizedResult | None = None
-    stage_s: float | None = None  # its train stage's wall time, process start to its end
+    stage_s: float | None = None  # its train stage, process start to its model (`to_model_s`)
 
     @property
     def trained(self) -> bool:

@@ -44,7 +44,7 @@ TARGET_FIRST = ", end to end, **{name}** is first"
 TARGET_ONLY = ", {name} took"
 TO_TARGET = _paragraph("""To {target} test accuracy{who}: {time} of training (epoch {epoch}, its
 first epoch's {cost} included{stage}{seeds}){missed}.""")
-TARGET_STAGE = "; its train stage {stage} from process start"
+TARGET_STAGE = "; its train stage {stage} from process start to a saved model"
 TARGET_SEEDS = "; {seeds}"
 TARGET_MISSED = "; {names} never reached it"
 NO_TARGET = "No variant reached {target} test accuracy."
@@ -68,8 +68,10 @@ training time up to the first epoch at the target, its interval redrawing the st
 themselves (the first, warm-up and any compiling, stays as measured, with its compile cache: cold,
 warm or portable); *k/n seeds*: over the run and its `repeats`, each at the next seed, each seed's
 epochs after the run's first (range over the seeds that reached it), and their final accuracy;
-{one_seed}. Train stage, end to end: the stage's wall time from process start to its end (imports,
-data, MLflow, the model saved and logged), from this pipeline's timings. Cost: energy and machine
+{one_seed}. Train stage, to a saved model: the stage's wall time from process start (imports, data,
+MLflow, the training, the model saved and logged) less its `repeats`, which train more seeds only
+for the spread, from this pipeline's timings (the pipeline-time table has each stage's whole time).
+Cost: energy and machine
 time at `cost:`'s prices (details below).""")
 SAMPLES_SAME = "{epochs} per variant, from {trainings}"
 ONE_STEADY_EPOCH = "1 steady epoch"
@@ -193,7 +195,7 @@ TUTORIALS = """\
 # --- the tables' columns, as a table's first line reads ---------------------------------------
 
 ANSWER_COLUMNS = _paragraph("""variant | device, precision | steady epoch (95% interval) | speedup
-vs {baseline} | to {target}: training | train stage, end to end | test accuracy | cost per 1,000
+vs {baseline} | to {target}: training | train stage, to a saved model | test accuracy | cost per 1,000
 runs""")
 SPEEDUP_COLUMN = 3  # left out with one variant: nothing to compare
 DETAILS_COLUMNS = _paragraph("""variant | status | device | precision | batches | epochs | first

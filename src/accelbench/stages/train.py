@@ -139,6 +139,9 @@ class _Timed(TrainHooks):
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         return phases.phase(name)
 
+    def repeating(self) -> contextlib.AbstractContextManager[None]:
+        return phases.RECORDER.repeating()
+
 
 class _Tracked(_Timed):
     """Rank 0's hooks: the phases, the progress (unless `quiet`), the variant's MLflow run."""

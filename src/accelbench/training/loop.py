@@ -66,7 +66,7 @@ def train(job: TrainJob, hooks: TrainHooks) -> TrainSummary | None:
             # before repeats find every graph cached
             cache_state = compile_cache.state(compile_cache.counts(), loaded)
             state_dict = {k: v.detach().cpu() for k, v in fitting.model.state_dict().items()}
-            with hooks.phase("training"):
+            with hooks.repeating(), hooks.phase("training"):
                 repeats = fitting.repeat(recipe.repeats - 1, accumulation)
         if not placement.main:
             return None
