@@ -312,6 +312,27 @@ def test_compare_leaves_a_removed_variants_timings_out_of_the_report(tmp_path, u
     assert "| train@cpu |" in report and "@gone" not in report
 
 
+def test_compare_gives_a_train_stage_s_time_to_its_model_without_its_repeats(
+    tmp_path, untracked
+) -> None:
+    """The report's and comparison.json's time to a saved model is the train stage's wall
+    time less its repeats; the pipeline-time table keeps the stage's whole time."""
+    from accelbench.core import phases
+    from accelbench.core.phases import StageTiming
+
+    root = tmp_path / "workspace"
+    inputs = _workspace(root)
+    timing = StageTiming("train@cpu", 1000.0, 12.5, {"training": 9.0}, 8.0, repeats_s=5.25)
+    phases.write(root, timing)
+    _compare(root, inputs)
+    report = (root / "reports" / "comparison.md").read_text()
+    comparison = json.loads((root / "reports" / "comparison.json").read_text())
+    assert comparison["cpu"]["stage_to_model_s"] == pytest.approx(7.25)
+    assert "| 7.250 s | 99.00% |" in report.split("\n\n## ")[0]  # the answer's table
+    assert "its train stage 7.250 s from process start to a saved model" in report
+    assert "| train@cpu | 12.5 s |" in report  # the pipeline-time table: the whole stage
+
+
 def test_compare_refuses_a_trained_variant_without_epochs(tmp_path, untracked) -> None:
     """An epochs.csv emptied to its header was accepted: the cost read $0.0000."""
     root = tmp_path / "workspace"
