@@ -93,7 +93,7 @@ NO_STEADY_EPOCH = "no steady epoch (resumed or stopped)"
 NOT_REACHED = "not reached"
 # The page of the run whose figures the repository ships (reports/metrics), which the README's
 # Result links to: where a machine without a GPU finds a GPU's figures (here and `make metrics`).
-RUN_OF_RECORD = "docs/results/2026-12-04-h200-run-of-record.md"
+RUN_OF_RECORD = "docs/results/2026-12-06-h200-run-of-record.md"
 H200_POINTER = _paragraph(f"""No GPU variant trained here: the README's *Result* has one H200's
 figures ({RUN_OF_RECORD}).""")
 SUMMARY_FIGURE = "![summary: epoch time and accuracy per variant]({path})"
