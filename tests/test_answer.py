@@ -302,7 +302,7 @@ def test_headline_says_when_compiling_pays_and_who_reaches_the_target_first() ->
         _row("amp_uncompiled", AMP_UNCOMPILED, 0.57, 0.141, 3),
     ]
     rows[1].train = replace(rows[1].train, compile_cache="cold")
-    rows[2].stage_s = 9.4
+    rows[2].stage_to_model_s = 9.4
     figures = variant_figures(rows, "cpu", 0.99)
     assert figures["amp"].uncompiled_twin == "amp_uncompiled"
     assert figures["amp"].metrics("cpu")["break_even_epochs"] == figures["amp"].break_even.epochs

@@ -35,7 +35,7 @@ class Row:
     eval: EvalResult | None = None
     epochs: list[EpochRecord] = field(default_factory=list)
     quantized: QuantizedResult | None = None
-    stage_s: float | None = None  # its train stage, process start to its model (`to_model_s`)
+    stage_to_model_s: float | None = None  # its train stage, process start to its saved model
 
     @property
     def trained(self) -> bool:
@@ -409,7 +409,9 @@ def _target_sentence(
         time=fmt_time(reached.to_target),
         epoch=reached.target_epoch,
         cost=cost,
-        stage=prose.TARGET_STAGE.format(stage=fmt_seconds(row.stage_s)) if row.stage_s else "",
+        stage=prose.TARGET_STAGE.format(stage=fmt_seconds(row.stage_to_model_s))
+        if row.stage_to_model_s
+        else "",
         seeds=prose.TARGET_SEEDS.format(seeds=reached.seeds.text()) if reached.seeds else "",
         missed=prose.TARGET_MISSED.format(names=missed) if missed else "",
     )

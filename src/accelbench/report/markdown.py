@@ -196,7 +196,7 @@ def _answer_cells(
         answer.fmt_time(f.steady_epoch),
         *([speed] if compared else []),
         to_target,
-        _cell(row.stage_s, "s") if row.stage_s else "n/a",
+        _cell(row.stage_to_model_s, "s") if row.stage_to_model_s else "n/a",
         _cell(row.test_accuracy, "pct"),
         usd_per_1000(whole.total_usd) if whole else "n/a",
     ]
@@ -463,7 +463,7 @@ def _comparison_entry(row: Row, figures: VariantFigures | None, spec: ReportSpec
         "quantized": (quantized.metrics() or None) if quantized else None,
         "quantized_unsupported": (quantized.unsupported or None) if quantized else None,
         "first_epoch_s": trained.first_epoch_s if trained else None,
-        "stage_to_model_s": row.stage_s,  # its train stage, process start to a saved model
+        "stage_to_model_s": row.stage_to_model_s,
         "repeats": trained.repeats if trained else None,
         "test_accuracy": row.eval.test_accuracy if isinstance(row.eval, EvalSummary) else None,
         "shared_machine": shared_machine(row),  # measured while other work ran on the machine

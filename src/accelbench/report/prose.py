@@ -71,8 +71,7 @@ epochs after the run's first (range over the seeds that reached it), and their f
 {one_seed}. Train stage, to a saved model: the stage's wall time from process start (imports, data,
 MLflow, the training, the model saved and logged) less its `repeats`, which train more seeds only
 for the spread, from this pipeline's timings (the pipeline-time table has each stage's whole time).
-Cost: energy and machine
-time at `cost:`'s prices (details below).""")
+Cost: energy and machine time at `cost:`'s prices (details below).""")
 SAMPLES_SAME = "{epochs} per variant, from {trainings}"
 ONE_STEADY_EPOCH = "1 steady epoch"
 STEADY_EPOCHS = "{n} steady epochs"

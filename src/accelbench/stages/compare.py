@@ -98,7 +98,7 @@ def run(
         pipeline = pipeline_time.collect(timings, phases.RECORDER.timing())
         to_model = {t.stage: t.to_model_s for t in timings}
         for row in rows:  # end to end: the train stage, process start to its model
-            row.stage_s = to_model.get(f"train@{row.name}") if row.trained else None
+            row.stage_to_model_s = to_model.get(f"train@{row.name}") if row.trained else None
         result = markdown.write_report(out_dir, rows, env, inputs.spec, pipeline, outputs)
         epochs = {row.name: row.epochs for row in rows}
         per_class = {r.name: r.eval.per_class for r in rows if isinstance(r.eval, EvalSummary)}
