@@ -27,6 +27,11 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   threads4, threads8  Inductor's pool of compile workers 4 or 8 wide (default: one a core)
   combo     Inductor's combo kernels: independent kernels horizontally fused (fewer)
   nopersist Triton persistent reductions off (each reduction one loop kernel)
+  forcelayout Inductor's layout optimization forced on: every convolution's input, output and
+            gradients channels-last in the compiled graph (its heuristic leaves it off when
+            all convolutions have at most 64 channels, as this CNN's conv2)
+  bench     cudnn.benchmark on: cuDNN times its engines of each convolution, keeps the fastest
+  pwtune    Inductor tunes each generated pointwise kernel's launch config (kernel_autotune)
 Each candidate starts with its own empty Inductor and CUDA JIT caches, as a train stage on a
 fresh machine does, and reports where its compiling went (Dynamo's compile_times).
 Reads --params (params.yaml) and --data (data/prepared: `dvc repro prepare`). Nothing is
@@ -67,6 +72,9 @@ OPTIONS = (
     "threads8",
     "combo",
     "nopersist",
+    "forcelayout",
+    "bench",
+    "pwtune",
 )
 
 
@@ -94,8 +102,14 @@ def _patch(options: set[str], variant):
         torch._inductor.config.combo_kernels = True
     if "nopersist" in options:
         torch._inductor.config.triton.persistent_reductions = False
+    if "forcelayout" in options:
+        torch._inductor.config.force_layout_optimization = True
     if "nobench" in options:
         variant = variant.model_copy(update={"cudnn_benchmark": False})
+    if "bench" in options:
+        variant = variant.model_copy(update={"cudnn_benchmark": True})
+    if "pwtune" in options:
+        variant = variant.model_copy(update={"kernel_autotune": True})
     if "autotune" in options:
         variant = variant.model_copy(update={"compile": "max-autotune-no-cudagraphs"})
     if "poolfirst" in options:
