@@ -193,6 +193,8 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
     unknown = options - set(OPTIONS)
     if unknown:
         raise ValueError(f"{candidate!r}: unknown {sorted(unknown)}; known: {', '.join(OPTIONS)}")
+    if {"bench", "nobench"} <= options:
+        raise ValueError(f"{candidate!r}: bench and nobench contradict each other; name one")
     return name, options - {"base"}
 
 

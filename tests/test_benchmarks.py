@@ -84,6 +84,7 @@ def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepa
         ("cpu:turbo", f"['turbo']; known: {known}"),
         ("tpu:base", "no variant 'tpu' (params: cpu, ddp)"),
         ("ddp:base", "a DDP variant (time it with benchmarks/scaling.py)"),
+        ("cpu:bench+nobench", "bench and nobench contradict each other; name one"),
     ):
         result = _run("step_options.py", "cpu:base", bad, *common, cwd=tmp_path)
         assert result.returncode == 2 and result.stdout == ""  # nothing ran
