@@ -7,6 +7,7 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   base      the step as the pipeline runs it
   cdt       Inductor's coordinate-descent tuning of its generated kernels
   limit0    cuDNN's benchmark tries every engine (torch.backends.cudnn.benchmark_limit = 0)
+  limit2    cuDNN's benchmark tries its heuristics' first two engines only (default: ten)
   poolfirst max-pool before the second ReLU (the same function: max and ReLU commute)
   autotune  torch.compile mode max-autotune-no-cudagraphs (Triton and cuDNN convolutions)
   eagershift the augmentation outside the compiled loss (written once, as before 1b1bc46)
@@ -56,6 +57,7 @@ OPTIONS = (
     "base",
     "cdt",
     "limit0",
+    "limit2",
     "poolfirst",
     "autotune",
     "eagershift",
@@ -121,12 +123,13 @@ def _patch(options: set[str], variant):
             self.features = nn.Sequential(conv1, relu1, conv2, pool, relu2, drop)
 
         models.SeedCNN.__init__ = init
-    if "limit0" in options:
+    limits = [int(o.removeprefix("limit")) for o in options if o.startswith("limit")]
+    if limits:
         configure = engine.configure_backends
 
         def configure_all(variant, deterministic=False):
             configure(variant, deterministic)
-            torch.backends.cudnn.benchmark_limit = 0
+            torch.backends.cudnn.benchmark_limit = limits[0]
 
         engine.configure_backends = configure_all
     if "eagershift" in options:
@@ -193,8 +196,9 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
     unknown = options - set(OPTIONS)
     if unknown:
         raise ValueError(f"{candidate!r}: unknown {sorted(unknown)}; known: {', '.join(OPTIONS)}")
-    if {"bench", "nobench"} <= options:
-        raise ValueError(f"{candidate!r}: bench and nobench contradict each other; name one")
+    for one, other in (("bench", "nobench"), ("limit0", "limit2")):
+        if {one, other} <= options:
+            raise ValueError(f"{candidate!r}: {one} and {other} contradict each other; name one")
     return name, options - {"base"}
 
 
