@@ -16,6 +16,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from accelbench.core import phases
 from accelbench.training.models import SeedCNN
 from helpers import train_command, write_params
 
@@ -128,14 +129,22 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
     tmp_path, prepared, mlflow_store, accumulation
 ) -> None:
     """Accumulated, each process's 32-sample shard of a 64-sample batch goes in chunks of 11,
-    11 and 10 and only the last chunk's backward all-reduces: still the same update."""
+    11 and 10 and only the last chunk's backward all-reduces: still the same update. One pass
+    trains a repeat too (the first training's weights are kept), which the launcher's time to
+    its model leaves out, as an in-process stage's does."""
     params = _params(
         tmp_path,
         train={"accumulation_steps": accumulation},
         single={"device": "cpu", "threads": 1},
-        ddp=DDP,
+        ddp={**DDP, "repeats": 2 if accumulation == 1 else 1},
     )
     _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 240, 1e-4, 1e-5)
+    if accumulation == 1:
+        trained = json.loads((tmp_path / "metrics" / "ddp" / "train.json").read_text())
+        timing = {t.stage: t for t in phases.read_all(tmp_path)}["train@ddp"]
+        repeat_epochs_s = sum(seconds for seconds, _ in trained["repeat_epochs"][0])
+        assert repeat_epochs_s < trained["repeats_wall_s"] == timing.repeats_s
+        assert timing.to_model_s == pytest.approx(timing.wall_s - timing.repeats_s)
 
     client = MlflowClient(mlflow_store)
     runs = client.search_runs(

@@ -70,7 +70,7 @@ class Recorder:
     seconds: dict[str, float] = field(default_factory=dict)
     stage: str = ""  # dvc.yaml's name of the stage ("train@amp"), set as soon as it is known
     training_s: float | None = None  # a training stage's timed epochs (every seed), summed
-    repeats_s: float | None = None  # the `repeats`' trainings, whole (`repeating`)
+    repeats_s: float | None = None  # the `repeats`' trainings, whole (their train.json's)
     root: Path | None = None  # where the stage wrote its timing, which its ending adds to
     _stack: list[tuple[str, float]] = field(default_factory=list)
 
@@ -92,17 +92,6 @@ class Recorder:
             self.add(name, now - since)
             if self._stack:  # resume the enclosing phase
                 self._stack[-1] = (self._stack[-1][0], now)
-
-    @contextlib.contextmanager
-    def repeating(self) -> Iterator[None]:
-        """Around a training stage's `repeats` (the seeds after the run's, for the spread):
-        their whole time, phases nested in it included, which the stage's time to its model
-        leaves out (`StageTiming.to_model_s`)."""
-        since = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.repeats_s = (self.repeats_s or 0.0) + time.perf_counter() - since
 
     def add(self, name: str, seconds: float) -> None:
         """`seconds` more for phase `name` (also time measured elsewhere: a child process's)."""
@@ -145,8 +134,8 @@ class StageTiming:
     @property
     def to_model_s(self) -> float:
         """Process start to the stage's end less its `repeats`, which only measure the spread:
-        a train stage's time to its model, saved and logged (a torchrun launcher's includes
-        its workers' repeats)."""
+        a train stage's time to its model, saved and logged (a torchrun launcher's: its
+        workers' repeats left out)."""
         return max(self.wall_s - (self.repeats_s or 0.0), 0.0)
 
     @property

@@ -161,6 +161,9 @@ class TrainSummary(RunFigures):
     repeats: Int = 1  # trainings: the run itself, and repeats - 1 more from scratch
     # each repeat's epochs as [seconds, test accuracy], repeat k at the run's seed + k
     repeat_epochs: list[list[list[Float]]] = field(default_factory=list)
+    # the repeats' trainings, whole: a train stage's time to its model leaves them out, and
+    # a torchrun launcher learns them only from rank 0's train.json
+    repeats_wall_s: Float | None = None
     # what else used this host's GPUs or CPUs while it trained (`system/slots.py`); None: nothing
     shared_machine: Str | None = None
     status: Literal["trained"] = "trained"

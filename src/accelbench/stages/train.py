@@ -139,9 +139,6 @@ class _Timed(TrainHooks):
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         return phases.phase(name)
 
-    def repeating(self) -> contextlib.AbstractContextManager[None]:
-        return phases.RECORDER.repeating()
-
 
 class _Tracked(_Timed):
     """Rank 0's hooks: the phases, the progress (unless `quiet`), the variant's MLflow run."""
@@ -227,9 +224,11 @@ def record_sharing(
     summary: TrainResult | None, note: str | None, out: TrainOutputs
 ) -> TrainResult | None:
     """`summary`, and its train.json, with what else ran on this host while it trained
-    (`shared_machine`: the report prints it). The stage's timing gets its timed epochs."""
+    (`shared_machine`: the report prints it). The stage's timing gets its timed epochs and
+    its repeats' wall time: a torchrun launcher's, its workers'."""
     if isinstance(summary, TrainSummary):
         phases.RECORDER.training_s = summary.timed_s
+        phases.RECORDER.repeats_s = summary.repeats_wall_s
     if note is None or not isinstance(summary, TrainSummary):
         return summary
     shared = replace(summary, shared_machine=note)

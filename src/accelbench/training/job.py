@@ -75,10 +75,6 @@ class TrainHooks:
         """Around one part of the stage's wall time (`core.phases.PHASES` names them)."""
         return contextlib.nullcontext()
 
-    def repeating(self) -> contextlib.AbstractContextManager[Any]:
-        """Around the `repeats`' trainings, which measure the spread, not the time to a model."""
-        return contextlib.nullcontext()
-
     def run(self, resume: Resume | None) -> contextlib.AbstractContextManager[str | None]:
         """The variant's run around the training, continued from `resume`'s; yields its id."""
         return contextlib.nullcontext()

@@ -20,6 +20,7 @@ def summarize_run(
     accumulation_steps: int,
     flops_per_sample: int,
     repeats: list[list[EpochRecord]] | None = None,
+    repeats_wall_s: float | None = None,
     compile_cache: str | None = None,
 ) -> TrainSummary:
     """Epoch figures, plus achieved TFLOP/s against every process's datasheet peak, and
@@ -54,4 +55,5 @@ def summarize_run(
         compile_cache=compile_cache if variant.compile != "none" else None,
         repeats=1 + len(repeats),
         repeat_epochs=[[[r.train_time_s, r.test_accuracy] for r in repeat] for repeat in repeats],
+        repeats_wall_s=repeats_wall_s,
     )
