@@ -80,6 +80,15 @@ OPTIONS = (
 )
 
 
+# Options that change a variant's own params, as params.yaml could.
+VARIANT_UPDATES = {
+    "nobench": {"cudnn_benchmark": False},
+    "bench": {"cudnn_benchmark": True},
+    "pwtune": {"kernel_autotune": True},
+    "autotune": {"compile": "max-autotune-no-cudagraphs"},
+}
+
+
 def _patch(options: set[str], variant):
     """Apply the candidate's options; returns the variant to train."""
     import torch
@@ -106,14 +115,8 @@ def _patch(options: set[str], variant):
         torch._inductor.config.triton.persistent_reductions = False
     if "forcelayout" in options:
         torch._inductor.config.force_layout_optimization = True
-    if "nobench" in options:
-        variant = variant.model_copy(update={"cudnn_benchmark": False})
-    if "bench" in options:
-        variant = variant.model_copy(update={"cudnn_benchmark": True})
-    if "pwtune" in options:
-        variant = variant.model_copy(update={"kernel_autotune": True})
-    if "autotune" in options:
-        variant = variant.model_copy(update={"compile": "max-autotune-no-cudagraphs"})
+    for option in options & VARIANT_UPDATES.keys():
+        variant = variant.model_copy(update=VARIANT_UPDATES[option])
     if "poolfirst" in options:
         original_init = models.SeedCNN.__init__
 
@@ -199,6 +202,16 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
     for one, other in (("bench", "nobench"), ("limit0", "limit2")):
         if {one, other} <= options:
             raise ValueError(f"{candidate!r}: {one} and {other} contradict each other; name one")
+    variant = variants[name]
+    for option, update in VARIANT_UPDATES.items():
+        if option in options and variant.model_copy(update=update) == variant:
+            raise ValueError(
+                f"{candidate!r}: {name} already has {update}; {option} changes nothing"
+            )
+    benchmarks = "bench" in options or (variant.cudnn_benchmark and "nobench" not in options)
+    limits = sorted(o for o in options if o.startswith("limit"))
+    if limits and not benchmarks:
+        raise ValueError(f"{candidate!r}: {limits[0]} needs cuDNN's benchmark; add bench")
     return name, options - {"base"}
 
 

@@ -85,6 +85,8 @@ def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepa
         ("tpu:base", "no variant 'tpu' (params: cpu, ddp)"),
         ("ddp:base", "a DDP variant (time it with benchmarks/scaling.py)"),
         ("cpu:bench+nobench", "bench and nobench contradict each other; name one"),
+        ("cpu:nobench", "cpu already has {'cudnn_benchmark': False}; nobench changes nothing"),
+        ("cpu:limit2", "limit2 needs cuDNN's benchmark; add bench"),
     ):
         result = _run("step_options.py", "cpu:base", bad, *common, cwd=tmp_path)
         assert result.returncode == 2 and result.stdout == ""  # nothing ran
