@@ -89,6 +89,17 @@ VARIANT_UPDATES = {
 }
 
 
+CUDNN_OPTIONS = {"bench", "nobench", "limit0", "limit2"}
+NOT_INDUCTOR = CUDNN_OPTIONS | {"base", "poolfirst", "autotune"}  # the rest act under compile
+
+
+def _updated(variant, options: set[str]):
+    """The variant as the candidate's VARIANT_UPDATES options leave it."""
+    for option in sorted(options & VARIANT_UPDATES.keys()):
+        variant = variant.model_copy(update=VARIANT_UPDATES[option])
+    return variant
+
+
 def _patch(options: set[str], variant):
     """Apply the candidate's options; returns the variant to train."""
     import torch
@@ -115,8 +126,7 @@ def _patch(options: set[str], variant):
         torch._inductor.config.triton.persistent_reductions = False
     if "forcelayout" in options:
         torch._inductor.config.force_layout_optimization = True
-    for option in options & VARIANT_UPDATES.keys():
-        variant = variant.model_copy(update=VARIANT_UPDATES[option])
+    variant = _updated(variant, options)
     if "poolfirst" in options:
         original_init = models.SeedCNN.__init__
 
@@ -202,16 +212,26 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
     for one, other in (("bench", "nobench"), ("limit0", "limit2")):
         if {one, other} <= options:
             raise ValueError(f"{candidate!r}: {one} and {other} contradict each other; name one")
-    variant = variants[name]
-    for option, update in VARIANT_UPDATES.items():
-        if option in options and variant.model_copy(update=update) == variant:
-            raise ValueError(
-                f"{candidate!r}: {name} already has {update}; {option} changes nothing"
-            )
-    benchmarks = "bench" in options or (variant.cudnn_benchmark and "nobench" not in options)
-    limits = sorted(o for o in options if o.startswith("limit"))
-    if limits and not benchmarks:
-        raise ValueError(f"{candidate!r}: {limits[0]} needs cuDNN's benchmark; add bench")
+    variant = _updated(variants[name], options)
+    for option in sorted(options & VARIANT_UPDATES.keys()):
+        if _updated(variants[name], options - {option}) == variant:
+            raise ValueError(f"{candidate!r}: {name} already has {VARIANT_UPDATES[option]}")
+    cudnn = sorted(o for o in options if o in CUDNN_OPTIONS)
+    if cudnn and variant.device != "cuda":
+        raise ValueError(
+            f"{candidate!r}: {cudnn} set cuDNN, which a {variant.device} variant skips"
+        )
+    inductor = sorted(options - NOT_INDUCTOR)
+    if inductor and variant.compile == "none":
+        raise ValueError(f"{candidate!r}: {inductor} change torch.compile, which {name} skips")
+    if "pwtune" in options and variant.compile != "default":
+        raise ValueError(
+            f"{candidate!r}: pwtune tunes compile: default only, not {variant.compile}"
+        )
+    limits = [o for o in cudnn if o.startswith("limit")]
+    if limits and not variant.cudnn_benchmark:
+        fix = "drop nobench" if "nobench" in options else "add bench"
+        raise ValueError(f"{candidate!r}: {limits[0]} needs cuDNN's benchmark; {fix}")
     return name, options - {"base"}
 
 

@@ -77,16 +77,22 @@ def test_step_options_taps_and_mmgrad_are_the_convolution() -> None:
 
 
 def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepared) -> None:
-    params = write_params(tmp_path, {"cpu": CPU, "ddp": {"device": "cpu", "distributed": {}}})
+    gpu = {"device": "cuda", "compile": "default", "kernel_autotune": False}
+    params = write_params(
+        tmp_path, {"cpu": CPU, "gpu": gpu, "ddp": {"device": "cpu", "distributed": {}}}
+    )
     common = ("--params", str(params), "--data", str(prepared))
     known = ", ".join(_step_options().OPTIONS)
     for bad, named in (
         ("cpu:turbo", f"['turbo']; known: {known}"),
-        ("tpu:base", "no variant 'tpu' (params: cpu, ddp)"),
+        ("tpu:base", "no variant 'tpu' (params: cpu, ddp, gpu)"),
         ("ddp:base", "a DDP variant (time it with benchmarks/scaling.py)"),
         ("cpu:bench+nobench", "bench and nobench contradict each other; name one"),
-        ("cpu:nobench", "cpu already has {'cudnn_benchmark': False}; nobench changes nothing"),
-        ("cpu:limit2", "limit2 needs cuDNN's benchmark; add bench"),
+        ("cpu:nobench", "cpu already has {'cudnn_benchmark': False}"),
+        ("cpu:bench", "['bench'] set cuDNN, which a cpu variant skips"),
+        ("cpu:taps+cdt", "['cdt', 'taps'] change torch.compile, which cpu skips"),
+        ("gpu:limit2", "limit2 needs cuDNN's benchmark; add bench"),
+        ("gpu:autotune+pwtune", "pwtune tunes compile: default only, not max-autotune-no-cud"),
     ):
         result = _run("step_options.py", "cpu:base", bad, *common, cwd=tmp_path)
         assert result.returncode == 2 and result.stdout == ""  # nothing ran

@@ -134,8 +134,8 @@ class StageTiming:
     @property
     def to_model_s(self) -> float:
         """Process start to the stage's end less its `repeats`, which only measure the spread:
-        a train stage's time to its model, saved and logged (a torchrun launcher's: its
-        workers' repeats left out)."""
+        a train stage's time to its model, saved and logged (node 0's torchrun launcher's: its
+        workers' repeats left out; other nodes' launchers keep them)."""
         return max(self.wall_s - (self.repeats_s or 0.0), 0.0)
 
     @property
