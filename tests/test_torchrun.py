@@ -144,7 +144,6 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
         timing = {t.stage: t for t in phases.read_all(tmp_path)}["train@ddp"]
         repeat_epochs_s = sum(seconds for seconds, _ in trained["repeat_epochs"][0])
         assert repeat_epochs_s < trained["repeats_wall_s"] == timing.repeats_s
-        assert timing.to_model_s == pytest.approx(timing.wall_s - timing.repeats_s)
 
     client = MlflowClient(mlflow_store)
     runs = client.search_runs(
