@@ -10,9 +10,7 @@ export ACCELBENCH_MNIST_MIRROR=$PWD/.rec/mnist
 t0=$(date +%s)
 source benchmarks/gpu-host-setup.sh > "$OUT/setup.log" 2>&1
 echo "setup $(( $(date +%s) - t0 )) s"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cudnn.version())"
-} | tee "$OUT/env.txt"
+host_facts | tee "$OUT/env.txt"
 dvc repro prepare >> "$OUT/setup.log" 2>&1; echo "prepare rc $?"
 python3 benchmarks/step_options.py "$@" --epochs 4 2>&1 | tee "$OUT/step-options.jsonl"
 echo "candidates done $(( $(date +%s) - t0 )) s"

@@ -11,9 +11,7 @@ mkdir -p "$OUT"
 start=$(date +%s)
 source benchmarks/gpu-host-setup.sh
 echo "setup $(( $(date +%s) - start )) s" | tee "$OUT/env.txt"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,utilization.gpu --format=csv
-  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cudnn.version())"
-} 2>&1 | tee -a "$OUT/env.txt"
+host_facts | tee -a "$OUT/env.txt"
 
 start=$(date +%s)
 dvc repro 2>&1 | tee "$OUT/dvc-repro.log"

@@ -10,8 +10,7 @@ OUT="${OUT:-$PWD/gpu-run}"
 mkdir -p "$OUT"
 source benchmarks/gpu-host-setup.sh
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu \
-  --format=csv | tee "$OUT/nvidia-smi.csv"
+host_facts | tee "$OUT/env.txt"
 start=$(date +%s)
 dvc repro 2>&1 | tee "$OUT/dvc-repro.log"
 echo "dvc repro wall time: $(( $(date +%s) - start )) s" | tee -a "$OUT/dvc-repro.log"

@@ -2,6 +2,14 @@
 # HOST_PACKAGES=tools/host-packages/nvidia-h200.txt) into /tmp/site on an air-gapped GPU host
 # and put `accelbench` on the PATH. NVLink multicast stays
 # off in NCCL, PyTorch and NVSHMEM (shared hosts: a multicast fault can take their GPUs down).
+# The host's facts a results page names (GPU, driver, clocks; Python, torch, CUDA, cuDNN), on
+# stdout: each gpu-host-*.sh script writes them to $OUT/env.txt.
+host_facts() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu \
+    --format=csv 2>&1
+  python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())" 2>&1
+}
 export PYTHONUNBUFFERED=1 MLFLOW_DISABLE_TELEMETRY=true
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Byte-compiled at install (no --no-compile): without .pyc files, and with

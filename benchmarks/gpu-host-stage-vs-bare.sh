@@ -7,9 +7,7 @@
 set -uo pipefail
 export ACCELBENCH_MNIST_MIRROR=$PWD/.rec/mnist
 source benchmarks/gpu-host-setup.sh > "$OUT/setup.log" 2>&1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.backends.cudnn.version())"
-} | tee "$OUT/env.txt"
+host_facts | tee "$OUT/env.txt"
 dvc repro prepare >> "$OUT/setup.log" 2>&1
 sed -e 's/^  epochs: 10$/  epochs: 4/' -e 's/^  repeats: 3$/  repeats: 1/' params.yaml > /tmp/p4.yaml
 grep -E '^  (epochs|repeats):' /tmp/p4.yaml
