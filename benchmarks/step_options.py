@@ -215,7 +215,10 @@ def parse_candidate(candidate: str, variants: dict) -> tuple[str, set[str]]:
     variant = _updated(variants[name], options)
     for option in sorted(options & VARIANT_UPDATES.keys()):
         if _updated(variants[name], options - {option}) == variant:
-            raise ValueError(f"{candidate!r}: {name} already has {VARIANT_UPDATES[option]}")
+            raise ValueError(
+                f"{candidate!r}: {name} already has {VARIANT_UPDATES[option]}, so {option} "
+                "changes nothing; drop it"
+            )
     cudnn = sorted(o for o in options if o in CUDNN_OPTIONS)
     if cudnn and variant.device != "cuda":
         raise ValueError(

@@ -88,7 +88,7 @@ def test_step_options_refuses_a_bad_candidate_before_running_any(tmp_path, prepa
         ("tpu:base", "no variant 'tpu' (params: cpu, ddp, gpu)"),
         ("ddp:base", "a DDP variant (time it with benchmarks/scaling.py)"),
         ("cpu:bench+nobench", "bench and nobench contradict each other; name one"),
-        ("cpu:nobench", "cpu already has {'cudnn_benchmark': False}"),
+        ("cpu:nobench", "cpu already has {'cudnn_benchmark': False}, so nobench changes nothing"),
         ("cpu:bench", "['bench'] set cuDNN, which a cpu variant skips"),
         ("cpu:taps+cdt", "['cdt', 'taps'] change torch.compile, which cpu skips"),
         ("gpu:limit2", "limit2 needs cuDNN's benchmark; add bench"),
