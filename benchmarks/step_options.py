@@ -15,8 +15,9 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
             2026-12-05), not one GEMM of its 3x3 patches and weights
   threads1  Inductor compiles in this process, no pool of compile workers
   nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
-  warmpool  Inductor's pool of compile workers started right after torch's import, as the
-            train stage does, instead of when torch.compile first calls Inductor
+  warmpool  Inductor's pool of compile workers started right after torch's import, instead
+            of when torch.compile first calls Inductor (tried in the train stage and not
+            kept: docs/results/2026-12-03-h200-tracking-worker.md)
   onecfg    one Triton launch config per generated kernel (Inductor's
             triton.autotune_pointwise off): fewer kernels for Triton to compile, none tried
   aggfuse   Inductor's aggressive_fusion: kernels fused across more of the graph (fewer)
