@@ -80,12 +80,12 @@ def test_a_slow_energy_counter_stays_outside_the_timed_epoch(tiny_prepared) -> N
     """An NVML energy read takes 2.4 ms on an H100: timed, 3% of amp's 0.08 s epoch."""
 
     def slow_reading() -> float:
-        time.sleep(0.25)
+        time.sleep(0.5)
         return 0.0
 
     hooks = engine.FitHooks(gpu_energy_j=slow_reading, cpu_energy_j=slow_reading)
-    _, records = fit_small(tiny_prepared, TrainParams(epochs=2, batch_size=8), hooks=hooks)
-    assert all(r.train_time_s < 0.25 for r in records), [r.train_time_s for r in records]
+    _, records = fit_small(tiny_prepared, TrainParams(epochs=1, batch_size=8), hooks=hooks)
+    assert records[0].train_time_s < 0.5, records[0].train_time_s  # 4 steps: milliseconds
 
 
 def _epochs_reading(joules: list[float], epoch_s: float) -> list[EpochRecord]:

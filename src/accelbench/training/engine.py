@@ -360,8 +360,9 @@ def _train_epoch(
 ) -> _EpochTotals:
     """One timed pass over the batches; the clock and the energy counters (GPU, CPU) are
     read only around it, after a synchronize: the counters outside the clock's interval, as
-    an NVML energy read takes 2.4 ms (up to 17 ms; H100), 3% of a 0.08 s epoch
-    (docs/results/2026-12-07-h100-stage-vs-bare.md)."""
+    an NVML energy read takes 2.4 ms (up to 17.5 ms; H100), 3% of a 0.08 s epoch
+    (docs/results/2026-12-07-h100-stage-vs-bare.md); NVML's reads also outside RAPL's interval,
+    as each keeps a core busy."""
     energy_j, cpu_energy_j, on_step = hooks.gpu_energy_j, hooks.cpu_energy_j, hooks.on_step
     optimizer, steps = step.optimizer, len(losses)
     sizes: list[int] = []
@@ -389,8 +390,8 @@ def _train_epoch(
         if on_step is not None:
             on_step(len(labels))
     train_time_s = clock.now() - start
-    energy = energy_j() - energy_start if energy_j else None
     cpu_energy = cpu_energy_j() - cpu_energy_start if cpu_energy_j else None
+    energy = energy_j() - energy_start if energy_j else None
     step_losses = losses[: len(sizes)].double().cpu()
     finite = torch.isfinite(step_losses)
     weights = torch.tensor(sizes, dtype=torch.float64)
