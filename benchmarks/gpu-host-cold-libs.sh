@@ -14,7 +14,8 @@ source benchmarks/gpu-host-setup.sh > "$OUT/setup.log" 2>&1
 host_facts | tee "$OUT/env.txt"
 dvc repro prepare >> "$OUT/setup.log" 2>&1
 libs=$(python3 -c "from importlib.util import find_spec as f; print(*f('nvidia').submodule_search_locations, f('torch').submodule_search_locations[0] + '/lib')")
-evict() {  # drop the libraries' pages from the page cache; prints how long reading them back takes
+[ -n "$libs" ] || { echo "no CUDA libraries found beside torch: nothing to time"; exit 1; }
+evict() {  # drop the libraries' pages from the page cache (read_all times reading them back)
   find $libs -name '*.so*' -type f -print0 | python3 -c "
 import os, sys
 for p in sys.stdin.read().split('\0')[:-1]:

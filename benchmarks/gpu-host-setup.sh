@@ -3,7 +3,8 @@
 # and put `accelbench` on the PATH. NVLink multicast stays
 # off in NCCL, PyTorch and NVSHMEM (shared hosts: a multicast fault can take their GPUs down).
 # The host's facts a results page names (GPU, driver, clocks; Python, torch, CUDA, cuDNN), on
-# stdout: each gpu-host-*.sh script writes them to $OUT/env.txt.
+# stdout: the one-GPU scripts write them to $OUT/env.txt (gpu-host-scaling.sh writes its own,
+# with the GPUs' links).
 host_facts() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu \
     --format=csv 2>&1

@@ -14,6 +14,7 @@ grep -E '^  (epochs|repeats):' /tmp/p4.yaml
 # The first process on the host reads torch's CUDA libraries from disk: how long reading what
 # the set-up left unread takes alone, then a first process that is not timed.
 libs=$(python3 -c "from importlib.util import find_spec as f; print(*f('nvidia').submodule_search_locations, f('torch').submodule_search_locations[0] + '/lib')")
+[ -n "$libs" ] || { echo "no CUDA libraries found beside torch: nothing to time"; exit 1; }
 t0=$(date +%s%N); find $libs -name '*.so*' -type f -exec cat {} + | wc -c | tee "$OUT/libs.txt"
 echo "read in $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$OUT/libs.txt"
 python3 benchmarks/step_options.py amp_uncompiled:base --epochs 2 > "$OUT/warm.jsonl" 2>&1

@@ -16,8 +16,8 @@ A candidate is VARIANT:OPTION[+OPTION...] over params.yaml's variant:
   threads1  Inductor compiles in this process, no pool of compile workers
   nobench   cudnn.benchmark off: cuDNN's heuristics pick, no engines tried (nor JIT-built)
   warmpool  Inductor's pool of compile workers started right after torch's import, instead
-            of when torch.compile first calls Inductor (tried in the train stage and not
-            kept: docs/results/2026-12-03-h200-tracking-worker.md)
+            of when torch.compile first calls Inductor (timed on 2026-12-03 and not adopted
+            by the train stage: docs/results/2026-12-03-h200-tracking-worker.md)
   onecfg    one Triton launch config per generated kernel (Inductor's
             triton.autotune_pointwise off): fewer kernels for Triton to compile, none tried
   aggfuse   Inductor's aggressive_fusion: kernels fused across more of the graph (fewer)
