@@ -138,7 +138,10 @@ def test_ddp_matches_a_single_process_on_the_same_global_batches(
         single={"device": "cpu", "threads": 1},
         ddp={**DDP, "repeats": 2 if accumulation == 1 else 1},
     )
-    _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 240, 1e-4, 1e-5)
+    # Two shards' gradients summed by gloo round differently from one batch's: up to 1.6e-5
+    # in conv2's weights on a 2-core AMD EPYC host (2026-12-07), one element of 18,432 past
+    # an atol of 1e-5.
+    _assert_ddp_trains_like_single(params, prepared, tmp_path, mlflow_store, 240, 1e-4, 5e-5)
     if accumulation == 1:
         trained = json.loads((tmp_path / "metrics" / "ddp" / "train.json").read_text())
         timing = {t.stage: t for t in phases.read_all(tmp_path)}["train@ddp"]
