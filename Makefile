@@ -78,12 +78,16 @@ smoke: setup  ## a first result in about 2 minutes: the pipeline on a tenth of M
 
 # Two tiers (pyproject.toml's `slow` marker): the fast one covers every module in at most
 # 5 minutes on 2 cores; the full one adds the end-to-end runs, the browser and service
-# (PostgreSQL, sshd) tests and those a GPU host skips, as CI (.ci/run) runs them.
+# (PostgreSQL, sshd) tests and those a GPU host skips, as CI (.ci/run) runs them. Both run on
+# WORKERS processes (pytest-xdist; a module whose fixtures start a server or a run keeps its
+# tests on one, by its xdist_group mark): the full tier is mostly subprocesses that start up
+# on one core each, so two workers on CI's two cores cut its time by about a third.
+WORKERS ?= 2
 test: setup lint  ## lint, then the fast tests (every module; at most 5 min on 2 cores)
-	pytest -m "not slow"
+	pytest -n $(WORKERS) --dist loadgroup -m "not slow"
 
 test-full: setup lint  ## lint, then every test: slow, browser and service tests too (CI's)
-	pytest
+	pytest -n $(WORKERS) --dist loadgroup
 
 lint: setup  ## ruff lint + format check, hadolint on the Dockerfile
 	ruff check src tests tools benchmarks

@@ -18,6 +18,8 @@ import pytest
 from conftest import REPO
 from helpers import load_script
 
+pytestmark = pytest.mark.xdist_group("containers")  # one worker: its module fixture runs once
+
 flavours = load_script(REPO / "docker" / "requirements_for_flavour.py")
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()

@@ -18,7 +18,8 @@ import yaml
 
 from helpers import DVC, REPO
 
-pytestmark = pytest.mark.slow  # each case runs `dvc status` in a fresh repository
+# each case runs `dvc status` in a fresh repository; one worker: its module fixture runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc_edits")]
 
 TRAINING = {
     f"train@{name}" for name in yaml.safe_load((REPO / "params.yaml").read_text())["variants"]

@@ -32,7 +32,8 @@ from helpers import REPO, repo_params_raw, run_all_stages, small_params, write_f
 sys.path.insert(0, str(REPO / "tools"))
 import mlflow_ui
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("first_screen")]  # one worker:
+# the module's server and run start once
 
 if mlflow_ui.chromium_path() is None and os.environ.get("ACCELBENCH_REQUIRE_BROWSER") != "1":
     pytest.skip("needs Debian's chromium (.ci/run installs it)", allow_module_level=True)

@@ -17,6 +17,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from helpers import REPO
 
+pytestmark = pytest.mark.xdist_group("lock")  # one worker: its module fixture runs once
+
 LOCK = tomllib.loads((REPO / "uv.lock").read_text())
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 UV = str(Path(sys.executable).parent / "uv")

@@ -34,6 +34,8 @@ from mlflow.tracking import MlflowClient
 
 from helpers import REPO, copy_repo, repo_params_raw, shared_mnist, write_params
 
+pytestmark = pytest.mark.xdist_group("team_server")  # one worker: one PostgreSQL for the module
+
 BIN = Path(sys.executable).parent
 ACCELBENCH = str(BIN / "accelbench")
 REQUIRE_ENV = "ACCELBENCH_REQUIRE_SERVICES"
