@@ -3,6 +3,7 @@ tiers (gpu, browser and service tests are slow). Helpers the tests share are in 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,23 @@ def _tracking_outage_is_per_test(monkeypatch):
     from accelbench.system.tracking import outage
 
     monkeypatch.setattr(outage, "_outage", None)
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_store_is_per_test(monkeypatch):
+    """MLflow keeps the last store set in a global and in os.environ: a client made before a
+    test's first run went to the store of whichever test ran before it on that worker. Each test
+    starts with no store set (nor the shell's: never a user's team server), and leaves none."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _forget_mlflow_store()
+    yield
+    _forget_mlflow_store()
+
+
+def _forget_mlflow_store() -> None:
+    mlflow = sys.modules.get("mlflow")  # not imported by this test: nothing to forget
+    if mlflow is not None:
+        mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture

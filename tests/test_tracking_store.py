@@ -178,8 +178,8 @@ def test_stages_run_by_hand_and_under_dvc_never_share_a_pipeline_run(
     resumes that one)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DVC_STAGE")
-    client = MlflowClient()
     profiled = _log_variant(tmp_path, "cpu")  # `accelbench train cpu ... --profile`
+    client = MlflowClient()  # the store that run set up
     by_hand = client.get_run(profiled).data.tags["mlflow.parentRunId"]
     assert client.get_run(by_hand).info.run_name.startswith("by hand ")
     end_by_hand_runs()  # as its process exits
