@@ -133,8 +133,10 @@ def repo_params_raw(variants: dict | None = None, **train: Any) -> dict:
     """params.yaml as a mapping, with some `train` values (and the variants) replaced: a
     `train` epochs or repeats holds for every variant, over a variant's own; a replaced
     variant set keeps only the report baselines and quantized variants that still
-    name variants."""
+    name variants. One training per variant unless a test asks for more (`repeats=k`, or a
+    variant's own `repeats`): the shipped train.repeats (3) tripled every test training."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"]["repeats"] = 1
     raw["train"].update(train)
     for key in {"epochs", "repeats"} & set(train):  # the test's size, for every variant
         for variant in raw["variants"].values():
