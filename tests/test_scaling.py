@@ -22,7 +22,8 @@ def test_scaling_benchmark_sets_ddp_against_its_baseline(tmp_path, prepared, mlf
         "ddp2": {"device": "cpu", "threads": 1, "distributed": {"nproc_per_node": 2}},
         "single": {"device": "cpu", "threads": 1},
     }
-    raw = repo_params_raw(variants, epochs=3, shift_px=0, schedule="constant")
+    # 4 epochs, one seed: 3 steady epochs a run, enough for the intervals
+    raw = repo_params_raw(variants, epochs=4, shift_px=0, schedule="constant")
     raw["report"] = {"scaling_baselines": {"ddp2": "single"}}
     candidates = tmp_path / "candidates.yaml"
     candidates.write_text(yaml.safe_dump(raw))
